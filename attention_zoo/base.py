@@ -1,0 +1,177 @@
+"""The `Attention` base class of the extension contract, and helpers shared by the variants.
+
+A variant subclasses `Attention`, declares its options and their defaults in `OPTIONS`, and
+implements `attend`. The base class validates construction (heads, causal support, max_len,
+option names) and every call (shapes, GQA, masks), turns missing masks into all-True ones,
+and zeroes the output rows of masked queries.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_zoo import reference
+
+# Options every variant accepts.
+COMMON_OPTIONS = {"scale": None, "dropout_rate": 0.0}
+
+
+class Attention(nnx.Module):
+  """Base class: `attn(q, k, v, *, q_mask=None, kv_mask=None, deterministic=True) -> out`.
+
+  q [batch, q_len, num_heads, head_dim]; k, v [batch, kv_len, num_kv_heads, head_dim];
+  masks bool [batch, len] (True = real token). Output like q.
+  """
+  OPTIONS: ClassVar[dict[str, Any]] = {}   # the variant's own options with their defaults
+  # Options the conformance suite uses so small test shapes exercise the variant's structure
+  # (e.g. a block size smaller than the test length).
+  TEST_OPTIONS: ClassVar[dict[str, Any]] = {}
+  # True when which keys a query sees is chosen from token contents across the whole sequence
+  # (e.g. LSH buckets): causality is then checked by changing future values only.
+  CONTENT_ROUTING: ClassVar[bool] = False
+  # Why causal=True is refused (for variants whose spec says supports_causal=False).
+  WHY_NOT_CAUSAL: ClassVar[str] = "its formulation has no causal form"
+  spec: ClassVar  # AttentionSpec, set by @register
+
+  def __init__(self, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
+               causal: bool = False, max_len: int | None = None, rngs: nnx.Rngs, **options):
+    cls = type(self)
+    if "spec" not in cls.__dict__:
+      raise TypeError(f"{cls.__qualname__} is not registered: decorate it with @attention_zoo.register(...)")
+    name = cls.spec.name
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if num_heads <= 0 or head_dim <= 0 or num_kv_heads <= 0:
+      raise ValueError(f"{name}: num_heads, head_dim and num_kv_heads must be positive, got "
+                       f"{num_heads}, {head_dim}, {num_kv_heads}")
+    if num_heads % num_kv_heads:
+      raise ValueError(f"{name}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if causal and not cls.spec.supports_causal:
+      raise ValueError(f"{name} cannot be causal: {cls.WHY_NOT_CAUSAL}")
+    if cls.spec.needs_max_len and max_len is None:
+      raise ValueError(f"{name} needs max_len: its parameters are sized by the longest sequence")
+    accepted = cls.default_options()
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+      raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; accepted: "
+                       + ", ".join(f"{k}={v!r}" for k, v in sorted(accepted.items())))
+    merged = {**accepted, **options}
+    self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
+    self.causal, self.max_len = bool(causal), max_len
+    self.options = {k: tuple(v) if isinstance(v, list) else v for k, v in merged.items()}
+    self.scale = head_dim ** -0.5 if merged["scale"] is None else float(merged["scale"])
+    self.dropout_rate = float(merged["dropout_rate"])
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError(f"{name}: dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    self.rngs = rngs
+
+  @classmethod
+  def default_options(cls) -> dict[str, Any]:
+    return {**COMMON_OPTIONS, **cls.OPTIONS}
+
+  # -- the call ---------------------------------------------------------------------------
+
+  def __call__(self, q, k, v, *, q_mask=None, kv_mask=None, deterministic: bool = True,
+               alibi_slopes=None):
+    name = self.spec.name
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+      raise ValueError(f"{name}: q, k, v must be [batch, len, heads, head_dim], got shapes "
+                       f"{q.shape}, {k.shape}, {v.shape}")
+    b, q_len, _, _ = q.shape
+    kv_len = k.shape[1]
+    want_q = (self.num_heads, self.head_dim)
+    want_kv = (self.num_kv_heads, self.head_dim)
+    if q.shape[2:] != want_q or k.shape[2:] != want_kv or v.shape[2:] != want_kv:
+      raise ValueError(f"{name}: expected q [..., {self.num_heads}, {self.head_dim}] and k, v "
+                       f"[..., {self.num_kv_heads}, {self.head_dim}]; got {q.shape}, {k.shape}, {v.shape}")
+    if k.shape[:2] != v.shape[:2] or k.shape[0] != b:
+      raise ValueError(f"{name}: batch and length of q {q.shape}, k {k.shape}, v {v.shape} disagree")
+    if q_len != kv_len and not self.spec.supports_cross:
+      raise ValueError(f"{name} supports self-attention only (q_len == kv_len); got q_len={q_len}, kv_len={kv_len}")
+    if alibi_slopes is not None and not self.spec.supports_alibi:
+      raise ValueError(f"{name} does not accept a score bias (ALiBi); variants that do: "
+                       f"{', '.join(_alibi_variants())}")
+    q_mask = _normalise_mask(q_mask, b, q_len, "q_mask", name)
+    kv_mask = _normalise_mask(kv_mask, b, kv_len, "kv_mask", name)
+    extra = {} if alibi_slopes is None else {"alibi_slopes": jnp.asarray(alibi_slopes, jnp.float32)}
+    out = self.attend(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic, **extra)
+    return jnp.where(q_mask[:, :, None, None], out, 0).astype(q.dtype)
+
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
+    raise NotImplementedError
+
+  # -- helpers for the variants ------------------------------------------------------------
+
+  def dropout_rng(self, deterministic: bool):
+    """A fresh key for attention dropout, or None when dropout is off."""
+    if deterministic or self.dropout_rate == 0.0:
+      return None
+    return self.rngs.dropout()
+
+  def dropout(self, weights, deterministic: bool):
+    rng = self.dropout_rng(deterministic)
+    return weights if rng is None else reference.dropout(weights, self.dropout_rate, rng)
+
+  def refuse_dropout(self, why: str):
+    """For variants that never form attention weights (kernelised attention)."""
+    if self.dropout_rate:
+      raise ValueError(f"{self.spec.name} cannot apply attention dropout: {why}; use dropout_rate=0")
+
+  # -- one-token decoding (spec.can_decode) ------------------------------------------------
+  # The default is a right-aligned KV cache: the newest token sits in the last slot, so the
+  # bottom-right causal alignment (and ALiBi distances) hold for a query decoded at any step.
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
+    self._require_decode()
+    shape = (batch_size, max_len, self.num_kv_heads, self.head_dim)
+    return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype),
+            "filled": jnp.zeros((batch_size, max_len), bool)}
+
+  def decode(self, q, k, v, cache, *, alibi_slopes=None):
+    """q [b, 1, h, d], k, v [b, 1, kvh, d] -> (out [b, 1, h, d], new cache)."""
+    self._require_decode()
+    shift = lambda buf, new: jnp.concatenate([buf[:, 1:], new.astype(buf.dtype)], axis=1)
+    cache = {"key": shift(cache["key"], k), "value": shift(cache["value"], v),
+             "filled": shift(cache["filled"], jnp.ones((q.shape[0], 1), bool))}
+    out = self(q, cache["key"], cache["value"], kv_mask=cache["filled"], alibi_slopes=alibi_slopes)
+    return out, cache
+
+  def _require_decode(self):
+    if not self.spec.can_decode:
+      raise ValueError(f"{self.spec.name} cannot decode one token at a time (spec.can_decode is False)")
+    if not self.causal:
+      raise ValueError(f"{self.spec.name}: decoding needs causal=True")
+
+
+def _normalise_mask(mask, batch: int, length: int, what: str, name: str):
+  if mask is None:
+    return jnp.ones((batch, length), bool)
+  mask = jnp.asarray(mask)
+  if mask.shape != (batch, length):
+    raise ValueError(f"{name}: {what} must be bool [batch, len] = {(batch, length)}, got {mask.shape}")
+  return mask.astype(bool)
+
+
+def _alibi_variants():
+  from attention_zoo import registry
+  return [n for n in registry.available() if registry.spec(n).supports_alibi]
+
+
+# -- shared helpers for blockwise variants --------------------------------------------------
+
+def pad_to_multiple(x, multiple: int, axis: int = 1, value=0):
+  """Pads `axis` of x at the end up to a multiple of `multiple`."""
+  length = x.shape[axis]
+  padded = math.ceil(length / multiple) * multiple
+  if padded == length:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, padded - length)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def ceil_div(a: int, b: int) -> int:
+  return -(-a // b)

@@ -1,0 +1,437 @@
+"""The conformance suite: the properties every registered attention variant must have.
+
+    python -m attention_zoo.conformance MODULE [MODULE ...]
+
+imports the modules, finds the variants they register, checks each property below on each,
+prints a pass/fail report with the measured error, and exits non-zero on any failure. The
+pytest suite (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
+
+Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
+dropout, exact (spec.exact: output and gradients equal `reference.dense_attention` over the
+variant's `pattern()`), decode (spec.can_decode: one-token steps equal the causal forward).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attention_zoo import reference, registry
+
+BATCH, LEN, CROSS_Q_LEN, APPEND = 2, 20, 12, 5
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, MAX_LEN = 4, 2, 8, 32
+TOL = 1e-5
+
+
+@nnx.jit(static_argnames=("deterministic",))
+def apply(attn, q, k, v, q_mask=None, kv_mask=None, deterministic=True, alibi_slopes=None):
+  """One compiled call (compiling once beats op-by-op dispatch for blockwise variants)."""
+  return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic, alibi_slopes=alibi_slopes)
+
+
+@dataclasses.dataclass
+class CheckResult:
+  variant: str
+  prop: str
+  status: str          # "pass" | "fail" | "n/a"
+  error: float | None = None
+  detail: str = ""
+
+  def describe(self) -> str:
+    err = "" if self.error is None else f" (max error {self.error:.2e})"
+    return f"{self.variant}.{self.prop}: {self.status.upper()}{err} {self.detail}".rstrip()
+
+
+class CheckFailed(AssertionError):
+  def __init__(self, message, error=None):
+    super().__init__(message)
+    self.error = error
+
+
+CHECKS = {}
+
+
+def _check(fn):
+  CHECKS[fn.__name__.removeprefix("check_")] = fn
+  return fn
+
+
+def run_check(prop: str, name: str) -> CheckResult:
+  try:
+    outcome = CHECKS[prop](name)
+  except CheckFailed as e:
+    return CheckResult(name, prop, "fail", e.error, str(e))
+  except Exception as e:  # a crash is a failure of that property, reported with its cause
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return CheckResult(name, prop, "fail", None, f"raised {type(e).__name__}: {first_line}")
+  if isinstance(outcome, str):   # a reason the property does not apply
+    return CheckResult(name, prop, "n/a", None, outcome)
+  return CheckResult(name, prop, "pass", outcome)
+
+
+# -- building blocks ------------------------------------------------------------------------
+
+def build(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, **options):
+  cls = registry.get(name)
+  options = {**cls.TEST_OPTIONS, **options}
+  return registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
+                         causal=causal, max_len=MAX_LEN, rngs=nnx.Rngs(seed), **options)
+
+
+def inputs(seed, q_len=LEN, kv_len=None, num_kv_heads=NUM_KV_HEADS, dtype=jnp.float32):
+  kv_len = q_len if kv_len is None else kv_len
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(kq, (BATCH, q_len, NUM_HEADS, HEAD_DIM), dtype)
+  k = jax.random.normal(kk, (BATCH, kv_len, num_kv_heads, HEAD_DIM), dtype)
+  v = jax.random.normal(kv, (BATCH, kv_len, num_kv_heads, HEAD_DIM), dtype)
+  return q, k, v
+
+
+def padding_mask(length, seed=0):
+  """Batch row 0 unpadded; row 1 with its tail and one middle position masked."""
+  mask = np.ones((BATCH, length), bool)
+  mask[1, length - 6:] = False
+  mask[1, 3] = False
+  return jnp.asarray(mask)
+
+
+def max_err(a, b) -> float:
+  return float(jnp.max(jnp.abs(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32))))
+
+
+def expect_close(a, b, what, tol=TOL):
+  err = max_err(a, b)
+  scale = max(1.0, float(jnp.max(jnp.abs(jnp.asarray(b, jnp.float32)))))
+  if not err <= tol * scale:
+    raise CheckFailed(f"{what}: max error {err:.3e} > {tol * scale:.1e}", err)
+  return err
+
+
+def expect(condition, message, error=None):
+  if not condition:
+    raise CheckFailed(message, error)
+
+
+def all_finite(tree) -> bool:
+  return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree)
+             if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact))
+
+
+# -- the properties -------------------------------------------------------------------------
+
+@_check
+def check_shapes(name):
+  spec = registry.spec(name)
+  for num_kv_heads in (NUM_KV_HEADS, 1, NUM_HEADS):      # GQA, MQA, MHA
+    q, k, v = inputs(0, num_kv_heads=num_kv_heads)
+    out = apply(build(name, num_kv_heads=num_kv_heads), q, k, v)
+    expect(out.shape == q.shape and out.dtype == q.dtype,
+           f"self-attention with {num_kv_heads} kv heads gave {out.shape} {out.dtype}, want {q.shape} {q.dtype}")
+  q, k, v = inputs(1, q_len=CROSS_Q_LEN, kv_len=LEN)
+  if spec.supports_cross:
+    out = apply(build(name), q, k, v)
+    expect(out.shape == q.shape, f"cross-attention gave {out.shape}, want {q.shape}")
+  else:
+    try:
+      apply(build(name), q, k, v)
+    except ValueError:
+      return 0.0
+    raise CheckFailed("spec says supports_cross=False but q_len != kv_len was accepted")
+  return 0.0
+
+
+@_check
+def check_options(name):
+  spec = registry.spec(name)
+  expect({"scale", "dropout_rate"} <= set(spec.options), f"spec.options {sorted(spec.options)} lacks scale/dropout_rate")
+  try:
+    build(name, not_an_option=1)
+  except ValueError as e:
+    expect("not_an_option" in str(e), f"unknown-option error does not name the option: {e}")
+  else:
+    raise CheckFailed("an unknown option was accepted")
+  if not spec.supports_causal:
+    try:
+      build(name, causal=True)
+    except ValueError:
+      return 0.0
+    raise CheckFailed("spec says supports_causal=False but causal=True was accepted")
+  return 0.0
+
+
+@_check
+def check_jit(name):
+  attn = build(name)
+  q, k, v = inputs(2)
+  mask = padding_mask(LEN)
+  eager = attn(q, k, v, q_mask=mask, kv_mask=mask)
+  jitted = nnx.jit(lambda m, q, k, v, mask: m(q, k, v, q_mask=mask, kv_mask=mask))(attn, q, k, v, mask)
+  return expect_close(jitted, eager, "jit vs eager", tol=1e-4)
+
+
+@_check
+def check_grad(name):
+  attn = build(name)
+  q, k, v = inputs(3)
+  mask = padding_mask(LEN)
+  cotangent = jax.random.normal(jax.random.key(9), q.shape)
+
+  def loss(m, q, k, v):
+    return jnp.sum(m(q, k, v, q_mask=mask, kv_mask=mask) * cotangent)
+
+  grads = nnx.grad(loss, argnums=(0, 1, 2, 3))(attn, q, k, v)
+  expect(all_finite(grads), "gradients contain NaN or Inf")
+  expect(float(jnp.abs(grads[3]).sum()) > 0, "the gradient with respect to v is zero")
+  expect(float(jnp.abs(grads[1]).sum()) > 0, "the gradient with respect to q is zero")
+  return 0.0
+
+
+@_check
+def check_bf16(name):
+  attn = build(name)
+  q, k, v = inputs(4)
+  out32 = apply(attn, q, k, v)
+  out16 = apply(attn, *(x.astype(jnp.bfloat16) for x in (q, k, v)))
+  expect(out16.dtype == jnp.bfloat16, f"bf16 inputs gave {out16.dtype}")
+  expect(all_finite(out16), "bf16 output has NaN or Inf")
+  rel = float(jnp.mean(jnp.abs(out16.astype(jnp.float32) - out32)) / jnp.mean(jnp.abs(out32)))
+  expect(rel <= 0.05, f"bf16 mean relative error to f32 is {rel:.3f} > 0.05", rel)
+  return rel
+
+
+@_check
+def check_gqa(name):
+  """Query heads see exactly their group's K/V head: a change to kv head 0 reaches only group 0."""
+  attn = build(name)
+  q, k, v = inputs(5)
+  out = apply(attn, q, k, v)
+  group = NUM_HEADS // NUM_KV_HEADS
+  k2 = k.at[:, :, 0].add(1.0)
+  v2 = v.at[:, :, 0].add(1.0)
+  out2 = apply(attn, q, k2, v2)
+  other = expect_close(out2[:, :, group:], out[:, :, group:], "heads outside group 0 after changing kv head 0")
+  expect(max_err(out2[:, :, :group], out[:, :, :group]) > 1e-3,
+         "changing kv head 0 did not change the heads of group 0")
+  return other
+
+
+@_check
+def check_padding(name):
+  """Changing padded tokens, or appending padding, changes no real output."""
+  attn = build(name)
+  q, k, v = inputs(6)
+  mask = padding_mask(LEN)
+  out = apply(attn, q, k, v, q_mask=mask, kv_mask=mask)
+  noise = inputs(7)
+  pad = ~mask[:, :, None, None]
+  changed = apply(attn, *(jnp.where(pad, x + 3 * n, x) for x, n in zip((q, k, v), noise)), q_mask=mask, kv_mask=mask)
+  err = expect_close(changed, out, "real outputs after changing padded q/k/v")
+  expect(float(jnp.abs(jnp.where(pad, out, 0)).max()) == 0.0, "padded query rows are not zero")
+
+  spec, cls = registry.spec(name), registry.get(name)
+  if spec.exact and hasattr(attn, "pattern"):
+    longer = attn.pattern(LEN + APPEND, LEN + APPEND)[:, :LEN, :LEN]
+    if not np.array_equal(np.broadcast_to(longer, (NUM_HEADS, LEN, LEN)),
+                          np.broadcast_to(attn.pattern(LEN, LEN), (NUM_HEADS, LEN, LEN))):
+      return err   # its pattern itself depends on the length (e.g. random blocks): nothing more to check
+  short = apply(attn, q, k, v)
+  extra = inputs(8, q_len=APPEND)
+  appended = [jnp.concatenate([x, e], axis=1) for x, e in zip((q, k, v), extra)]
+  longer_mask = jnp.arange(LEN + APPEND)[None, :].repeat(BATCH, 0) < LEN
+  out_long = apply(attn, *appended, q_mask=longer_mask, kv_mask=longer_mask)
+  return max(err, expect_close(out_long[:, :LEN], short, f"real outputs after appending {APPEND} padded positions"))
+
+
+@_check
+def check_causal(name):
+  spec, cls = registry.spec(name), registry.get(name)
+  if not spec.supports_causal:
+    return "spec says supports_causal=False (create refuses causal=True: see options)"
+  attn = build(name, causal=True)
+  q, k, v = inputs(10)
+  out = apply(attn, q, k, v)
+  cut = LEN // 2 + 1
+  future = jnp.arange(LEN)[None, :, None, None] >= cut
+  noise = inputs(11)
+  if cls.CONTENT_ROUTING:
+    changed = apply(attn, q, k, jnp.where(future, v + 3 * noise[2], v))
+  else:
+    changed = apply(attn, *(jnp.where(future, x + 3 * n, x) for x, n in zip((q, k, v), noise)))
+  err = expect_close(changed[:, :cut], out[:, :cut], f"outputs before position {cut} after changing later tokens")
+  expect(max_err(changed[:, cut:], out[:, cut:]) > 1e-3, "changing later tokens changed no later output")
+  return err
+
+
+@_check
+def check_masked_rows(name):
+  """Masked queries give zeros; queries that see no key give finite output and gradients."""
+  spec = registry.spec(name)
+  q, k, v = inputs(12)
+  q_mask = jnp.ones((BATCH, LEN), bool).at[0, :4].set(False)
+  kv_mask = jnp.ones((BATCH, LEN), bool).at[1].set(False)   # batch row 1 sees no key at all
+  for causal in (False, True) if spec.supports_causal else (False,):
+    attn = build(name, causal=causal)
+    mask = kv_mask.at[0, :3].set(False) if causal else kv_mask  # causal: early rows of row 0 see nothing
+
+    def loss(q, k, v):
+      out = attn(q, k, v, q_mask=q_mask, kv_mask=mask)
+      return jnp.sum(out), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    expect(all_finite(out) and all_finite(grads), f"NaN/Inf in output or gradients (causal={causal})")
+    expect(float(jnp.abs(out[0, :4]).max()) == 0.0, "masked query rows are not zero")
+    if spec.exact:
+      expect(float(jnp.abs(out[1]).max()) == 0.0, "rows that see no key are not zero")
+  return 0.0
+
+
+@_check
+def check_determinism(name):
+  q, k, v = inputs(13)
+  a, b = build(name, seed=3), build(name, seed=3)
+  first = a(q, k, v)
+  err = max(max_err(first, b(q, k, v)), max_err(first, a(q, k, v)))
+  expect(err == 0.0, "same seed and inputs gave different outputs (deterministic=True)", err)
+  train_a = apply(build(name, seed=4), q, k, v, deterministic=False)
+  train_b = apply(build(name, seed=4), q, k, v, deterministic=False)
+  err = max_err(train_a, train_b)
+  expect(err == 0.0, "same seed gave different training-mode outputs", err)
+  return 0.0
+
+
+@_check
+def check_dropout(name):
+  try:
+    attn = build(name, dropout_rate=0.3, seed=5)
+  except ValueError as e:
+    if "dropout" in str(e):
+      return f"refuses attention dropout: {e}"
+    raise
+  q, k, v = inputs(14)
+  reference_out = apply(build(name, seed=5), q, k, v)
+  err = expect_close(apply(attn, q, k, v), reference_out, "dropout_rate > 0 with deterministic=True vs no dropout")
+  train = apply(attn, q, k, v, deterministic=False)
+  expect(all_finite(train), "dropout output has NaN or Inf")
+  expect(max_err(train, reference_out) > 1e-3, "dropout with deterministic=False changed nothing")
+  return err
+
+
+def _exact_cases(spec):
+  cases = [dict(causal=False, q_len=LEN, kv_len=LEN)]
+  if spec.supports_causal:
+    cases.append(dict(causal=True, q_len=LEN, kv_len=LEN))
+  if spec.supports_cross:
+    cases.append(dict(causal=False, q_len=CROSS_Q_LEN, kv_len=LEN))
+    if spec.supports_causal:
+      cases.append(dict(causal=True, q_len=CROSS_Q_LEN, kv_len=LEN))
+  return cases
+
+
+@_check
+def check_exact(name):
+  spec = registry.spec(name)
+  if not spec.exact:
+    return "spec says exact=False (approximations have their own oracle tests)"
+  worst = 0.0
+  for i, case in enumerate(_exact_cases(spec)):
+    attn = build(name, causal=case["causal"])
+    q, k, v = inputs(20 + i, q_len=case["q_len"], kv_len=case["kv_len"])
+    q_mask, kv_mask = padding_mask(case["q_len"]), padding_mask(case["kv_len"])
+    pattern = np.asarray(attn.pattern(case["q_len"], case["kv_len"]))
+    expect(pattern.dtype == bool and pattern.ndim == 3 and pattern.shape[1:] == (case["q_len"], case["kv_len"])
+           and pattern.shape[0] in (1, NUM_HEADS), f"pattern() gave {pattern.dtype} {pattern.shape}")
+    if case["causal"]:
+      future = ~np.asarray(reference.causal_allowed(np.arange(case["q_len"])[:, None],
+                                                    np.arange(case["kv_len"])[None, :], *pattern.shape[1:]))
+      expect(not (pattern & future).any(), f"causal pattern() lets a query see the future ({case})")
+    slopes = jnp.linspace(0.5, 0.0625, NUM_HEADS) if spec.supports_alibi else None
+    bias = None
+    if slopes is not None:
+      bias = reference.alibi_bias(slopes, jnp.arange(case["q_len"])[:, None], jnp.arange(case["kv_len"])[None, :],
+                                  case["q_len"], case["kv_len"])[None]
+    allowed = pattern[None] & np.asarray(q_mask)[:, None, :, None] & np.asarray(kv_mask)[:, None, None, :]
+    ct = jax.random.normal(jax.random.key(40 + i), q.shape)
+
+    def variant(q, k, v):
+      return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes)
+
+    def oracle(q, k, v):
+      out = reference.dense_attention(q, k, v, allowed, scale=attn.scale, bias=bias)
+      return jnp.where(q_mask[:, :, None, None], out, 0)
+
+    out, vjp = jax.vjp(variant, q, k, v)
+    ref_out, ref_vjp = jax.vjp(oracle, q, k, v)
+    worst = max(worst, expect_close(out, ref_out, f"output vs dense oracle ({case})"))
+    for what, g, rg in zip("qkv", vjp(ct), ref_vjp(ct)):
+      worst = max(worst, expect_close(g, rg, f"d{what} vs dense oracle ({case})"))
+  return worst
+
+
+@_check
+def check_decode(name):
+  spec = registry.spec(name)
+  if not spec.can_decode:
+    return "spec says can_decode=False"
+  attn = build(name, causal=True)
+  steps = 12
+  q, k, v = inputs(30, q_len=steps)
+  slopes = jnp.linspace(0.5, 0.0625, NUM_HEADS) if spec.supports_alibi else None
+  full = apply(attn, q, k, v, alibi_slopes=slopes)
+  cache = attn.init_cache(BATCH, steps + 3, jnp.float32)   # a cache longer than what is decoded
+  step = nnx.jit(lambda m, q, k, v, cache, slopes: m.decode(q, k, v, cache, alibi_slopes=slopes))
+  outs = []
+  for t in range(steps):
+    out, cache = step(attn, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], cache, slopes)
+    outs.append(out)
+  return expect_close(jnp.concatenate(outs, axis=1), full, "step-by-step decode vs causal forward")
+
+
+# -- the command ----------------------------------------------------------------------------
+
+def run(names, props=None) -> list[CheckResult]:
+  return [run_check(p, n) for n in names for p in (props or CHECKS)]
+
+
+def variants_of(module_name: str) -> list[str]:
+  return [n for n in registry.available()
+          if registry.get(n).__module__ in (module_name,) or registry.get(n).__module__.startswith(module_name + ".")]
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if not argv or argv[0] in ("-h", "--help"):
+    print(__doc__)
+    return 2
+  import attention_zoo  # noqa: F401  (registers the built-in variants)
+  names = []
+  for module_name in argv:
+    try:
+      importlib.import_module(module_name)
+    except ImportError as e:
+      print(f"cannot import {module_name!r}: {e}", file=sys.stderr)
+      return 2
+    found = variants_of(module_name)
+    if not found:
+      print(f"{module_name!r} registers no attention variant (use @attention_zoo.register)", file=sys.stderr)
+      return 2
+    names += found
+  failures = 0
+  for name in names:
+    spec = registry.spec(name)
+    print(f"{name}  ({'exact' if spec.exact else 'approximate'}, {spec.complexity})")
+    for result in run([name]):
+      failures += result.status == "fail"
+      err = "" if result.error is None else f"  err={result.error:.2e}"
+      print(f"  {result.status.upper():4s} {result.prop:12s}{err}  {result.detail}".rstrip())
+  total = len(names) * len(CHECKS)
+  print(f"{total - failures} passed, {failures} failed")
+  return 1 if failures else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

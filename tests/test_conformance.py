@@ -1,0 +1,12 @@
+"""The conformance suite over every registered variant: a new variant is tested on registering."""
+import pytest
+
+import attention_zoo as az
+from attention_zoo import conformance
+
+
+@pytest.mark.parametrize("prop", list(conformance.CHECKS))
+@pytest.mark.parametrize("name", az.available())
+def test_conformance(name, prop):
+  result = conformance.run_check(prop, name)
+  assert result.status != "fail", result.describe()
