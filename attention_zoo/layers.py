@@ -1,0 +1,95 @@
+"""The layers every model shares: multi-head attention around any registered variant, and the MLP."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_zoo import positions, registry
+
+
+class MultiHeadAttention(nnx.Module):
+  """Projections around an attention variant chosen by name.
+
+  x [b, n, emb] -> [b, n, emb]. q/k/v/out projections with `qkv_dim` = num_heads · head_dim;
+  `num_kv_heads` < num_heads gives GQA (1 gives MQA) with smaller k/v projections.
+  `position_kind` "rope" rotates q and k, "alibi" passes per-head slopes to variants whose spec
+  allows a score bias; other kinds are added to the embeddings by the model, not here.
+  A variant whose spec says `shared_qk` gets the queries as keys (no key projection).
+  """
+
+  def __init__(self, emb_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
+               qkv_dim: int | None = None, attention: str = "full", attention_options=None,
+               causal: bool = False, max_len: int | None = None, position_kind: str = "none",
+               rope_base: float = 10000.0, dtype=jnp.float32, rngs: nnx.Rngs):
+    qkv_dim = emb_dim if qkv_dim is None else qkv_dim
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if qkv_dim % num_heads:
+      raise ValueError(f"qkv_dim ({qkv_dim}) must be divisible by num_heads ({num_heads})")
+    positions.check_kind(position_kind)
+    spec = registry.spec(attention)
+    if position_kind == "alibi" and not spec.supports_alibi:
+      raise ValueError(f"attention {attention!r} does not accept a score bias, so ALiBi cannot be used with it; "
+                       f"variants that do: {', '.join(n for n in registry.available() if registry.spec(n).supports_alibi)}")
+    if spec.shared_qk and num_kv_heads != num_heads:
+      raise ValueError(f"attention {attention!r} uses the queries as keys (shared QK), so num_kv_heads "
+                       f"({num_kv_heads}) must equal num_heads ({num_heads})")
+    self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+    self.head_dim = qkv_dim // num_heads
+    self.position_kind, self.rope_base, self.shared_qk = position_kind, rope_base, spec.shared_qk
+    self.alibi_slopes = positions.alibi_slopes(num_heads) if position_kind == "alibi" else None
+    self.attention = registry.create(attention, num_heads=num_heads, head_dim=self.head_dim,
+                                     num_kv_heads=num_kv_heads, causal=causal, max_len=max_len,
+                                     rngs=rngs, **dict(attention_options or {}))
+    linear = lambda i, o: nnx.Linear(i, o, dtype=dtype, rngs=rngs)
+    self.query = linear(emb_dim, num_heads * self.head_dim)
+    self.key = None if spec.shared_qk else linear(emb_dim, num_kv_heads * self.head_dim)
+    self.value = linear(emb_dim, num_kv_heads * self.head_dim)
+    self.out = linear(num_heads * self.head_dim, emb_dim)
+    self.cache = nnx.data(None)   # set by init_cache
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
+    """Prepares one-token decoding (`decode=True`) for up to max_len tokens."""
+    self.cache = nnx.Cache(self.attention.init_cache(batch_size, max_len, dtype))
+    self.cache_index = nnx.Cache(jnp.zeros((), jnp.int32))
+
+  def __call__(self, x, context=None, *, mask=None, context_mask=None, deterministic: bool = True,
+               decode: bool = False):
+    """Self-attention over x, or cross-attention from x to `context`. Masks: bool [b, len]."""
+    b, n, _ = x.shape
+    kv_input = x if context is None else context
+    kv_mask = mask if context is None else context_mask
+    q = self.query(x).reshape(b, n, self.num_heads, self.head_dim)
+    if self.shared_qk:
+      k = q
+    else:
+      k = self.key(kv_input).reshape(b, kv_input.shape[1], self.num_kv_heads, self.head_dim)
+    v = self.value(kv_input).reshape(b, kv_input.shape[1], self.num_kv_heads, self.head_dim)
+    if self.position_kind == "rope":
+      offset = self.cache_index[...] if decode else 0
+      q = positions.rope(q, jnp.arange(n) + offset, self.rope_base)
+      k = q if self.shared_qk else positions.rope(k, jnp.arange(k.shape[1]) + offset, self.rope_base)
+    if decode:
+      if self.cache is None:
+        raise ValueError("decode=True needs init_cache(batch_size, max_len) first")
+      if n != 1 or context is not None:
+        raise ValueError(f"decode=True takes one token of self-attention at a time, got length {n}")
+      out, new_cache = self.attention.decode(q, k, v, self.cache.get_value(), alibi_slopes=self.alibi_slopes)
+      self.cache.set_value(new_cache)
+      self.cache_index[...] += 1
+    else:
+      out = self.attention(q, k, v, q_mask=mask, kv_mask=kv_mask, deterministic=deterministic,
+                           alibi_slopes=self.alibi_slopes)
+    return self.out(out.reshape(b, n, self.num_heads * self.head_dim))
+
+
+class MLP(nnx.Module):
+  """Dense(mlp_dim) -> GELU -> dropout -> Dense(emb_dim)."""
+
+  def __init__(self, emb_dim: int, mlp_dim: int, *, dropout_rate: float = 0.0, dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    self.up = nnx.Linear(emb_dim, mlp_dim, dtype=dtype, rngs=rngs)
+    self.down = nnx.Linear(mlp_dim, emb_dim, dtype=dtype, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+
+  def __call__(self, x, *, deterministic: bool = True):
+    return self.down(self.dropout(nnx.gelu(self.up(x)), deterministic=deterministic))

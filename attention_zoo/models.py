@@ -1,0 +1,335 @@
+"""One Transformer for every attention variant: encoder, decoder (with KV cache), encoder-decoder,
+classifier and dual-encoder heads. The attention is known only by its registry name.
+
+    config = TransformerConfig(vocab_size=257, max_len=1000, attention="performer")
+    model = Classifier(config, rngs=nnx.Rngs(0))
+    logits = model(tokens, mask)          # tokens int [b, n], mask bool [b, n] (True = real)
+
+Padding comes only from the masks passed in, never from token values.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_zoo import positions, registry
+from attention_zoo.layers import MLP, MultiHeadAttention
+
+POOLINGS = ("cls", "mean")
+INTERACTIONS = ("nli", "concat")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Everything a model needs; passed down to every layer."""
+  vocab_size: int = 256
+  max_len: int = 512
+  num_layers: int = 2
+  emb_dim: int = 64
+  num_heads: int = 4
+  num_kv_heads: int | None = None          # None = num_heads (MHA); 1 = MQA
+  qkv_dim: int | None = None               # None = emb_dim
+  mlp_dim: int = 128
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  attention: str = "full"
+  attention_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  cross_attention: str = "full"            # encoder-decoder cross-attention
+  positions: str = "sinusoidal"            # sinusoidal | learned | rope | alibi | none
+  pooling: str = "cls"                     # cls | mean (classifiers)
+  num_classes: int = 2
+  interaction: str = "nli"                 # dual encoder: nli = [u, v, u*v, u-v], concat = [u, v]
+  pre_ln: bool = True
+  dtype: str = "float32"                   # compute dtype; parameters stay float32
+
+  def __post_init__(self):
+    registry.get(self.attention)            # unknown names -> ValueError listing the choices
+    registry.get(self.cross_attention)
+    positions.check_kind(self.positions)
+    for field, value, choices in (("pooling", self.pooling, POOLINGS),
+                                  ("interaction", self.interaction, INTERACTIONS),
+                                  ("dtype", self.dtype, tuple(DTYPES))):
+      if value not in choices:
+        raise ValueError(f"TransformerConfig.{field}={value!r}; choose one of {', '.join(choices)}")
+
+  @property
+  def compute_dtype(self):
+    return DTYPES[self.dtype]
+
+
+class Block(nnx.Module):
+  """Self-attention, optional cross-attention, MLP; each a residual branch (pre- or post-LN)."""
+
+  def __init__(self, config: TransformerConfig, *, causal: bool, cross: bool, max_len: int, rngs: nnx.Rngs):
+    dtype = config.compute_dtype
+    attention_options = dict(config.attention_options)
+    if config.attention_dropout_rate:
+      attention_options.setdefault("dropout_rate", config.attention_dropout_rate)
+    mha = lambda **kw: MultiHeadAttention(
+        config.emb_dim, config.num_heads, num_kv_heads=config.num_kv_heads, qkv_dim=config.qkv_dim,
+        max_len=max_len, dtype=dtype, rngs=rngs, **kw)
+    norm = lambda: nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs)
+    attention_positions = config.positions if config.positions in ("rope", "alibi") else "none"
+    self.pre_ln = config.pre_ln
+    self.self_attention = mha(attention=config.attention, attention_options=attention_options,
+                              causal=causal, position_kind=attention_positions)
+    self.self_norm = norm()
+    self.cross_attention = mha(attention=config.cross_attention) if cross else None
+    self.cross_norm = norm() if cross else None
+    self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=rngs)
+    self.mlp_norm = norm()
+    self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+
+  def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False):
+    x = self._residual(self.self_norm, x, deterministic,
+                       lambda h: self.self_attention(h, mask=mask, deterministic=deterministic, decode=decode))
+    if self.cross_attention is not None:
+      x = self._residual(self.cross_norm, x, deterministic, lambda h: self.cross_attention(
+          h, context, mask=mask, context_mask=context_mask, deterministic=deterministic))
+    return self._residual(self.mlp_norm, x, deterministic, lambda h: self.mlp(h, deterministic=deterministic))
+
+  def _residual(self, norm, x, deterministic, branch):
+    if self.pre_ln:
+      return x + self.dropout(branch(norm(x)), deterministic=deterministic)
+    return norm(x + self.dropout(branch(x), deterministic=deterministic))
+
+
+class Stack(nnx.Module):
+  """Token embedding + positions + blocks (+ final LayerNorm when pre-LN).
+
+  tokens int [b, n], mask bool [b, n] -> (hidden [b, n', emb], mask [b, n']) where n' = n + 1
+  with a CLS token prepended.
+  """
+
+  def __init__(self, config: TransformerConfig, *, causal: bool = False, cross: bool = False,
+               cls_token: bool = False, rngs: nnx.Rngs):
+    self.config, self.causal = config, causal
+    max_len = config.max_len + int(cls_token)
+    dtype = config.compute_dtype
+    self.embed = nnx.Embed(config.vocab_size, config.emb_dim, dtype=dtype, rngs=rngs)
+    self.cls = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (config.emb_dim,))) if cls_token else None
+    self.learned_positions = (positions.LearnedPositions(max_len, config.emb_dim, rngs=rngs)
+                              if config.positions == "learned" else None)
+    self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+    self.blocks = nnx.List([Block(config, causal=causal, cross=cross, max_len=max_len, rngs=rngs)
+                            for _ in range(config.num_layers)])
+    self.final_norm = nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs) if config.pre_ln else None
+    self.decode_position = nnx.data(None)   # set by init_cache
+
+  def __call__(self, tokens, mask=None, *, context=None, context_mask=None, deterministic=True):
+    b, n = tokens.shape
+    if n > self.config.max_len:
+      raise ValueError(f"input length {n} exceeds config.max_len={self.config.max_len}")
+    mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask, bool)
+    x = self.embed(tokens)
+    if self.cls is not None:
+      x = jnp.concatenate([jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1])), x], axis=1)
+      mask = jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
+    x = self.dropout(self._add_positions(x, jnp.arange(x.shape[1])), deterministic=deterministic)
+    for block in self.blocks:
+      x = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
+    return self._finish(x), mask
+
+  def init_cache(self, batch_size: int, max_len: int):
+    for block in self.blocks:
+      block.self_attention.init_cache(batch_size, max_len, self.config.compute_dtype)
+    self.decode_position = nnx.Cache(jnp.zeros((), jnp.int32))
+
+  def decode_step(self, token, *, context=None, context_mask=None):
+    """One token [b, 1] through the cached causal stack -> hidden [b, 1, emb]."""
+    x = self._add_positions(self.embed(token), self.decode_position[...][None])
+    self.decode_position[...] += 1
+    mask = jnp.ones(token.shape, bool)
+    for block in self.blocks:
+      x = block(x, mask, context=context, context_mask=context_mask, decode=True)
+    return self._finish(x)
+
+  def _add_positions(self, x, position_ids):
+    kind = self.config.positions
+    if kind == "sinusoidal":
+      x = x + positions.sinusoidal(position_ids, x.shape[-1]).astype(x.dtype)
+    elif kind == "learned":
+      x = x + self.learned_positions(position_ids).astype(x.dtype)
+    return x
+
+  def _finish(self, x):
+    return x if self.final_norm is None else self.final_norm(x)
+
+
+class Encoder(Stack):
+  def __init__(self, config: TransformerConfig, *, cls_token: bool = False, rngs: nnx.Rngs):
+    super().__init__(config, causal=False, cls_token=cls_token, rngs=rngs)
+
+
+class Decoder(Stack):
+  def __init__(self, config: TransformerConfig, *, cross: bool = False, rngs: nnx.Rngs):
+    super().__init__(config, causal=True, cross=cross, rngs=rngs)
+
+
+class ClassifierHead(nnx.Module):
+  """LRA's head: Dense(mlp_dim) -> ReLU -> Dense(num_classes)."""
+
+  def __init__(self, in_dim: int, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.hidden = nnx.Linear(in_dim, config.mlp_dim, rngs=rngs)
+    self.out = nnx.Linear(config.mlp_dim, config.num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    return self.out(nnx.relu(self.hidden(x.astype(jnp.float32))))
+
+
+def pool(hidden, mask, pooling: str):
+  """[b, n, emb] -> [b, emb]: the CLS position, or the mean over real tokens."""
+  if pooling == "cls":
+    return hidden[:, 0]
+  weights = mask[..., None].astype(hidden.dtype)
+  return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
+
+
+class Classifier(nnx.Module):
+  """Sequence classification: tokens [b, n] (+ mask) -> logits [b, num_classes]."""
+
+  head_inputs = 1   # pooled vectors the head reads
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.encoder = Encoder(config, cls_token=config.pooling == "cls", rngs=rngs)
+    self.head = ClassifierHead(self.head_inputs * config.emb_dim, config, rngs=rngs)
+
+  def encode(self, tokens, mask=None, *, deterministic=True):
+    """Pooled representation [b, emb]."""
+    hidden, mask = self.encoder(tokens, mask, deterministic=deterministic)
+    return pool(hidden, mask, self.config.pooling)
+
+  def __call__(self, tokens, mask=None, *, deterministic=True):
+    return self.head(self.encode(tokens, mask, deterministic=deterministic))
+
+
+class DualEncoderClassifier(Classifier):
+  """Two inputs through one shared tower (LRA Retrieval): pooled u, v -> interaction -> head."""
+
+  @property
+  def head_inputs(self):
+    return 4 if self.config.interaction == "nli" else 2
+
+  def __call__(self, tokens1, mask1, tokens2, mask2, *, deterministic=True):
+    u = self.encode(tokens1, mask1, deterministic=deterministic)
+    v = self.encode(tokens2, mask2, deterministic=deterministic)
+    features = [u, v, u * v, u - v] if self.config.interaction == "nli" else [u, v]
+    return self.head(jnp.concatenate(features, axis=-1))
+
+
+class DecoderLM(nnx.Module):
+  """Causal language model: tokens [b, n] -> next-token logits [b, n, vocab]."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.decoder = Decoder(config, rngs=rngs)
+    self.lm_head = nnx.Linear(config.emb_dim, config.vocab_size, rngs=rngs)
+
+  def __call__(self, tokens, mask=None, *, deterministic=True):
+    hidden, _ = self.decoder(tokens, mask, deterministic=deterministic)
+    return self.lm_head(hidden.astype(jnp.float32))
+
+  def decode_step(self, token):
+    return self.lm_head(self.decoder.decode_step(token)[:, 0].astype(jnp.float32))
+
+  def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0, rng=None, use_cache=None):
+    """Greedy (temperature 0) or sampled continuation of `prompt` [b, p] -> tokens [b, p + new].
+
+    With the cache (default when the attention can decode) each step feeds one token;
+    without it, each step recomputes the whole prefix (`use_cache=False`).
+    """
+    return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng, use_cache=use_cache,
+                     start=lambda b, total: self.decoder.init_cache(b, total),
+                     step=_lm_decode_step, forward=_lm_forward)
+
+
+class EncoderDecoder(nnx.Module):
+  """Encoder over the source, causal decoder with cross-attention to it: logits [b, tgt_len, vocab]."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.encoder = Encoder(config, rngs=rngs)
+    self.decoder = Decoder(config, cross=True, rngs=rngs)
+    self.lm_head = nnx.Linear(config.emb_dim, config.vocab_size, rngs=rngs)
+
+  def __call__(self, source, target, source_mask=None, target_mask=None, *, deterministic=True):
+    memory, source_mask = self.encoder(source, source_mask, deterministic=deterministic)
+    hidden, _ = self.decoder(target, target_mask, context=memory, context_mask=source_mask,
+                             deterministic=deterministic)
+    return self.lm_head(hidden.astype(jnp.float32))
+
+  def generate(self, source, prompt, max_new_tokens: int, *, source_mask=None, temperature: float = 0.0,
+               rng=None, use_cache=None):
+    """Continues the target `prompt` [b, p] (e.g. a BOS token) given `source` [b, s]."""
+    memory, source_mask = self.encoder(source, source_mask)
+
+    def start(b, total):
+      self.decoder.init_cache(b, total)
+
+    return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng, use_cache=use_cache,
+                     start=start, step=lambda m, tok: _seq2seq_decode_step(m, tok, memory, source_mask),
+                     forward=lambda m, tokens: _seq2seq_forward(m, source, tokens, source_mask))
+
+
+@nnx.jit
+def _lm_decode_step(model, token):
+  return model.decode_step(token)
+
+
+@nnx.jit
+def _lm_forward(model, tokens):
+  return model(tokens)
+
+
+@nnx.jit
+def _seq2seq_decode_step(model, token, memory, source_mask):
+  hidden = model.decoder.decode_step(token, context=memory, context_mask=source_mask)
+  return model.lm_head(hidden[:, 0].astype(jnp.float32))
+
+
+@nnx.jit
+def _seq2seq_forward(model, source, tokens, source_mask):
+  return model(source, tokens, source_mask)
+
+
+def _generate(model, prompt, max_new_tokens, *, temperature, rng, use_cache, start, step, forward):
+  config = model.config
+  prompt = jnp.asarray(prompt, jnp.int32)
+  b, p = prompt.shape
+  total = p + max_new_tokens
+  if p < 1 or total > config.max_len:
+    raise ValueError(f"prompt length {p} + max_new_tokens {max_new_tokens} must be in [1, max_len={config.max_len}]")
+  can_decode = registry.spec(config.attention).can_decode
+  use_cache = can_decode if use_cache is None else use_cache
+  if use_cache and not can_decode:
+    raise ValueError(f"attention {config.attention!r} cannot decode with a cache (spec.can_decode is False); "
+                     "use use_cache=False to recompute the prefix at each step")
+  if temperature > 0 and rng is None:
+    raise ValueError("sampling with temperature > 0 needs rng")
+
+  def pick(logits, t):
+    if temperature == 0:
+      return jnp.argmax(logits, axis=-1)
+    return jax.random.categorical(jax.random.fold_in(rng, t), logits / temperature)
+
+  tokens = jnp.zeros((b, total), jnp.int32).at[:, :p].set(prompt)
+  if use_cache:
+    start(b, total)
+    for t in range(total - 1):
+      logits = step(model, tokens[:, t:t + 1])
+      if t + 1 >= p:
+        tokens = tokens.at[:, t + 1].set(pick(logits, t))
+  else:  # causal: positions after t do not affect logits at t, so one fixed-shape forward serves every step
+    for t in range(p - 1, total - 1):
+      tokens = tokens.at[:, t + 1].set(pick(forward(model, tokens)[:, t], t))
+  return tokens
+
+
+def num_params(model: nnx.Module) -> int:
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

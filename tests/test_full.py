@@ -1,0 +1,59 @@
+"""`full` against jax.nn.dot_product_attention (an implementation we did not write)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention_zoo as az
+from attention_zoo import reference
+
+
+@pytest.mark.parametrize("q_len, kv_len, num_kv_heads, causal", [
+    (7, 7, 4, False), (16, 16, 2, True), (3, 11, 1, True), (3, 11, 2, False), (1, 9, 4, True)])
+def test_full_equals_jax_dot_product_attention(q_len, kv_len, num_kv_heads, causal):
+  kq, kk, kv = jax.random.split(jax.random.key(q_len * 31 + kv_len), 3)
+  q = jax.random.normal(kq, (2, q_len, 4, 16))
+  k = jax.random.normal(kk, (2, kv_len, num_kv_heads, 16))
+  v = jax.random.normal(kv, (2, kv_len, num_kv_heads, 16))
+  kv_mask = jnp.ones((2, kv_len), bool).at[1, -2:].set(False)
+  attn = az.create("full", num_heads=4, head_dim=16, num_kv_heads=num_kv_heads, causal=causal, rngs=nnx.Rngs(0))
+  mask = kv_mask[:, None, None, :]
+  if causal:   # jax's is_causal is top-left aligned; spell out our bottom-right rule as a mask
+    mask = mask & reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None], q_len, kv_len)
+
+  def ours(q, k, v):
+    return attn(q, k, v, kv_mask=kv_mask)
+
+  def theirs(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+  cotangent = jax.random.normal(jax.random.key(7), q.shape)
+  out, grads = _forward_and_grads(ours, q, k, v, cotangent)
+  expected, expected_grads = _forward_and_grads(theirs, q, k, v, cotangent)
+  np.testing.assert_allclose(out, expected, atol=1e-5)
+  for g, eg in zip(grads, expected_grads):
+    np.testing.assert_allclose(g, eg, atol=1e-5)
+
+
+def _forward_and_grads(fn, q, k, v, cotangent):
+  @jax.jit
+  def run(q, k, v):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return out, vjp(cotangent)
+  return run(q, k, v)
+
+
+def test_full_scale_option():
+  q = jax.random.normal(jax.random.key(0), (1, 5, 2, 8))
+  attn = az.create("full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0), scale=0.3)
+  np.testing.assert_allclose(attn(q, q, q), jax.nn.dot_product_attention(q, q, q, scale=0.3), atol=1e-5)
+
+
+def test_full_gqa_does_not_repeat_kv():
+  """The grouped einsum reads each K/V head once: no [b, kv_len, num_heads, d] copy of K or V."""
+  attn = az.create("full", num_heads=8, head_dim=16, num_kv_heads=1, rngs=nnx.Rngs(0))
+  q, kv = jnp.zeros((1, 32, 8, 16)), jnp.zeros((1, 64, 1, 16))
+  jaxpr = jax.make_jaxpr(lambda q, k, v: attn(q, k, v))(q, kv, kv).jaxpr
+  shapes = {tuple(var.aval.shape) for eqn in jaxpr.eqns for var in eqn.outvars}
+  assert (1, 64, 8, 16) not in shapes and (1, 64, 1, 8, 16) not in shapes

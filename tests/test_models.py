@@ -1,0 +1,129 @@
+"""The shared Transformer: shapes, training on fake data, cached generation, padding, GQA."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
+                                  TransformerConfig, num_params)
+
+TINY = TransformerConfig(vocab_size=24, max_len=32, num_layers=2, emb_dim=32, num_heads=4, mlp_dim=64,
+                         num_classes=3, dropout_rate=0.0)
+
+
+def _tokens(shape, seed=0, vocab=24):
+  return jax.random.randint(jax.random.key(seed), shape, 0, vocab)
+
+
+def test_output_shapes():
+  tokens = _tokens((2, 10))
+  mask = jnp.ones((2, 10), bool)
+  assert Classifier(TINY, rngs=nnx.Rngs(0))(tokens, mask).shape == (2, 3)
+  assert DualEncoderClassifier(TINY, rngs=nnx.Rngs(0))(tokens, mask, tokens, mask).shape == (2, 3)
+  assert DecoderLM(TINY, rngs=nnx.Rngs(0))(tokens).shape == (2, 10, 24)
+  assert EncoderDecoder(TINY, rngs=nnx.Rngs(0))(tokens, tokens[:, :4]).shape == (2, 4, 24)
+
+
+def test_a_few_train_steps_lower_the_loss():
+  config = dataclasses.replace(TINY, pooling="mean")
+  model = Classifier(config, rngs=nnx.Rngs(0))
+  tokens = _tokens((16, 12), seed=1)
+  labels = (tokens[:, 0] % 3).astype(jnp.int32)      # learnable from the first token
+  optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer):
+    def loss_fn(model):
+      logits = model(tokens, deterministic=False)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  losses = [float(step(model, optimizer)) for _ in range(40)]
+  assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("position_kind", ["sinusoidal", "learned", "rope", "alibi"])
+def test_cached_greedy_generation_equals_full_recomputation(position_kind):
+  config = dataclasses.replace(TINY, positions=position_kind, num_kv_heads=2)
+  model = DecoderLM(config, rngs=nnx.Rngs(3))
+  prompt = _tokens((2, 4), seed=2)
+  cached = model.generate(prompt, 8)
+  recomputed = model.generate(prompt, 8, use_cache=False)
+  np.testing.assert_array_equal(cached, recomputed)
+  np.testing.assert_array_equal(cached[:, :4], prompt)
+  # greedy: each new token is the argmax of the model's own logits on the prefix
+  logits = model(cached)
+  np.testing.assert_array_equal(cached[:, 4:], jnp.argmax(logits[:, 3:-1], axis=-1))
+
+
+def test_sampling_needs_an_rng_and_uses_it():
+  model = DecoderLM(TINY, rngs=nnx.Rngs(0))
+  prompt = _tokens((1, 2))
+  with pytest.raises(ValueError, match="needs rng"):
+    model.generate(prompt, 3, temperature=1.0)
+  a = model.generate(prompt, 12, temperature=5.0, rng=jax.random.key(0))
+  b = model.generate(prompt, 12, temperature=5.0, rng=jax.random.key(1))
+  assert not np.array_equal(a, b)
+
+
+def test_encoder_decoder_generation_with_and_without_cache():
+  model = EncoderDecoder(dataclasses.replace(TINY, positions="rope"), rngs=nnx.Rngs(4))
+  source = _tokens((2, 9), seed=5)
+  source_mask = jnp.ones((2, 9), bool).at[1, 6:].set(False)
+  start = jnp.zeros((2, 1), jnp.int32)
+  cached = model.generate(source, start, 6, source_mask=source_mask)
+  np.testing.assert_array_equal(cached, model.generate(source, start, 6, source_mask=source_mask, use_cache=False))
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_classifier_logits_do_not_change_when_padding_is_appended(pooling):
+  model = Classifier(dataclasses.replace(TINY, pooling=pooling), rngs=nnx.Rngs(0))
+  tokens = _tokens((2, 10), seed=6)
+  short = model(tokens, jnp.ones((2, 10), bool))
+  padded_tokens = jnp.concatenate([tokens, _tokens((2, 7), seed=7)], axis=1)   # padding is not token 0
+  padded_mask = jnp.arange(17)[None].repeat(2, 0) < 10
+  np.testing.assert_allclose(model(padded_tokens, padded_mask), short, atol=1e-5)
+
+
+def test_dual_encoder_pads_each_tower_independently():
+  model = DualEncoderClassifier(TINY, rngs=nnx.Rngs(0))
+  a, b = _tokens((2, 8), seed=8), _tokens((2, 5), seed=9)
+  ones = lambda t: jnp.ones(t.shape, bool)
+  logits = model(a, ones(a), b, ones(b))
+  b_padded = jnp.concatenate([b, _tokens((2, 3), seed=10)], axis=1)
+  np.testing.assert_allclose(model(a, ones(a), b_padded, jnp.arange(8)[None].repeat(2, 0) < 5), logits, atol=1e-5)
+
+
+def test_gqa_reduces_parameters_by_the_kv_projections():
+  mha = num_params(Classifier(TINY, rngs=nnx.Rngs(0)))
+  mqa = num_params(Classifier(dataclasses.replace(TINY, num_kv_heads=1), rngs=nnx.Rngs(0)))
+  head_dim = TINY.emb_dim // TINY.num_heads
+  saved_per_layer = 2 * (TINY.emb_dim + 1) * (TINY.num_heads - 1) * head_dim
+  assert mha - mqa == TINY.num_layers * saved_per_layer
+
+
+def test_bfloat16_compute_and_post_ln():
+  model = Classifier(dataclasses.replace(TINY, dtype="bfloat16", pre_ln=False), rngs=nnx.Rngs(0))
+  logits = model(_tokens((2, 10)))
+  assert logits.dtype == jnp.float32 and bool(jnp.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("attention", "nope", "unknown attention 'nope'"),
+    ("pooling", "max", "pooling='max'; choose one of cls, mean"),
+    ("positions", "relative", "unknown position kind"),
+])
+def test_config_errors_name_the_field(field, value, message):
+  with pytest.raises(ValueError, match=message):
+    dataclasses.replace(TINY, **{field: value})
+
+
+def test_too_long_input_is_refused_with_the_limit():
+  with pytest.raises(ValueError, match="exceeds config.max_len=32"):
+    Classifier(TINY, rngs=nnx.Rngs(0))(_tokens((1, 40)))
