@@ -35,6 +35,8 @@ class Attention(nnx.Module):
   CONTENT_ROUTING: ClassVar[bool] = False
   # Why causal=True is refused (for variants whose spec says supports_causal=False).
   WHY_NOT_CAUSAL: ClassVar[str] = "its formulation has no causal form"
+  # Why dropout_rate > 0 is refused (for variants whose spec says supports_dropout=False).
+  WHY_NO_DROPOUT: ClassVar[str] = "it never forms attention weights"
   spec: ClassVar  # AttentionSpec, set by @register
 
   def __init__(self, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
@@ -66,6 +68,8 @@ class Attention(nnx.Module):
     self.dropout_rate = float(merged["dropout_rate"])
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(f"{name}: dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    if self.dropout_rate and not cls.spec.supports_dropout:
+      raise ValueError(f"{name} cannot apply attention dropout: {cls.WHY_NO_DROPOUT}; use dropout_rate=0")
     self.rngs = rngs
 
   @classmethod

@@ -27,12 +27,13 @@ class AttentionSpec:
   supports_alibi: bool = False  # accepts a per-head linear score bias (ALiBi)
   shared_qk: bool = False     # keys are derived from the queries: the layer projects one tensor
   needs_max_len: bool = False  # parameters sized by max_len (create() requires it)
+  supports_dropout: bool = True  # forms attention weights that dropout_rate can drop
 
 
 def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: bool,
              complexity: str, paper: str, can_decode: bool = False,
              supports_alibi: bool = False, shared_qk: bool = False,
-             needs_max_len: bool = False):
+             needs_max_len: bool = False, supports_dropout: bool = True):
   """Class decorator: `@register("cosine", exact=False, ...)` on an `Attention` subclass."""
   from attention_zoo.base import Attention  # late import: base imports nothing from here
 
@@ -45,7 +46,7 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
         name=name, exact=exact, supports_causal=supports_causal, supports_cross=supports_cross,
         complexity=complexity, paper=paper, options=cls.default_options(),
         can_decode=can_decode, supports_alibi=supports_alibi, shared_qk=shared_qk,
-        needs_max_len=needs_max_len)
+        needs_max_len=needs_max_len, supports_dropout=supports_dropout)
     _REGISTRY[name] = cls
     return cls
 
