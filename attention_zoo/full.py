@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attention_zoo import reference
 from attention_zoo.base import Attention
@@ -34,11 +33,7 @@ class FullAttention(Attention):
                        f"{jax.default_backend()!r}; use impl='xla'")
 
   def pattern(self, q_len: int, kv_len: int):
-    allowed = np.ones((1, q_len, kv_len), bool)
-    if self.causal:
-      allowed &= np.asarray(reference.causal_allowed(
-          np.arange(q_len)[:, None], np.arange(kv_len)[None, :], q_len, kv_len))
-    return allowed
+    return reference.causal_pattern(q_len, kv_len, self.causal)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
     q_len, kv_len = q.shape[1], k.shape[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -20,6 +21,14 @@ def causal_allowed(q_positions, k_positions, q_len: int, kv_len: int):
   Positions are indices into the q and kv sequences; any broadcastable shapes.
   """
   return k_positions <= q_positions + (kv_len - q_len)
+
+
+def causal_pattern(q_len: int, kv_len: int, causal: bool):
+  """`pattern()` of a variant that sees every key (or, causal, the bottom-right triangle): bool [1, q, k]."""
+  allowed = np.ones((1, q_len, kv_len), bool)
+  if causal:
+    allowed &= causal_allowed(np.arange(q_len)[:, None], np.arange(kv_len)[None, :], q_len, kv_len)
+  return allowed
 
 
 def alibi_bias(slopes, q_positions, k_positions, q_len: int, kv_len: int):

@@ -1,0 +1,201 @@
+"""The FlashAttention tile math shared by the Pallas kernels (GPU and TPU) and the chunked path.
+
+One tile is a block of `block_q` queries against a block of `block_k` keys. Scores are kept in
+base-2 units (s₂ = log2(e) · s) so the kernels use `exp2`, and the row statistics are [rows, 1]
+columns (2-D, as the TPU lowering wants). With m the running row maximum and ℓ the running sum:
+
+    m' = max(m, rowmax(S₂))      P = exp2(S₂ - m')      ℓ' = exp2(m - m')·ℓ + rowsum(P)
+    acc' = exp2(m - m')·acc + P V                      out = acc / ℓ,  lse₂ = m + log2(ℓ)
+
+Backward (FlashAttention-2, Dao 2023, Alg. 2), with Δ = rowsum(dO ∘ O):
+
+    P = exp2(S₂ - lse₂)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - Δ)   dQ = dS K·scale   dK = dSᵀ Q·scale
+
+Disallowed entries are zeroed with `where` (never through -inf arithmetic), so a row that sees no
+key gives ℓ = 0 -> out 0 and lse₂ = 0, and its backward tile is all zeros: no NaN, no Inf.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention_zoo import reference
+from attention_zoo.base import ceil_div, pad_to_multiple
+
+LOG2E = math.log2(math.e)
+# Finite, so masked entries never make inf - inf; exp2(MASK_VALUE - m) underflows to 0.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """Static facts every tile needs (hashable: it is a static argument of the custom_vjp)."""
+  q_len: int            # unpadded lengths: causal alignment and ALiBi distances use these
+  kv_len: int
+  causal: bool
+  scale: float
+  use_alibi: bool
+  block_q: int
+  block_k: int
+
+  @property
+  def offset(self) -> int:
+    """Bottom-right alignment: query i sees key j iff j <= i + offset."""
+    return self.kv_len - self.q_len
+
+
+def matmul_precision(dtype):
+  """f32 inputs get true f32 products (the variant is exact); bf16/f16 use the native MXU/tensor cores."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def dot_nt(a, b):
+  """a [m, d] · b [n, d]ᵀ -> [m, n] in f32."""
+  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+                             precision=matmul_precision(a.dtype))
+
+
+def dot_nn(a, b):
+  """a [m, n] · b [n, d] -> [m, d] in f32."""
+  return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
+                             precision=matmul_precision(a.dtype))
+
+
+def dot_tn(a, b):
+  """a [n, m]ᵀ · b [n, d] -> [m, d] in f32."""
+  return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32,
+                             precision=matmul_precision(a.dtype))
+
+
+def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry):
+  """Base-2 scores of one tile and the entries it may use.
+
+  q [bq, d], k [bk, d]; q_start, k_start: positions of the tile's first query / key;
+  kv_valid int [1, bk] (0 for padding and padded-to-block keys); slope: this head's ALiBi
+  slope (ignored unless geo.use_alibi). Returns s₂ [bq, bk] f32 (MASK_VALUE where not allowed)
+  and allowed bool [bq, bk].
+  """
+  shape = (q.shape[0], k.shape[0])
+  scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [bq, bk]
+  allowed = jnp.broadcast_to(kv_valid, shape) != 0                       # [bq, bk]
+  if geo.causal or geo.use_alibi:
+    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, shape, 0)        # [bq, bk]
+    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)        # [bq, bk]
+  if geo.causal:
+    allowed = allowed & reference.causal_allowed(q_pos, k_pos, geo.q_len, geo.kv_len)
+  if geo.use_alibi:
+    # reference.alibi_bias for one head: -slope · |i + offset - j|, here in base-2 units.
+    distance = jnp.abs(q_pos + geo.offset - k_pos).astype(jnp.float32)
+    scores = scores - (slope * LOG2E) * distance
+  return jnp.where(allowed, scores, MASK_VALUE), allowed
+
+
+def softmax_init(block_q: int, head_dim: int):
+  """(acc [bq, d], m [bq, 1], l [bq, 1]) before the first key block."""
+  return (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q, 1), MASK_VALUE, jnp.float32),
+          jnp.zeros((block_q, 1), jnp.float32))
+
+
+def softmax_update(state, scores, allowed, v):
+  """One online-softmax step over a key block: state (acc, m, l), scores/allowed [bq, bk], v [bk, d]."""
+  acc, m, l = state
+  m_new = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))            # [bq, 1]
+  p = jnp.where(allowed, jnp.exp2(scores - m_new), 0.0)                    # [bq, bk]
+  rescale = jnp.exp2(m - m_new)                                            # [bq, 1]
+  l_new = rescale * l + jnp.sum(p, axis=1, keepdims=True)
+  acc_new = rescale * acc + dot_nn(p.astype(v.dtype), v)                   # [bq, d]
+  return acc_new, m_new, l_new
+
+
+def softmax_finish(state):
+  """-> (out [bq, d] f32, lse₂ [bq, 1]); rows that saw no key give 0 and lse₂ = 0."""
+  acc, m, l = state
+  seen = l > 0
+  out = acc / jnp.where(seen, l, 1.0)
+  lse = jnp.where(seen, m + jnp.log2(jnp.where(seen, l, 1.0)), 0.0)
+  return out, lse
+
+
+def tile_probs_and_dscores(scores, allowed, lse, delta, do, v):
+  """Backward of one tile: P and dS (gradient w.r.t. the natural-unit scores before `scale`).
+
+  scores/allowed [bq, bk]; lse, delta [bq, 1]; do [bq, d]; v [bk, d]. Returns p, ds [bq, bk] f32.
+  """
+  p = jnp.where(allowed, jnp.exp2(scores - lse), 0.0)                      # [bq, bk]
+  dp = dot_nt(do, v)                                                       # [bq, bk]
+  return p, p * (dp - delta)
+
+
+# -- which blocks a causal tile can skip ---------------------------------------------------------
+# Integer arithmetic that also runs on traced int32 scalars inside kernels (program ids, loop
+# indices): numerators are clamped to >= 0 first, so truncating division equals floor division.
+
+def kv_blocks_seen(q_block, geo: Geometry, num_kv_blocks: int):
+  """Number of leading key blocks query block `q_block` may see (the rest are fully masked)."""
+  if not geo.causal:
+    return num_kv_blocks
+  keys_seen = jnp.maximum((q_block + 1) * geo.block_q + geo.offset, 0)     # keys 0 .. keys_seen-1
+  return jnp.minimum(jax.lax.div(keys_seen + geo.block_k - 1, geo.block_k), num_kv_blocks)
+
+
+def first_q_block_seeing(kv_block, geo: Geometry):
+  """The first query block with a row that may see key block `kv_block` (causal), else 0."""
+  if not geo.causal:
+    return 0
+  first_row = jnp.maximum(kv_block * geo.block_k - geo.offset, 0)          # row i sees key j iff i >= j - offset
+  return jax.lax.div(first_row, geo.block_q)
+
+
+def padded(length: int, block: int) -> int:
+  return ceil_div(length, block) * block
+
+
+def next_power_of_2(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
+
+
+# -- what every implementation shares around its kernels ---------------------------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attention_with_vjp(kernels, q, k, v, kv_valid, slopes):
+  """Runs `kernels.forward` and differentiates through `kernels.backward` (which recomputes P).
+
+  kernels: a hashable object with forward(q, k, v, kv_valid, slopes) -> (out, lse) and
+  backward(q, k, v, kv_valid, slopes, out, lse, d_out) -> (dq, dk, dv). Only (out, lse) are saved
+  besides the inputs, so memory stays linear in length. ALiBi slopes are fixed constants
+  (Press et al. 2022): they get no gradient; the int kv_valid mask gets none either.
+  """
+  return kernels.forward(q, k, v, kv_valid, slopes)[0]
+
+
+def _attention_fwd(kernels, q, k, v, kv_valid, slopes):
+  out, lse = kernels.forward(q, k, v, kv_valid, slopes)
+  return out, (q, k, v, kv_valid, slopes, out, lse)
+
+
+def _attention_bwd(kernels, residuals, d_out):
+  dq, dk, dv = kernels.backward(*residuals, d_out)
+  return dq, dk, dv, None, None
+
+
+attention_with_vjp.defvjp(_attention_fwd, _attention_bwd)
+
+
+def pad_inputs(q, k, v, kv_mask, alibi_slopes, *, q_multiple: int, kv_multiple: int, head_dim: int):
+  """Pads lengths to block multiples and head_dim to `head_dim` with zeros (exact: zero columns
+  add nothing to Q Kᵀ and give zero output columns). Returns q, k, v, kv_valid int32
+  [b, 1, kv_padded] (False for padding and padded positions) and slopes f32 [h] (zeros if None)."""
+  q = pad_to_multiple(q, q_multiple, axis=1)
+  k, v = (pad_to_multiple(x, kv_multiple, axis=1) for x in (k, v))
+  if head_dim != q.shape[-1]:
+    q, k, v = (pad_to_multiple(x, head_dim, axis=3) for x in (q, k, v))
+  kv_valid = pad_to_multiple(kv_mask, kv_multiple, axis=1, value=False).astype(jnp.int32)[:, None, :]
+  num_heads = q.shape[2]
+  slopes = (jnp.zeros((num_heads,), jnp.float32) if alibi_slopes is None
+            else jnp.asarray(alibi_slopes, jnp.float32).reshape(num_heads))
+  return q, k, v, kv_valid, slopes

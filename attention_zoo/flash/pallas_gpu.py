@@ -1,0 +1,218 @@
+"""FlashAttention-2 as Pallas kernels for NVIDIA GPUs (the Triton lowering of `pl.pallas_call`).
+
+Three kernels over the [batch, len, heads, head_dim] layout, each program owning one tile row:
+  forward  grid (q blocks, batch, heads):    loops over the key blocks the query block may see,
+                                             writes out and the base-2 log-sum-exp;
+  dq       grid (q blocks, batch, heads):    loops over the same key blocks;
+  dk, dv   grid (kv blocks, batch, kv heads): loops over the query heads of the kv head's group and
+                                             the query blocks that may see the key block, so
+                                             GQA/MQA gradients are summed inside the kernel.
+GQA/MQA: the BlockSpec index_map picks kv head `head // group` for query head `head`; K/V are
+never copied per query head. Causal: key blocks above the diagonal are never loaded (loop bounds).
+
+On a CPU the same kernels run with `interpret=True` (how they are tested here); on a GPU they
+compile through Triton, selected explicitly with `pltriton.CompilerParams` because jax 0.10+ sends
+a `pallas_call` without compiler params to Mosaic GPU. Triton needs power-of-two tiles: blocks
+are powers of two (at least 16 when compiled) and head_dim is zero-padded to a power of two.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from attention_zoo.flash import common
+
+MIN_COMPILED_BLOCK = 16      # tl.dot needs every matmul dimension >= 16
+MAX_COMPILED_HEAD_DIM = 256  # larger tiles do not fit the shared memory of one SM
+
+
+def default_blocks(head_dim: int) -> dict[str, int]:
+  """Forward (block_q, block_k) and backward (block_q_bwd, block_k_bwd) defaults, by head_dim.
+
+  Untuned starting points in the range FlashAttention-2's Triton kernels use on A100/H100;
+  smaller tiles for d = 256 keep the backward's four [block, d] accumulators in registers.
+  """
+  if head_dim <= 64:
+    return dict(block_q=128, block_k=128, block_q_bwd=64, block_k_bwd=64)
+  if head_dim <= 128:
+    return dict(block_q=128, block_k=64, block_q_bwd=64, block_k_bwd=64)
+  return dict(block_q=64, block_k=32, block_q_bwd=32, block_k_bwd=32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """The forward and backward pallas_calls for one static configuration (hashable)."""
+  fwd: common.Geometry
+  bwd: common.Geometry
+  interpret: object        # False (compile), True, or a pltpu.InterpretParams (tests)
+  num_warps: int
+
+  def _call(self, kernel, grid, in_specs, out_specs, out_shape, name, num_warps=None):
+    return pl.pallas_call(
+        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps or self.num_warps, num_stages=2),
+        interpret=self.interpret, name=name)
+
+  def forward(self, q, k, v, kv_valid, slopes):
+    batch, q_len, num_heads, head_dim = q.shape
+    kv_len, group = k.shape[1], num_heads // k.shape[2]
+    bq = self.fwd.block_q
+    tile = lambda rows: pl.BlockSpec((None, rows, None, head_dim), lambda i, b, h: (b, i, h, 0))
+    whole_kv = pl.BlockSpec((None, kv_len, None, head_dim), lambda i, b, h: (b, 0, jax.lax.div(h, group), 0))
+    return self._call(
+        functools.partial(_forward_kernel, geo=self.fwd),
+        grid=(q_len // bq, batch, num_heads),
+        in_specs=[tile(bq), whole_kv, whole_kv,
+                  pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
+                  pl.BlockSpec((num_heads,), lambda i, b, h: (0,))],
+        out_specs=[tile(bq), pl.BlockSpec((None, None, bq, 1), lambda i, b, h: (b, h, i, 0))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, num_heads, q_len, 1), jnp.float32)],
+        name="flash_forward")(q, k, v, kv_valid, slopes)
+
+  def backward(self, q, k, v, kv_valid, slopes, out, lse, d_out):
+    batch, q_len, num_heads, head_dim = q.shape
+    kv_len, num_kv_heads = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    bq, bk = self.bwd.block_q, self.bwd.block_k
+    d_out = d_out.astype(q.dtype)
+    delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))[..., None]
+    slopes_spec = pl.BlockSpec((num_heads,), lambda *_: (0,))
+
+    q_tile = pl.BlockSpec((None, bq, None, head_dim), lambda i, b, h: (b, i, h, 0))
+    whole_kv = pl.BlockSpec((None, kv_len, None, head_dim), lambda i, b, h: (b, 0, jax.lax.div(h, group), 0))
+    row_stat = pl.BlockSpec((None, None, bq, 1), lambda i, b, h: (b, h, i, 0))
+    dq = self._call(
+        functools.partial(_dq_kernel, geo=self.bwd),
+        grid=(q_len // bq, batch, num_heads),
+        in_specs=[q_tile, whole_kv, whole_kv, pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
+                  slopes_spec, q_tile, row_stat, row_stat],
+        out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        name="flash_backward_dq")(q, k, v, kv_valid, slopes, d_out, lse, delta)
+
+    # One program per (key block, kv head): it sees the whole query length of its group's heads.
+    group_q = pl.BlockSpec((None, q_len, group, head_dim), lambda j, b, g: (b, 0, g, 0))
+    group_stat = pl.BlockSpec((None, group, q_len, 1), lambda j, b, g: (b, g, 0, 0))
+    kv_tile = pl.BlockSpec((None, bk, None, head_dim), lambda j, b, g: (b, j, g, 0))
+    dk, dv = self._call(
+        functools.partial(_dkdv_kernel, geo=self.bwd, group=group),
+        grid=(kv_len // bk, batch, num_kv_heads),
+        in_specs=[group_q, kv_tile, kv_tile, pl.BlockSpec((None, 1, bk), lambda j, b, g: (b, 0, j)),
+                  slopes_spec, group_q, group_stat, group_stat],
+        out_specs=[kv_tile, kv_tile],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        name="flash_backward_dkdv")(q, k, v, kv_valid, slopes, d_out, lse, delta)
+    return dq, dk, dv
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_ref, *, geo):
+  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref [1, kv_len]; out_ref [bq, d]; lse_ref [bq, 1]
+  q_block, head = pl.program_id(0), pl.program_id(2)
+  bq, bk = geo.block_q, geo.block_k
+  q = q_ref[...]
+  slope = slopes_ref[head] if geo.use_alibi else 0.0
+
+  def key_block(j, state):
+    keys = pl.ds(j * bk, bk)
+    scores, allowed = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
+                                         kv_valid_ref[:, keys], slope, geo)
+    return common.softmax_update(state, scores, allowed, v_ref[keys, :])
+
+  num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)
+  out, lse = common.softmax_finish(
+      jax.lax.fori_loop(0, num_blocks, key_block, common.softmax_init(bq, q.shape[1])))
+  out_ref[...] = out.astype(out_ref.dtype)
+  lse_ref[...] = lse
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref, *, geo):
+  # q_ref, do_ref, dq_ref [bq, d]; k_ref, v_ref [kv_len, d]; lse_ref, delta_ref [bq, 1]
+  q_block, head = pl.program_id(0), pl.program_id(2)
+  bq, bk = geo.block_q, geo.block_k
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  slope = slopes_ref[head] if geo.use_alibi else 0.0
+
+  def key_block(j, dq):
+    keys = pl.ds(j * bk, bk)
+    k = k_ref[keys, :]
+    scores, allowed = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys], slope, geo)
+    _, ds = common.tile_probs_and_dscores(scores, allowed, lse, delta, do, v_ref[keys, :])
+    return dq + common.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
+
+  num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)
+  dq = jax.lax.fori_loop(0, num_blocks, key_block, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * geo.scale).astype(dq_ref.dtype)
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+                 *, geo, group):
+  # q_ref, do_ref [q_len, group, d]; k_ref, v_ref, dk_ref, dv_ref [bk, d]; kv_valid_ref [1, bk];
+  # lse_ref, delta_ref [group, q_len, 1]
+  kv_block, kv_head = pl.program_id(0), pl.program_id(2)
+  bq, bk = geo.block_q, geo.block_k
+  k, v, kv_valid = k_ref[...], v_ref[...], kv_valid_ref[...]
+  num_q_blocks = q_ref.shape[0] // bq
+  first_q_block = common.first_q_block_seeing(kv_block, geo)
+
+  def query_head(g, grads):
+    slope = slopes_ref[kv_head * group + g] if geo.use_alibi else 0.0
+
+    def query_block(i, grads):
+      dk, dv = grads
+      rows = pl.ds(i * bq, bq)
+      q, do = q_ref[rows, g, :], do_ref[rows, g, :]                       # [bq, d]
+      scores, allowed = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo)
+      p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[g, rows, :], delta_ref[g, rows, :], do, v)
+      return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
+
+    return jax.lax.fori_loop(first_q_block, num_q_blocks, query_block, grads)
+
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = jax.lax.fori_loop(0, group, query_head, (zeros, zeros))
+  dk_ref[...] = (dk * geo.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
+                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None):
+  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool [b, kv_len];
+  alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+
+  interpret=None runs the kernels interpreted on a CPU and compiled (Triton) on a GPU.
+  """
+  b, q_len, num_heads, head_dim = q.shape
+  kv_len = k.shape[1]
+  if interpret is None:
+    interpret = jax.default_backend() == "cpu"
+  compiled = interpret is False
+  if compiled and head_dim > MAX_COMPILED_HEAD_DIM:
+    raise ValueError(f"flash (pallas, GPU): head_dim must be <= {MAX_COMPILED_HEAD_DIM}, got {head_dim}")
+  defaults = default_blocks(head_dim)
+  asked = dict(block_q=block_q, block_k=block_k, block_q_bwd=block_q_bwd, block_k_bwd=block_k_bwd)
+  blocks = {}
+  for name, value in asked.items():
+    value = defaults[name] if value is None else value
+    if value <= 0 or value & (value - 1):
+      raise ValueError(f"flash (pallas, GPU): {name} must be a power of two (Triton tiles), got {value}")
+    if compiled and value < MIN_COMPILED_BLOCK:
+      raise ValueError(f"flash (pallas, GPU): {name} must be >= {MIN_COMPILED_BLOCK} on a GPU, got {value}")
+    length = kv_len if name.startswith("block_k") else q_len
+    floor = MIN_COMPILED_BLOCK if compiled else 1
+    blocks[name] = min(value, max(common.next_power_of_2(length), floor))   # short inputs: one block
+  padded_head_dim = max(common.next_power_of_2(head_dim), MIN_COMPILED_BLOCK if compiled else 1)
+  q, k, v, kv_valid, slopes = common.pad_inputs(
+      q, k, v, kv_mask, alibi_slopes, head_dim=padded_head_dim,
+      q_multiple=max(blocks["block_q"], blocks["block_q_bwd"]),      # powers of two: max = lcm
+      kv_multiple=max(blocks["block_k"], blocks["block_k_bwd"]))
+  geometry = functools.partial(common.Geometry, q_len=q_len, kv_len=kv_len, causal=bool(causal),
+                               scale=float(scale), use_alibi=alibi_slopes is not None)
+  kernels = Kernels(fwd=geometry(block_q=blocks["block_q"], block_k=blocks["block_k"]),
+                    bwd=geometry(block_q=blocks["block_q_bwd"], block_k=blocks["block_k_bwd"]),
+                    interpret=interpret, num_warps=4 if padded_head_dim <= 64 else 8)
+  out = common.attention_with_vjp(kernels, q, k, v, kv_valid, slopes)
+  return out[:, :q_len, :, :head_dim]
