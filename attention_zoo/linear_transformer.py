@@ -1,0 +1,39 @@
+"""Linear Transformer (Katharopoulos et al. 2020): attention with the feature map elu(x) + 1.
+
+    out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j),   φ(x) = elu(x) + 1
+
+over the keys j query i sees (real keys; j <= i + kv_len - q_len when causal). The sums run in
+`kernelized.linear_attention`: once for all queries, or as chunked prefix sums when causal,
+which also makes the model an RNN for decoding (the state Σ φ(k) vᵀ, Σ φ(k) replaces the KV
+cache). φ(q)·φ(k) has no temperature, so the `scale` option is refused.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attention_zoo import kernelized
+from attention_zoo.registry import register
+
+
+@register("linear_transformer", exact=False, supports_causal=True, supports_cross=True,
+          complexity="O(n·d)",
+          paper="Katharopoulos et al. 2020, Transformers are RNNs: Fast Autoregressive "
+                "Transformers with Linear Attention (arXiv:2006.16236)",
+          can_decode=True, supports_dropout=False)
+class LinearTransformerAttention(kernelized.KernelizedAttention):
+  TEST_OPTIONS = {"chunk_size": 4}
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    if self.options["scale"] is not None:
+      raise ValueError("linear_transformer: φ(q)·φ(k) with φ = elu + 1 has no temperature, so "
+                       f"scale={self.options['scale']!r} would be ignored; leave scale=None")
+
+  @property
+  def nb_features(self) -> int:
+    return self.head_dim
+
+  def feature_maps(self, q, k, *, deterministic: bool):
+    phi = lambda x: jax.nn.elu(x) + 1.0
+    return phi(q), phi(k), jnp.zeros(k.shape[:-1], jnp.float32)   # elu + 1 never overflows

@@ -1,0 +1,62 @@
+"""Linformer (Wang et al. 2020): softmax attention over k learned projections of the sequence.
+
+    Attention(Q, K, V) = softmax(Q (Eᵀ K)ᵀ · s) (Fᵀ V),   E, F [n, k]
+
+E and F are learned, stored at [max_len, k] and sliced to the first n rows for shorter inputs;
+`share="kv"` uses one matrix for both (E = F, the LRA setting), `share="none"` two. They are
+shared across heads. Padded keys and values are zeroed before the projection, so padding adds
+nothing to the k projected keys. Cost O(n·k·d) per head instead of O(n²·d).
+
+Every projected key mixes the whole sequence, so a query would see the future: no causal form.
+Cross-attention works for kv_len <= max_len (queries are never projected).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_zoo import reference
+from attention_zoo.base import Attention
+from attention_zoo.registry import register
+
+
+@register("linformer", exact=False, supports_causal=False, supports_cross=True,
+          complexity="O(n·k)",
+          paper="Wang et al. 2020, Linformer: Self-Attention with Linear Complexity (arXiv:2006.04768)",
+          needs_max_len=True)
+class LinformerAttention(Attention):
+  OPTIONS = {"k": 256, "share": "none"}
+  TEST_OPTIONS = {"k": 8}
+  WHY_NOT_CAUSAL = ("each of its k projected keys is a weighted sum over all positions, "
+                    "so every query would see future tokens")
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    rank, share = self.options["k"], self.options["share"]
+    if not isinstance(rank, int) or rank <= 0:
+      raise ValueError(f"linformer: k (the projected length) must be a positive int, got {rank!r}")
+    if share not in ("none", "kv"):
+      raise ValueError(f"linformer: share must be 'none' (separate E, F) or 'kv' (E = F), got {share!r}")
+    init = nnx.initializers.xavier_normal()
+    self.key_projection = nnx.Param(init(self.rngs.params(), (self.max_len, rank)))  # E [max_len, k]
+    self.value_projection = (None if share == "kv" else
+                             nnx.Param(init(self.rngs.params(), (self.max_len, rank))))  # F
+
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
+    kv_len = k.shape[1]
+    if kv_len > self.max_len:
+      raise ValueError(f"linformer: kv_len {kv_len} exceeds max_len {self.max_len}, the length its "
+                       f"projections were sized for; build it with max_len >= {kv_len}")
+    e = self.key_projection[...][:kv_len]                                  # [n, k]
+    f = e if self.value_projection is None else self.value_projection[...][:kv_len]
+    real = kv_mask[:, :, None, None]
+    k = jnp.where(real, k.astype(jnp.float32), 0.0)
+    v = jnp.where(real, v.astype(jnp.float32), 0.0)
+    k_proj = jnp.einsum("bnhd,nr->brhd", k, e)                             # [b, k, kvh, d]
+    v_proj = jnp.einsum("bnhd,nr->brhd", v, f)                             # [b, k, kvh, d]
+    grouped = reference.group_heads(q.astype(jnp.float32), self.num_kv_heads)  # [b, q, kvh, g, d]
+    scores = jnp.einsum("bqhgd,brhd->bhgqr", grouped, k_proj) * self.scale  # [b, kvh, g, q, k]
+    weights = self.dropout(jax.nn.softmax(scores, axis=-1), deterministic)
+    out = jnp.einsum("bhgqr,brhd->bqhgd", weights, v_proj)                 # [b, q, kvh, g, d]
+    return out.reshape(q.shape)
