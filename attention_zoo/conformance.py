@@ -1,10 +1,11 @@
 """The conformance suite: the properties every registered attention variant must have.
 
-    python -m attention_zoo.conformance MODULE [MODULE ...]
+    python -m attention_zoo.conformance MODULE [MODULE ...] [--checks=NAME[,NAME...]]
 
-imports the modules, finds the variants they register, checks each property below on each,
-prints a pass/fail report with the measured error, and exits non-zero on any failure. The
-pytest suite (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
+imports the modules (dotted names, or paths to .py files), finds the variants they register,
+checks each property below on each (or only those --checks names), prints a pass/fail report
+with the measured error, and exits non-zero on any failure. The pytest suite
+(tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
 dropout, exact (spec.exact: output and gradients equal `reference.dense_attention` over the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 
 import jax
@@ -402,35 +404,102 @@ def variants_of(module_name: str) -> list[str]:
           if registry.get(n).__module__ in (module_name,) or registry.get(n).__module__.startswith(module_name + ".")]
 
 
+def import_plugin(target: str) -> str:
+  """Imports a module given as a dotted name or as a path to a .py file; returns its module name.
+
+  A file under the current directory is imported by its dotted path from there
+  (`examples/cosine_attention.py` -> `examples.cosine_attention`), any other file (or one whose
+  folders are not valid module names) from its own folder.
+  """
+  if target.endswith(".py") or os.sep in target:
+    path = os.path.abspath(target)
+    if not os.path.isfile(path):
+      raise ImportError(f"no such file: {path}")
+    root = os.getcwd()
+    parts = os.path.splitext(os.path.relpath(path, root))[0].split(os.sep)
+    if os.path.commonpath([root, path]) != root or not all(p.isidentifier() for p in parts):
+      root, parts = os.path.dirname(path), [os.path.splitext(os.path.basename(path))[0]]
+    target = ".".join(parts)
+    if root not in sys.path:
+      sys.path.insert(0, root)
+  importlib.import_module(target)
+  return target
+
+
+def _claims(spec) -> str:
+  claims = ["exact" if spec.exact else "approximate", spec.complexity]
+  claims += [what for what, has in (("causal", spec.supports_causal), ("cross", spec.supports_cross),
+                                    ("decode", spec.can_decode)) if has]
+  return ", ".join(claims)
+
+
+def _parse(argv):
+  """-> (module targets, properties to check); raises ValueError on a bad --checks."""
+  targets, props = [], list(CHECKS)
+  for arg in argv:
+    if arg.startswith("--checks="):
+      props = [p.strip() for p in arg.removeprefix("--checks=").split(",") if p.strip()]
+      unknown = [p for p in props if p not in CHECKS]
+      if unknown or not props:
+        raise ValueError(f"unknown check(s) {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(CHECKS)}")
+    elif arg.startswith("-"):
+      raise ValueError(f"unknown flag {arg!r}; the only flag is --checks=NAME[,NAME...]")
+    else:
+      targets.append(arg)
+  if not targets:
+    raise ValueError("name at least one module (dotted name or .py path) that registers a variant")
+  return targets, props
+
+
+USAGE = """usage: python -m attention_zoo.conformance MODULE [MODULE ...] [--checks=NAME[,NAME...]]
+
+MODULE: a dotted module name importable from the current directory (my_attention,
+examples.cosine_attention, attention_zoo.full) or a path to a .py file. Every variant the
+modules register is checked. Exit status: 0 all checked properties pass (or do not apply),
+1 a property failed, 2 bad usage or a module that cannot be imported or registers nothing.
+Checks: """ + ", ".join(CHECKS)
+
+
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
+  argv = sys.argv[1:] if argv is None else list(argv)
   if not argv or argv[0] in ("-h", "--help"):
-    print(__doc__)
+    print(USAGE)
     return 2
+  try:
+    targets, props = _parse(argv)
+  except ValueError as e:
+    print(f"{e}\n\n{USAGE}", file=sys.stderr)
+    return 2
+  # `python -m` puts the current directory on sys.path; do the same when main() is called directly.
+  if os.getcwd() not in sys.path and "" not in sys.path:
+    sys.path.insert(0, os.getcwd())
   import attention_zoo  # noqa: F401  (registers the built-in variants)
   names = []
-  for module_name in argv:
+  for target in targets:
     try:
-      importlib.import_module(module_name)
-    except ImportError as e:
-      print(f"cannot import {module_name!r}: {e}", file=sys.stderr)
+      module_name = import_plugin(target)
+    except Exception as e:  # ImportError, or the module itself failing (e.g. a name already registered)
+      print(f"cannot import {target!r}: {type(e).__name__}: {e}", file=sys.stderr)
       return 2
     found = variants_of(module_name)
     if not found:
-      print(f"{module_name!r} registers no attention variant (use @attention_zoo.register)", file=sys.stderr)
+      print(f"{module_name!r} registers no attention variant (decorate an attention_zoo.Attention "
+            f"subclass with @attention_zoo.register)", file=sys.stderr)
       return 2
-    names += found
-  failures = 0
+    names += [n for n in found if n not in names]
+  failed, counts = [], {"pass": 0, "n/a": 0, "fail": 0}
   for name in names:
-    spec = registry.spec(name)
-    print(f"{name}  ({'exact' if spec.exact else 'approximate'}, {spec.complexity})")
-    for result in run([name]):
-      failures += result.status == "fail"
+    print(f"{name}  ({_claims(registry.spec(name))})")
+    for result in run([name], props):
+      counts[result.status] += 1
+      if result.status == "fail":
+        failed.append(f"{name}.{result.prop}")
       err = "" if result.error is None else f"  err={result.error:.2e}"
       print(f"  {result.status.upper():4s} {result.prop:12s}{err}  {result.detail}".rstrip())
-  total = len(names) * len(CHECKS)
-  print(f"{total - failures} passed, {failures} failed")
-  return 1 if failures else 0
+  print(f"{counts['pass']} passed, {counts['n/a']} not applicable, {counts['fail']} failed"
+        + (f": {', '.join(failed)}" if failed else ""))
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":
