@@ -1,0 +1,100 @@
+"""BigBird attention, ITC pattern (Zaheer et al. 2020), on blocks of B positions.
+
+With query block a(i) = ⌊i/B⌋, key block a(j) = ⌊j/B⌋ and N = ⌈n/B⌉ blocks:
+
+    A(i) = { j : |a(i) - a(j)| <= (W-1)/2 }            window of W blocks
+         ∪ { j : a(j) ∈ {0, N-1} }                     global blocks, seen by every query
+         ∪ { all j if a(i) ∈ {0, N-1} }                global blocks see every key
+         ∪ { j : a(j) ∈ R_h(a(i)) }                    r random blocks per query block and head
+    out_i = Σ_{j ∈ A(i)} softmax_j(q_i·k_j / sqrt(d)) v_j
+
+R_h(a) is drawn once from the `seed` with numpy, per head, as a table that depends only on N:
+r distinct blocks from the whole sequence (not only the first 1024 tokens, as in the LRA code),
+none already in the window or global. Causal: window and random blocks only from the past,
+only the first block global, then ∩ { j <= i }. The global rows are a separate O(B·n) pass;
+everything else is O(n·(W + 2 + r)·B). Self-attention only (N counts one sequence's blocks).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from attention_zoo import blockwise, reference
+from attention_zoo.base import Attention, ceil_div
+from attention_zoo.registry import register
+
+
+@functools.lru_cache(maxsize=64)
+def random_blocks(seed: int, num_blocks: int, num_heads: int, num_random: int, half_window: int,
+                  causal: bool) -> np.ndarray:
+  """int [num_heads, num_blocks, num_random]: each query block's random key blocks per head,
+  -1 where fewer eligible blocks are left than asked for. Global query blocks (which see every
+  key anyway) get none. Depends only on its arguments: the same table every call."""
+  query, key = np.arange(num_blocks)[:, None], np.arange(num_blocks)[None, :]
+  if causal:   # from the past, outside the window, not the global first block
+    eligible = (key >= 1) & (key < query - half_window)
+  else:
+    inner = lambda a: (a >= 1) & (a <= num_blocks - 2)
+    eligible = inner(query) & inner(key) & (np.abs(query - key) > half_window)
+  rng = np.random.default_rng([seed, num_blocks, int(causal)])
+  draw = np.where(eligible, rng.random((num_heads, num_blocks, num_blocks)), np.inf)
+  order = np.argsort(draw, axis=-1)[..., :num_random]     # a uniform subset of the eligible blocks
+  return np.sort(np.where(np.take_along_axis(draw, order, -1) < np.inf, order, -1), axis=-1)
+
+
+@register("bigbird", exact=True, supports_causal=True, supports_cross=False, complexity="O(n·(w + r + 2)·b)",
+          paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences (arXiv:2007.14062)",
+          supports_alibi=True)
+class BigBirdAttention(Attention):
+  OPTIONS = {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 3, "seed": 0}
+  TEST_OPTIONS = {"block_size": 2, "num_window_blocks": 3, "num_random_blocks": 2, "seed": 0}
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    name = "bigbird"
+    self.block_size = blockwise.check_int(name, "block_size", self.options["block_size"], 1)
+    window_blocks = blockwise.check_int(name, "num_window_blocks", self.options["num_window_blocks"], 1)
+    if window_blocks % 2 == 0:
+      raise ValueError(f"{name}: num_window_blocks must be odd (the own block and as many on each side), "
+                       f"got {window_blocks}")
+    self.half_window = window_blocks // 2
+    self.num_random = blockwise.check_int(name, "num_random_blocks", self.options["num_random_blocks"], 0)
+    self.seed = blockwise.check_int(name, "seed", self.options["seed"], 0)
+
+  def random_table(self, length: int) -> np.ndarray:
+    """int [num_heads, num_blocks, num_random_blocks] for a sequence of `length`."""
+    return random_blocks(self.seed, ceil_div(length, self.block_size), self.num_heads, self.num_random,
+                         self.half_window, self.causal)
+
+  def pattern(self, q_len: int, kv_len: int):
+    if q_len != kv_len:
+      raise ValueError(f"bigbird is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
+    i, j = blockwise.aligned_positions(q_len, kv_len)
+    qb, kb, last = i // self.block_size, j // self.block_size, ceil_div(kv_len, self.block_size) - 1
+    allowed = (np.abs(qb - kb) <= self.half_window) | (kb == 0)
+    if not self.causal:
+      allowed |= (kb == last) | (qb == 0) | (qb == last)
+    table = self.random_table(kv_len)[:, qb[:, 0]]                              # [h, n, r]
+    allowed = allowed[None] | (table[..., None] == kb[None, None]).any(-2)      # [h, n, n]
+    if self.causal:
+      allowed &= reference.causal_allowed(i, j, 0, 0)
+    return allowed
+
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+    length, block = q.shape[1], self.block_size
+    last = ceil_div(length, block) - 1
+    if self.causal:
+      global_blocks = (0,)
+      offsets = tuple(range(-self.half_window, 1))
+    else:
+      global_blocks = (0, last) if last else (0,)
+      offsets = tuple(range(-self.half_window, self.half_window + 1))
+    global_positions = np.flatnonzero(np.isin(np.arange(length) // block, global_blocks))
+    segments = [blockwise.Neighbours(offsets, blockwise.KeyBlockNotIn(block, global_blocks)),  # window
+                blockwise.SharedKeys(global_positions),                                       # global columns
+                blockwise.BlockTable(self.random_table(length))]                              # random blocks
+    return blockwise.blockwise_attention(
+        q, k, v, blockwise.Frame.aligned(length, length, block), segments, kv_mask=kv_mask,
+        causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes, dropout_rate=self.dropout_rate,
+        dropout_rng=self.dropout_rng(deterministic), global_rows=None if self.causal else global_positions)

@@ -1,0 +1,285 @@
+"""The sparse family (local, sliding_window, sparse_transformer, longformer, bigbird): blockwise
+results against the dense oracle over their own pattern, and the patterns against their
+definitions, written out here entry by entry."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention_zoo as az
+from attention_zoo import reference
+
+HEADS, HEAD_DIM = 4, 8
+
+
+def build(name, *, causal=False, num_kv_heads=2, **options):
+  return az.create(name, num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads, causal=causal,
+                   rngs=nnx.Rngs(0), **options)
+
+
+def normal(seed, shape):   # numpy draws: no random kernel to compile for each shape
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def qkv(seed, q_len, kv_len, num_kv_heads):
+  return (normal(seed, (2, q_len, HEADS, HEAD_DIM)), normal(seed + 1, (2, kv_len, num_kv_heads, HEAD_DIM)),
+          normal(seed + 2, (2, kv_len, num_kv_heads, HEAD_DIM)))
+
+
+def padding(length, seed):
+  """Batch row 0 whole; row 1 with a masked tail and a masked position inside."""
+  mask = np.ones((2, length), bool)
+  mask[1, length - 1 - seed % 3:] = False
+  mask[1, (3 * seed) % length] = False
+  return jnp.asarray(mask)
+
+
+# name, options, q_len, kv_len, num_kv_heads, causal: lengths mostly not multiples of the block
+ORACLE_CASES = [
+    ("local", dict(block_size=5), 23, 23, 2, False),
+    ("local", dict(block_size=4), 16, 16, 1, True),
+    ("local", dict(block_size=5), 9, 23, 2, True),        # cross: queries at the last positions
+    ("local", dict(block_size=5), 23, 9, 4, False),       # cross: more queries than keys
+    ("sliding_window", dict(window=3), 23, 23, 2, True),
+    ("sliding_window", dict(window=4), 37, 37, 1, False),
+    ("sliding_window", dict(window=50), 13, 13, 2, False),  # window longer than the sequence
+    ("sliding_window", dict(window=3), 9, 23, 2, False),
+    ("sliding_window", dict(window=3), 23, 9, 4, True),
+    ("sparse_transformer", dict(block_size=5, num_summary=2, query_chunk=10), 23, 23, 2, False),  # 3 loop steps
+    ("sparse_transformer", dict(block_size=4, num_summary=1), 37, 37, 1, True),                   # one step
+    ("sparse_transformer", dict(block_size=5, num_summary=2, query_chunk=5), 9, 23, 2, True),
+    ("sparse_transformer", dict(block_size=5, num_summary=5), 23, 9, 4, False),  # summaries = whole blocks
+    ("longformer", dict(window=3, dilation=1, num_global_tokens=1), 23, 23, 2, True),
+    ("longformer", dict(window=2, dilation=3, num_global_tokens=2), 29, 29, 1, False),
+    ("longformer", dict(window=4, dilation=2, num_global_tokens=0), 17, 17, 4, True),
+    ("bigbird", dict(block_size=3, num_window_blocks=3, num_random_blocks=2, seed=1), 35, 35, 2, False),
+    ("bigbird", dict(block_size=4, num_window_blocks=1, num_random_blocks=3, seed=2), 30, 30, 1, True),
+    ("bigbird", dict(block_size=2, num_window_blocks=5, num_random_blocks=4, seed=3), 13, 13, 4, False),  # few to draw
+]
+
+
+@pytest.mark.parametrize("name, options, q_len, kv_len, num_kv_heads, causal, alibi",
+                         [(*c, i % 2 == 0) for i, c in enumerate(ORACLE_CASES)],   # ALiBi in every other case
+                         ids=[f"{c[0]}-{c[2]}x{c[3]}-{'causal' if c[5] else 'bidir'}{'-alibi' * (i % 2 == 0)}"
+                              for i, c in enumerate(ORACLE_CASES)])
+def test_equals_dense_oracle_over_own_pattern(name, options, q_len, kv_len, num_kv_heads, causal, alibi):
+  attn = build(name, causal=causal, num_kv_heads=num_kv_heads, **options)
+  seed = q_len * 7 + kv_len
+  q, k, v = qkv(seed, q_len, kv_len, num_kv_heads)
+  q_mask, kv_mask = padding(q_len, seed), padding(kv_len, seed + 1)
+  slopes = jnp.linspace(0.3, 0.05, HEADS) if alibi else None
+  pattern = attn.pattern(q_len, kv_len)
+  assert pattern.dtype == bool and pattern.shape in ((1, q_len, kv_len), (HEADS, q_len, kv_len))
+  allowed = pattern[None] & np.asarray(q_mask)[:, None, :, None] & np.asarray(kv_mask)[:, None, None, :]
+  bias = None if slopes is None else reference.alibi_bias(
+      slopes, jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len, kv_len)[None]
+
+  def ours(q, k, v):
+    return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes)
+
+  def oracle(q, k, v):
+    out = reference.dense_attention(q, k, v, allowed, scale=attn.scale, bias=bias)
+    return jnp.where(q_mask[:, :, None, None], out, 0)
+
+  cotangent = normal(seed + 3, q.shape)
+  vjp_of = lambda f: jax.jit(lambda q, k, v, ct: (lambda o, back: (o, back(ct)))(*jax.vjp(f, q, k, v)))
+  out, grads = vjp_of(ours)(q, k, v, cotangent)
+  expected, expected_grads = vjp_of(oracle)(q, k, v, cotangent)
+  np.testing.assert_allclose(out, expected, atol=1e-5, rtol=0)
+  for what, g, eg in zip("qkv", grads, expected_grads):
+    np.testing.assert_allclose(g, eg, atol=1e-5, rtol=0, err_msg=f"d{what}")
+
+
+# -- the patterns against their definitions, entry by entry -----------------------------------
+
+def definition(rule, q_len, kv_len, causal):
+  """[q_len, kv_len] from rule(i', j) on the bottom-right aligned query position i'."""
+  offset = kv_len - q_len
+  return np.array([[rule(i + offset, j) and (not causal or j <= i + offset) for j in range(kv_len)]
+                   for i in range(q_len)])
+
+
+SHAPES = [(14, 14), (5, 14), (14, 5), (1, 9)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_len, kv_len", SHAPES)
+def test_local_pattern(q_len, kv_len, causal):
+  block = 4
+  expected = definition(lambda i, j: i // block == j // block, q_len, kv_len, causal)
+  np.testing.assert_array_equal(build("local", causal=causal, block_size=block).pattern(q_len, kv_len)[0], expected)
+  if q_len == kv_len and not causal:   # contiguous blocks on the diagonal, not strided groups
+    blocks = [np.ones((min(block, q_len - s), min(block, q_len - s)), bool) for s in range(0, q_len, block)]
+    np.testing.assert_array_equal(expected, jax.scipy.linalg.block_diag(*blocks))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_len, kv_len", SHAPES)
+def test_sliding_window_pattern(q_len, kv_len, causal):
+  w = 3
+  expected = definition(lambda i, j: abs(i - j) <= w, q_len, kv_len, causal)
+  np.testing.assert_array_equal(build("sliding_window", causal=causal, window=w).pattern(q_len, kv_len)[0], expected)
+
+
+@pytest.mark.parametrize("length, window, num_kv_heads, causal", [(29, 3, 2, False), (16, 5, 1, True),
+                                                                   (12, 20, 4, False), (21, 4, 2, True)])
+def test_sliding_window_equals_jax_local_window(length, window, num_kv_heads, causal):
+  """An implementation we did not write: jax.nn.dot_product_attention(local_window_size=...)."""
+  q, k, v = qkv(length, length, length, num_kv_heads)
+  kv_mask = padding(length, 1)
+  attn = build("sliding_window", causal=causal, num_kv_heads=num_kv_heads, window=window)
+  theirs = lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, mask=kv_mask[:, None, None, :], is_causal=causal, local_window_size=(window, 0 if causal else window))
+  ours = lambda q, k, v: attn(q, k, v, kv_mask=kv_mask)
+  np.testing.assert_allclose(*jax.jit(lambda *x: (ours(*x), theirs(*x)))(q, k, v), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_len, kv_len", SHAPES + [(23, 23)])
+def test_sparse_transformer_pattern(q_len, kv_len, causal):
+  block, c = 5, 2
+  own_block = lambda i, j: i // block == j // block
+  summary = lambda j: j % block in range(block - c, block)    # the last c positions of a block
+  expected = definition(lambda i, j: own_block(i, j) or summary(j), q_len, kv_len, causal)
+  pattern = build("sparse_transformer", causal=causal, block_size=block, num_summary=c).pattern(q_len, kv_len)[0]
+  np.testing.assert_array_equal(pattern, expected)
+  if causal and q_len == kv_len:   # causal: the own block up to i, and only earlier blocks' summaries
+    for i in range(q_len):
+      others = [j for j in np.flatnonzero(pattern[i]) if not own_block(i, j)]
+      assert all(summary(j) and j // block < i // block for j in others)
+      assert len(others) == c * (i // block)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window, dilation, num_global", [(2, 1, 1), (2, 3, 2), (3, 2, 0)])
+def test_longformer_pattern(window, dilation, num_global, causal):
+  n = 19
+
+  def rule(i, j):
+    in_window = abs(i - j) <= window * dilation and (i - j) % dilation == 0
+    return in_window or i < num_global or j < num_global
+
+  attn = build("longformer", causal=causal, window=window, dilation=dilation, num_global_tokens=num_global)
+  np.testing.assert_array_equal(attn.pattern(n, n)[0], definition(rule, n, n, causal))
+  if dilation > 1 and num_global == 0 and not causal:   # a row sees 2w + 1 keys, spaced by the dilation
+    assert attn.pattern(n, n)[0, n // 2].sum() == 2 * window + 1
+
+
+def bigbird_blocks_seen(pattern, block):
+  """{(head, query block): set of key blocks with any visible entry}; a block is all or nothing."""
+  heads, n, _ = pattern.shape
+  num_blocks = -(-n // block)
+  seen = {}
+  for h, a in itertools.product(range(heads), range(num_blocks)):
+    rows = pattern[h, a * block:(a + 1) * block]
+    seen[h, a] = {b for b in range(num_blocks) if rows[:, b * block:(b + 1) * block].any()}
+  return seen
+
+
+@pytest.mark.parametrize("n, block, window_blocks, r", [(40, 4, 3, 2), (37, 3, 3, 3), (14, 2, 5, 3)])
+def test_bigbird_pattern(n, block, window_blocks, r):
+  attn = build("bigbird", block_size=block, num_window_blocks=window_blocks, num_random_blocks=r, seed=5)
+  pattern = attn.pattern(n, n)
+  assert pattern.shape == (HEADS, n, n)
+  last, half = -(-n // block) - 1, window_blocks // 2
+  for (h, a), seen in bigbird_blocks_seen(pattern, block).items():
+    if a in (0, last):                           # global rows see everything
+      assert seen == set(range(last + 1))
+      continue
+    window = {b for b in range(last + 1) if abs(a - b) <= half}
+    random = seen - window - {0, last}
+    assert {0, last} | window <= seen
+    eligible = set(range(1, last)) - window
+    assert len(random) == min(r, len(eligible)), (h, a, seen)
+    assert random == set(attn.random_table(n)[h, a]) - {-1}
+  assert pattern[:, :, :block].all() and pattern[:, :, last * block:].all()   # global columns
+  tables = attn.random_table(n)
+  if r < 5 and last > 8:   # heads draw their own blocks
+    assert any(not np.array_equal(tables[0], tables[h]) for h in range(1, HEADS))
+
+
+def test_bigbird_causal_pattern():
+  n, block, half, r = 45, 3, 1, 2
+  attn = build("bigbird", causal=True, block_size=block, num_window_blocks=2 * half + 1, num_random_blocks=r)
+  pattern = attn.pattern(n, n)
+  assert not (pattern & ~np.tril(np.ones((n, n), bool))).any()
+  for (h, a), seen in bigbird_blocks_seen(pattern, block).items():
+    past_window = {b for b in range(a - half, a + 1) if b >= 0}
+    assert past_window | {0} <= seen
+    random = seen - past_window - {0}
+    assert all(b < a - half for b in random)
+    assert len(random) == min(r, max(0, a - half - 1))
+
+
+def test_bigbird_random_blocks_fixed_by_seed_and_drawn_from_whole_sequence():
+  make = lambda seed: build("bigbird", block_size=64, seed=seed)
+  n = 64 * 64   # 64 blocks
+  table = make(0).random_table(n)
+  np.testing.assert_array_equal(table, make(0).random_table(n))          # same seed, same table
+  assert not np.array_equal(table, make(1).random_table(n))              # another seed, another
+  assert table.max() >= 1024 // 64 + 10    # blocks beyond the first 1024 tokens are drawn too
+  assert table.shape == (HEADS, 64, 3) and (table[:, 1:-1] >= 1).all()
+  q, k, v = qkv(0, 60, 60, 2)
+  small = build("bigbird", block_size=4, num_random_blocks=2)
+  first, again = (jax.jit(lambda q, k, v: small(q, k, v))(q, k, v) for _ in range(2))   # two compilations
+  np.testing.assert_array_equal(first, again)                             # same every call
+
+
+# -- options and refusals --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, options, fragment", [
+    ("local", dict(block_size=0), "block_size"),
+    ("sliding_window", dict(window=-1), "window"),
+    ("sliding_window", dict(window=2.5), "window"),
+    ("sparse_transformer", dict(block_size=4, num_summary=5), "num_summary"),
+    ("sparse_transformer", dict(query_chunk=0), "query_chunk"),
+    ("longformer", dict(dilation=0), "dilation"),
+    ("longformer", dict(num_global_tokens=-1), "num_global_tokens"),
+    ("bigbird", dict(num_window_blocks=2), "num_window_blocks"),
+    ("bigbird", dict(num_random_blocks=-1), "num_random_blocks"),
+    ("bigbird", dict(seed=-3), "seed"),
+])
+def test_bad_options_are_named(name, options, fragment):
+  with pytest.raises(ValueError, match=fragment):
+    build(name, **options)
+
+
+@pytest.mark.parametrize("name", ["longformer", "bigbird"])
+def test_self_attention_only_variants_say_so(name):
+  attn = build(name)
+  q, k, v = qkv(0, 8, 12, 2)
+  with pytest.raises(ValueError, match="q_len"):
+    attn(q, k, v)
+  with pytest.raises(ValueError, match="self-attention"):
+    attn.pattern(8, 12)
+
+
+# -- no n x n tensor -------------------------------------------------------------------------
+
+def _shapes(jaxpr):
+  for eqn in jaxpr.eqns:
+    yield from (tuple(var.aval.shape) for var in eqn.outvars)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _shapes(inner)
+
+
+@pytest.mark.parametrize("name, options", [
+    ("local", dict(block_size=16)), ("sliding_window", dict(window=16)),
+    ("sparse_transformer", dict(block_size=16, num_summary=2, query_chunk=64)),
+    ("longformer", dict(window=8, dilation=2, num_global_tokens=2)),
+    ("bigbird", dict(block_size=16))])
+def test_no_quadratic_intermediate(name, options):
+  """Forward and backward hold no tensor with n² or more elements (a dense score or mask)."""
+  n = 1024
+  attn = build(name, num_kv_heads=1, **options)
+  x = jnp.zeros((1, n, HEADS, HEAD_DIM))
+  kv = jnp.zeros((1, n, 1, HEAD_DIM))
+  grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
+  biggest = max(int(np.prod(s)) for s in _shapes(jax.make_jaxpr(grad)(x, kv, kv).jaxpr))
+  assert biggest < n * n, f"{name}: an intermediate has {biggest} >= n² = {n * n} elements"
