@@ -119,11 +119,6 @@ class Attention(nnx.Module):
     rng = self.dropout_rng(deterministic)
     return weights if rng is None else reference.dropout(weights, self.dropout_rate, rng)
 
-  def refuse_dropout(self, why: str):
-    """For variants that never form attention weights (kernelised attention)."""
-    if self.dropout_rate:
-      raise ValueError(f"{self.spec.name} cannot apply attention dropout: {why}; use dropout_rate=0")
-
   # -- one-token decoding (spec.can_decode) ------------------------------------------------
   # The default is a right-aligned KV cache: the newest token sits in the last slot, so the
   # bottom-right causal alignment (and ALiBi distances) hold for a query decoded at any step.

@@ -41,16 +41,16 @@ BLOCK_OPTIONS = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
 @register("flash", exact=True, supports_causal=True, supports_cross=True,
           complexity="O(n²) time, O(n) memory",
           paper="Dao et al. 2022, FlashAttention (arXiv:2205.14135); Dao 2023, FlashAttention-2 (arXiv:2307.08691)",
-          can_decode=True, supports_alibi=True)
+          can_decode=True, supports_alibi=True, supports_dropout=False)
 class FlashAttention(Attention):
   OPTIONS = {"impl": "auto", **{name: None for name in BLOCK_OPTIONS}}
   # The conformance suite runs the Pallas kernels (interpreted on CPU) with tiles smaller than its
   # length 20 / cross length 12, so several tiles, padding to the block and causal skipping happen.
+  WHY_NO_DROPOUT = "the flash kernels never materialise the attention weights to drop"
   TEST_OPTIONS = {"impl": "pallas", "block_q": 8, "block_k": 8, "block_q_bwd": 8, "block_k_bwd": 4}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    self.refuse_dropout("the flash kernels never materialise the attention weights to drop")
     impl = self.options["impl"]
     if impl not in IMPLS:
       raise ValueError(f"flash: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
