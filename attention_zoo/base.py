@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

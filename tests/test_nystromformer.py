@@ -1,4 +1,4 @@
-"""Nyströmformer: the paper's formula, convergence to softmax attention, padding, memory.
+"""Nyströmformer: the paper's formula, convergence to softmax attention, padding (memory: test_scaling.py).
 
 The oracle is written independently of `attention_zoo.nystromformer`, in float64 numpy, the way
 the paper's code forms landmarks (a reshape into equal segments, so lengths divisible by m).
@@ -132,25 +132,6 @@ def test_pinv_converges_and_keeps_empty_landmarks_empty():
   np.testing.assert_allclose(z, np.linalg.pinv(a), atol=1e-4)
   assert (z[4, :] == 0).all() and (z[:, 4] == 0).all()
   assert (np.asarray(nystromformer.pinv(jnp.zeros((3, 3)), 6)) == 0).all()   # an all-empty A
-
-
-def temp_bytes(length, backward):
-  attn = build(num_heads=4, num_kv_heads=2, head_dim=32)              # defaults: 64 landmarks
-  graphdef, state = nnx.split(attn)
-  q = jax.ShapeDtypeStruct((1, length, 4, 32), jnp.float32)
-  kv = jax.ShapeDtypeStruct((1, length, 2, 32), jnp.float32)
-
-  def loss(state, q, k, v):
-    return jnp.sum(nnx.merge(graphdef, state)(q, k, v))
-
-  fn = jax.grad(loss, argnums=(1, 2, 3)) if backward else loss
-  return jax.jit(fn).lower(state, q, kv, kv).compile().memory_analysis().temp_size_in_bytes
-
-
-@pytest.mark.parametrize("backward", [False, True])
-def test_memory_grows_linearly_with_length(backward):
-  small, large = temp_bytes(2048, backward), temp_bytes(8192, backward)
-  assert large <= 4.5 * small, (small, large)    # a 4x longer sequence; n² would be 16x
 
 
 def test_refusals_say_why():
