@@ -7,25 +7,11 @@ import pytest
 from PIL import Image
 
 import lra
+from lra_fixtures import write_cifar, write_imdb, write_listops, write_pathfinder, write_retrieval
 
 LISTOPS_IDS = {tok: i for i, tok in enumerate(
     ["<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
      "[MAX", "[MED", "[MIN", "[SM", "]"])}
-
-
-def write_listops(root, split_file, rows, header="Source\tTarget"):
-    folder = root / "listops-1000"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / split_file).write_text(header + "\n" + "".join(r + "\n" for r in rows),
-                                     encoding="utf-8")
-    return folder / split_file
-
-
-def write_retrieval(root, split_file, rows):
-    folder = root / "tsv_data"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / split_file).write_bytes(b"".join(row + b"\n" for row in rows))
-    return folder / split_file
 
 
 def byte_ids(text: bytes, max_len):
@@ -173,15 +159,6 @@ def test_retrieval_malformed_row(tmp_path, row, message):
 
 # --------------------------------------------------------------------------------------- Text
 
-def write_imdb(root, reviews):
-    """reviews: {(folder, label): [bytes, ...]} written as aclImdb/<folder>/<label>/<i>_7.txt."""
-    for (folder, label), texts in reviews.items():
-        d = root / "aclImdb" / folder / label
-        d.mkdir(parents=True, exist_ok=True)
-        for i, text in enumerate(texts):
-            (d / f"{i}_7.txt").write_bytes(text)
-
-
 def test_text_from_aclimdb(tmp_path):
     accented = "  Ein großartiger Film — 10/10 ♥\n".encode("utf-8")
     write_imdb(tmp_path, {
@@ -247,21 +224,6 @@ def test_grayscale_matches_tensorflow_values():
     np.testing.assert_array_equal(lra.rgb_to_grayscale(rgb), independent_grayscale(rgb))
 
 
-def write_cifar(root, rng, sizes=(4, 4, 4, 4, 4), test_size=3):
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    batches = {}
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name, n in zip(names, list(sizes) + [test_size]):
-        images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)  # [N, H, W, C]
-        labels = rng.integers(0, 10, n).tolist()
-        data = images.transpose(0, 3, 1, 2).reshape(n, 3072)  # channel-major rows
-        with open(folder / name, "wb") as f:
-            pickle.dump({b"data": data, b"labels": labels, b"batch_label": b"x"}, f)
-        batches[name] = (images, labels)
-    return batches
-
-
 def test_image_from_cifar_pickles(tmp_path):
     rng = np.random.default_rng(1)
     batches = write_cifar(tmp_path, rng)
@@ -305,35 +267,6 @@ def test_image_missing_batch_and_bad_pickle(tmp_path):
 
 
 # --------------------------------------------------------------------------------- Pathfinder
-
-def write_pathfinder(root, rng, resolution=32, per_file=(7, 7, 6), broken=None,
-                     folder_name=None):
-    """Official layout: imgs/<k>/sample_<n>.png and text metadata/<k>.npy, one line per image.
-    broken: {(k, n): bytes written instead of a PNG}. Returns [(pixels or None, label)] in
-    metadata order."""
-    broken = broken or {}
-    folder = root / f"pathfinder{resolution}" / (folder_name or "curv_contour_length_14")
-    (folder / "metadata").mkdir(parents=True)
-    entries = []
-    # Metadata files 0, 1, 10...: numeric order must put 10 last.
-    for k, count in zip((0, 1, 10), per_file):
-        (folder / "imgs" / str(k)).mkdir(parents=True)
-        lines = []
-        for n in range(count):
-            pixels = rng.integers(0, 256, (resolution, resolution), dtype=np.uint8)
-            pixels[0, 0] = 0  # a black pixel: a real token, never padding
-            label = int(rng.integers(0, 2))
-            path = folder / "imgs" / str(k) / f"sample_{n}.png"
-            if (k, n) in broken:
-                path.write_bytes(broken[k, n])
-                pixels = None
-            else:
-                Image.fromarray(pixels, mode="L").save(path)
-            lines.append(f"imgs/{k} sample_{n}.png {n} {label} 14 1.5 2\n")
-            entries.append((pixels, label))
-        (folder / "metadata" / f"{k}.npy").write_text("".join(lines))
-    return entries
-
 
 def test_pathfinder_split_pixels_and_empty_image(tmp_path):
     entries = write_pathfinder(tmp_path, np.random.default_rng(3),

@@ -1,0 +1,225 @@
+"""LRA Table 1 from finished runs: markdown, CSV, bar charts and training curves.
+
+    python -m experiments.report --runs=results/tiny/runs --out=results/tiny
+
+Reads every `results.json` (and `metrics.jsonl`) under --runs. Each cell is the test accuracy
+(%) at the best validation step, mean ± std over seeds, with the LRA paper's number and our
+difference beside it; a "majority class" row gives each task's chance level (the most
+frequent class of its test split). One table per preset.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from absl import flags
+
+import lra
+from configs.lra.attention_settings import LRA_TABLE1
+from experiments import cli
+from experiments.writers import read_metrics
+
+FLAGS = flags.FLAGS
+MAJORITY = "majority class"
+
+
+def read_runs(runs_dir) -> list[dict]:
+  """Every results.json under runs_dir, with `workdir` added."""
+  runs = []
+  for path in sorted(Path(runs_dir).rglob("results.json")):
+    result = json.loads(path.read_text(encoding="utf-8"))
+    result["workdir"] = str(path.parent)
+    runs.append(result)
+  return runs
+
+
+def paper_accuracy(attention: str, task: str) -> float | str | None:
+  """The paper's Table 1 number, "FAIL" for Path-X, None if the paper has no such row."""
+  if attention not in LRA_TABLE1:
+    return None
+  return "FAIL" if task == "pathx" else LRA_TABLE1[attention][task]
+
+
+def _order(attentions) -> list[str]:
+  """The paper's row order first, then the rest alphabetically."""
+  known = [a for a in LRA_TABLE1 if a in attentions]
+  return known + sorted(set(attentions) - set(known))
+
+
+def summarize(runs: list[dict]) -> dict:
+  """{preset: {"tasks", "attentions", "cells": {(attention, task): stats}, "majority"}}."""
+  by_preset = defaultdict(list)
+  for run in runs:
+    by_preset[run["preset"]].append(run)
+  tables = {}
+  for preset, group in sorted(by_preset.items()):
+    accuracies, majority = defaultdict(list), defaultdict(list)
+    for run in group:
+      accuracies[run["attention"], run["task"]].append(100 * run["test_accuracy"])
+      majority[run["task"]].append(100 * run["majority_accuracy"])
+    tasks = [t for t in lra.available_tasks() if t in majority]
+    cells = {key: _stats(values) for key, values in accuracies.items()}
+    tables[preset] = {
+        "tasks": tasks, "attentions": _order({a for a, _ in accuracies}), "cells": cells,
+        "majority": {t: statistics.mean(v) for t, v in majority.items()},
+    }
+  return tables
+
+
+def _stats(values: list[float]) -> dict:
+  return {"mean": statistics.mean(values), "num_seeds": len(values),
+          "std": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def _average(table: dict, attention: str):
+  """(our mean, paper mean) over the table's tasks except Path-X, if the row has them all."""
+  tasks = [t for t in table["tasks"] if t != "pathx"]
+  ours = [table["cells"].get((attention, t)) for t in tasks]
+  if not tasks or None in ours:
+    return None
+  papers = [paper_accuracy(attention, t) for t in tasks]
+  paper = statistics.mean(papers) if None not in papers else None
+  return statistics.mean(c["mean"] for c in ours), paper
+
+
+def _cell(mean: float, std: float | None, paper) -> str:
+  text = f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
+  if paper == "FAIL":
+    return f"{text} (FAIL)"
+  if paper is not None:
+    return f"{text} ({paper:.2f}, {mean - paper:+.2f})"
+  return text
+
+
+def markdown(tables: dict) -> str:
+  lines = []
+  for preset, table in tables.items():
+    tasks = table["tasks"]
+    seeds = sorted({c["num_seeds"] for c in table["cells"].values()})
+    lines += [f"### LRA Table 1, preset `{preset}`: test accuracy (%)", "",
+              "Each cell: mean ± std over seeds (paper's number, our difference). Seeds per cell: "
+              f"{', '.join(map(str, seeds))}." + (" The tiny preset is a CPU-sized run: its numbers "
+                                                  "are not comparable with the paper's." if preset == "tiny" else ""),
+              ""]
+    has_avg = sum(t != "pathx" for t in tasks) > 1
+    header = ["Model"] + tasks + (["Avg"] if has_avg else [])
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for attention in table["attentions"]:
+      row = [attention]
+      for task in tasks:
+        cell = table["cells"].get((attention, task))
+        row.append("—" if cell is None else _cell(cell["mean"], cell["std"], paper_accuracy(attention, task)))
+      if has_avg:
+        average = _average(table, attention)
+        row.append("—" if average is None else _cell(average[0], None, average[1]))
+      lines.append("| " + " | ".join(row) + " |")
+    majority = [f"{table['majority'][t]:.2f}" for t in tasks]
+    lines.append("| " + " | ".join([f"*{MAJORITY}*"] + majority + ([""] if has_avg else [])) + " |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def write_csv(tables: dict, path: Path) -> None:
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    out = csv.writer(f)
+    out.writerow(["preset", "attention", "task", "num_seeds", "mean", "std", "paper", "difference"])
+    for preset, table in tables.items():
+      for attention in table["attentions"]:
+        for task in table["tasks"]:
+          cell = table["cells"].get((attention, task))
+          if cell is None:
+            continue
+          paper = paper_accuracy(attention, task)
+          difference = cell["mean"] - paper if isinstance(paper, float) else ""
+          out.writerow([preset, attention, task, cell["num_seeds"], f"{cell['mean']:.4f}",
+                        "" if cell["std"] is None else f"{cell['std']:.4f}",
+                        "" if paper is None else paper,
+                        difference if difference == "" else f"{difference:.4f}"])
+      for task in table["tasks"]:
+        out.writerow([preset, MAJORITY, task, "", f"{table['majority'][task]:.4f}", "", "", ""])
+
+
+def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
+  """Per preset and task: a bar chart of test accuracy and the training curves (PNG)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  written = []
+  for preset, table in tables.items():
+    for task in table["tasks"]:
+      attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
+      cells = [table["cells"][a, task] for a in attentions]
+      fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(attentions) + 2), 4))
+      ax.bar(attentions, [c["mean"] for c in cells], yerr=[c["std"] or 0 for c in cells],
+             color="tab:blue", capsize=3, label="ours")
+      papers = [(i, paper_accuracy(a, task)) for i, a in enumerate(attentions)]
+      papers = [(i, p) for i, p in papers if isinstance(p, float)]
+      if papers:
+        ax.scatter(*zip(*papers), color="black", marker="_", s=300, zorder=3, label="paper")
+      ax.axhline(table["majority"][task], color="tab:red", linestyle="--", label=MAJORITY)
+      ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
+      ax.tick_params(axis="x", rotation=45)
+      ax.legend(fontsize="small")
+      written.append(_save(fig, out / f"bars_{preset}_{task}.png"))
+
+      fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
+      colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
+      labelled = set()
+      for run in runs:
+        if run["preset"] != preset or run["task"] != task:
+          continue
+        events = read_metrics(run["workdir"])
+        label = None if run["attention"] in labelled else run["attention"]  # one per attention
+        labelled.add(run["attention"])
+        for ax, key in ((acc_ax, "eval_accuracy"), (loss_ax, "train_loss")):
+          points = [(e["step"], e[key]) for e in events if isinstance(e.get(key), float)]
+          if points:
+            ax.plot(*zip(*points), color=colors[run["attention"]], label=label)
+      acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
+      loss_ax.set(xlabel="step", ylabel="training loss")
+      acc_ax.legend(fontsize="x-small", ncol=2)
+      written.append(_save(fig, out / f"curves_{preset}_{task}.png"))
+  return written
+
+
+def _save(fig, path: Path) -> Path:
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  import matplotlib.pyplot as plt
+
+  plt.close(fig)
+  return path
+
+
+def write_report(runs_dir, out_dir) -> str:
+  """Writes table.md, table.csv and the PNGs into out_dir; returns the markdown."""
+  runs = read_runs(runs_dir)
+  if not runs:
+    raise cli.HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
+                           "experiments.reproduce first")
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  tables = summarize(runs)
+  text = markdown(tables)
+  (out / "table.md").write_text(text, encoding="utf-8")
+  write_csv(tables, out / "table.csv")
+  plot(tables, runs, out)
+  return text
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  print(write_report(FLAGS.runs, FLAGS.out))
+  print(f"wrote {FLAGS.out}/table.md, table.csv and plots")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("runs", "results/tiny/runs", "Folder holding run workdirs (searched recursively).")
+  flags.DEFINE_string("out", "results/tiny", "Folder for table.md, table.csv and the PNGs.")
+  cli.run(main, preload_plugins=False)

@@ -1,0 +1,137 @@
+"""Reproduce LRA Table 1: train every (task, attention, seed) of a grid, then write the report.
+
+    python -m experiments.reproduce --preset=tiny --tasks=listops
+    python -m experiments.reproduce --preset=paper --tasks=listops,text,retrieval,image,pathfinder \
+        --attentions=full,performer --seeds=1,2,3 --out=results/paper
+
+Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
+skipped and an interrupted one resumes, so the same command continues a grid. The report
+(OUT/table.md, table.csv, PNGs) covers every finished run under OUT/runs.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import time
+from pathlib import Path
+
+from absl import flags, logging
+
+import attention_zoo as az
+import lra
+from configs.lra.common import PRESETS
+from experiments import cli, plugins
+
+FLAGS = flags.FLAGS
+
+
+def task_config(task: str, attention: str, preset: str, seed: int, overrides=()):
+  """configs/lra/<task>.py get_config("<attention>,<preset>") with the seed and overrides."""
+  config = importlib.import_module(f"configs.lra.{task}").get_config(f"{attention},{preset}")
+  config.seed = seed
+  config.lock()
+  for override in overrides:
+    apply_override(config, override)
+  return config
+
+
+def apply_override(config, text: str) -> None:
+  """"model.num_layers=2" -> config.model.num_layers = 2, parsed as the field's type."""
+  field, sep, value = text.partition("=")
+  if not sep:
+    raise cli.HarnessError(f"--override takes field=value, got {text!r}")
+  problem = cli.unknown_field(config, field)
+  if problem:
+    raise cli.HarnessError(problem)
+  *parents, name = field.split(".")
+  node = config
+  for parent in parents:
+    node = node[parent]
+  current = node[name]
+  try:
+    if isinstance(current, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError("expected true or false")
+      parsed = value.lower() in ("true", "1")
+    elif isinstance(current, (int, float)):
+      parsed = type(current)(value)
+    elif isinstance(current, str):
+      parsed = value
+    else:  # tuples, None placeholders
+      parsed = ast.literal_eval(value)
+    node[name] = parsed
+  except (ValueError, TypeError, SyntaxError) as e:
+    raise cli.HarnessError(f"--override {text!r}: {e}") from None
+
+
+def check_names(tasks: list[str], attentions: list[str]) -> None:
+  for task in tasks:
+    if task not in lra.available_tasks():
+      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(lra.available_tasks())}")
+  for attention in attentions:
+    if attention not in az.available():
+      raise cli.HarnessError(f"unknown attention {attention!r}; registered: {', '.join(az.available())} "
+                             "(a variant in your own module: --plugins=MODULE)")
+
+
+def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: list[int], out,
+             overrides=()) -> list[str]:
+  """Trains every missing run of the grid; returns a line per failed run."""
+  from experiments import trainer  # imports jax: after the cheap checks
+
+  check_names(tasks, attentions)
+  grid = [(t, a, s) for t in tasks for a in attentions for s in seeds]
+  configs = {key: task_config(*key[:2], preset, key[2], overrides) for key in grid}
+  failures = []
+  for number, (task, attention, seed) in enumerate(grid, start=1):
+    workdir = Path(out) / "runs" / task / attention / f"seed{seed}"
+    if (workdir / "results.json").exists():
+      logging.info("[%d/%d] %s exists: skipped", number, len(grid), workdir / "results.json")
+      continue
+    logging.info("[%d/%d] %s / %s / seed %d -> %s", number, len(grid), task, attention, seed, workdir)
+    try:
+      results = trainer.train_and_evaluate(configs[task, attention, seed], workdir)
+      logging.info("%s / %s / seed %d: test accuracy %.4f", task, attention, seed,
+                   results["test_accuracy"])
+    except cli.HarnessError as e:
+      failures.append(f"{task} / {attention} / seed {seed}: {e}")
+      logging.error("%s", failures[-1])
+    except Exception as e:  # noqa: BLE001 - one broken variant must not stop the grid
+      failures.append(f"{task} / {attention} / seed {seed}: {type(e).__name__}: {e}")
+      logging.exception("%s / %s / seed %d failed", task, attention, seed)
+  return failures
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  import jax
+
+  from experiments import report, trainer
+
+  trainer.initialize_distributed()
+  started = time.time()
+  attentions = plugins.split_modules(FLAGS.attentions) or list(az.available())
+  out = FLAGS.out or f"results/{FLAGS.preset}"
+  try:
+    seeds = [int(s) for s in FLAGS.seeds]
+  except ValueError:
+    raise cli.HarnessError(f"--seeds takes integers, got {','.join(FLAGS.seeds)}") from None
+  failures = run_grid(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
+                      out=out, overrides=FLAGS.override)
+  if jax.process_index() == 0:
+    print(report.write_report(Path(out) / "runs", out))
+    print(f"wrote {out}/table.md, table.csv and plots; wall time {time.time() - started:.0f} s")
+  if failures:
+    raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_enum("preset", "tiny", PRESETS, "tiny: CPU-sized, minutes; paper: LRA's settings.")
+  flags.DEFINE_list("tasks", list(lra.available_tasks()), "LRA tasks to run.")
+  flags.DEFINE_list("attentions", [], "Attention variants; default: every registered one.")
+  flags.DEFINE_list("seeds", ["0"], "Seeds; the table shows mean ± std over them.")
+  flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")
+  flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
+  flags.DEFINE_multi_string("override", [], "field=value applied to every config, e.g. model.num_layers=1.")
+  cli.run(main)

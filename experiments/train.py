@@ -1,0 +1,36 @@
+"""Train and test one attention variant on one LRA task.
+
+    python -m experiments.train --config=configs/lra/listops.py:performer --workdir=runs/listops/performer
+    python -m experiments.train --config=configs/lra/listops.py:full,tiny --workdir=runs/tiny \
+        --config.model.num_layers=1 --plugins=my_attention
+
+`--config=FILE:ATTENTION[,PRESET]` (preset paper, the default, or tiny); any field can be
+overridden with `--config.<field>=value`. Running again with the same workdir resumes.
+"""
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import cli
+
+FLAGS = flags.FLAGS
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/lra/<task>.py:<attention>[,<preset>]",
+                                          lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.json.")
+flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from experiments import trainer  # after flag parsing: errors there stay one line
+
+  trainer.initialize_distributed()
+  results = trainer.train_and_evaluate(_CONFIG.value, FLAGS.workdir)
+  print(f"{results['task']} / {results['attention']}: test accuracy {results['test_accuracy']:.4f} "
+        f"(best validation {results['best_eval_accuracy']:.4f} at step {results['best_step']}); "
+        f"{FLAGS.workdir}/results.json")
+
+
+if __name__ == "__main__":
+  cli.run(main)

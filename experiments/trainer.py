@@ -1,0 +1,364 @@
+"""One trainer for every LRA task and every registered attention.
+
+    results = Trainer(config, workdir).run()     # config: configs/lra/<task>.py get_config(...)
+
+The model is an NNX Classifier (a DualEncoderClassifier when the task has two inputs), split
+into a graph definition and its state so that one `jax.jit`-compiled step trains it; the step
+is compiled once per run. Data parallel: a `Mesh` over every device with one `data` axis; the
+batch is sharded along it and the training state is replicated.
+
+A run in `workdir` leaves:
+  checkpoints/     orbax checkpoints (latest few; each also holds the best model so far)
+  metrics.jsonl    one JSON object per event: train_loss, train_accuracy, lr, grad_norm,
+                   steps_per_sec; eval_loss, eval_accuracy; test_loss, test_accuracy
+  tensorboard/     the same scalars as TensorBoard events
+  results.json     test accuracy of the best validation checkpoint, and the run's facts
+Starting again in the same workdir resumes from the latest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+import attention_zoo as az
+import lra
+from attention_zoo.models import Classifier, DualEncoderClassifier, TransformerConfig, num_params
+from configs.lra.common import PRESETS
+from experiments import data as data_lib
+from experiments.checkpoints import Checkpoints
+from experiments.cli import HarnessError
+from experiments.optim import learning_rate_schedule, make_optimizer
+from experiments.writers import MetricsWriter
+
+
+class NaNLossError(HarnessError):
+  """Training produced a non-finite loss or parameters."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array          # int32 scalar: updates done
+  params: nnx.State        # nnx.Param variables
+  rest: nnx.State          # everything else in the model, e.g. its RNG state
+  opt_state: optax.OptState
+
+
+def initialize_distributed() -> None:
+  """Joins a multi-host cluster when the environment describes one (explicit JAX_* variables,
+  SLURM, Open MPI, or a multi-host TPU slice); a single machine needs nothing."""
+  env = os.environ
+  if "JAX_COORDINATOR_ADDRESS" in env:
+    jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
+                               int(env["JAX_PROCESS_ID"]))
+  elif (int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+        or "," in env.get("TPU_WORKER_HOSTNAMES", "")):
+    jax.distributed.initialize()  # jax detects the cluster from the environment
+
+
+def resolve_defaults(config) -> ml_collections.ConfigDict:
+  """A copy of the config with its "0 = follow another field" defaults filled in."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.eval_batch_size = config.eval_batch_size or config.batch_size
+  config.checkpoint_every = config.checkpoint_every or config.eval_every
+  config.schedule.steps_per_cycle = config.schedule.steps_per_cycle or config.num_train_steps
+  return config
+
+
+def check_config(config) -> None:
+  """Names and sizes the run cannot start with -> HarnessError naming the valid choices."""
+  if config.task not in lra.available_tasks():
+    raise HarnessError(f"unknown task {config.task!r}; tasks: {', '.join(lra.available_tasks())}")
+  if config.preset not in PRESETS:
+    raise HarnessError(f"unknown preset {config.preset!r}; presets: {', '.join(PRESETS)}")
+  if config.model.attention not in az.available():
+    raise HarnessError(f"unknown attention {config.model.attention!r}; registered: "
+                       f"{', '.join(az.available())} (a variant in your own module: --plugins=MODULE)")
+  for name in ("batch_size", "eval_batch_size", "num_train_steps", "eval_every",
+               "checkpoint_every", "log_every", "grad_accum_steps", "keep_checkpoints"):
+    if config[name] < 1:
+      raise HarnessError(f"config.{name} must be >= 1, got {config[name]}")
+  devices, processes = jax.device_count(), jax.process_count()
+  if config.batch_size % config.grad_accum_steps:
+    raise HarnessError(f"batch_size={config.batch_size} is not divisible by "
+                       f"grad_accum_steps={config.grad_accum_steps}")
+  for name, size in (("batch_size / grad_accum_steps", config.batch_size // config.grad_accum_steps),
+                     ("eval_batch_size", config.eval_batch_size)):
+    if size % devices or size % processes:
+      raise HarnessError(f"{name} = {size} is not divisible by the {devices} devices "
+                         f"({processes} processes): data parallelism gives each device an equal "
+                         f"share; use a multiple of {devices}")
+
+
+def build_model(config, task: lra.TaskSpec) -> nnx.Module:
+  model = config.model.to_dict()
+  model["attention_options"] = dict(model["attention_options"])
+  try:
+    model_config = TransformerConfig(**model)
+    model_class = DualEncoderClassifier if task.dual else Classifier
+    return model_class(model_config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+  except (TypeError, ValueError) as e:
+    raise HarnessError(f"cannot build the {config.model.attention} model: {e}") from None
+
+
+def _logits(model, batch, deterministic):
+  if "inputs2" in batch:
+    return model(batch["inputs"], batch["masks"], batch["inputs2"], batch["masks2"],
+                 deterministic=deterministic)
+  return model(batch["inputs"], batch["masks"], deterministic=deterministic)
+
+
+def _losses(logits, targets):
+  """Per-example cross-entropy and correctness."""
+  logits = logits.astype(jnp.float32)
+  return (optax.softmax_cross_entropy_with_integer_labels(logits, targets),
+          (jnp.argmax(logits, -1) == targets).astype(jnp.float32))
+
+
+class Steps:
+  """The compiled functions of a run: train step, evaluation step, model copy, finiteness.
+
+  They depend only on the model, optimiser and schedule (and the devices), so runs that differ
+  in seed, data or length share them (`Steps.for_config`): a seed grid compiles once.
+  """
+
+  _cache: dict[str, "Steps"] = {}
+  CACHE_SIZE = 4
+
+  def __init__(self, graphdef, tx, schedule, grad_accum_steps: int, replicated):
+    self.graphdef, self.tx, self.schedule = graphdef, tx, schedule
+    self.grad_accum_steps = grad_accum_steps
+    self.train = jax.jit(self._train_step, donate_argnums=0, out_shardings=(replicated, replicated))
+    self.eval = jax.jit(self._eval_step, out_shardings=replicated)
+    # The best model is a copy: the training state's buffers are donated to the next step.
+    self.copy_model = jax.jit(lambda state: jax.tree.map(jnp.copy, (state.params, state.rest)),
+                              out_shardings=replicated)
+    self.all_finite = jax.jit(lambda tree: jnp.all(jnp.array(
+        [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
+
+  @classmethod
+  def for_config(cls, config, make: "Callable[[], Steps]") -> "Steps":
+    key = json.dumps({"task": config.task, "model": config.model.to_dict(),
+                      "optimizer": config.optimizer.to_dict(), "schedule": config.schedule.to_dict(),
+                      "grad_accum_steps": config.grad_accum_steps,
+                      "devices": [d.id for d in jax.devices()]}, sort_keys=True)
+    if key not in cls._cache:
+      if len(cls._cache) >= cls.CACHE_SIZE:
+        cls._cache.pop(next(iter(cls._cache)))
+      cls._cache[key] = make()
+    return cls._cache[key]
+
+  def _grads(self, params, rest, batch):
+    """Mean loss, accuracy and parameter gradients on one batch; the advanced model state."""
+    model = nnx.merge(self.graphdef, params, rest)
+
+    def loss_fn(model):
+      losses, correct = _losses(_logits(model, batch, deterministic=False), batch["targets"])
+      return losses.mean(), correct.mean()
+
+    (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    _, _, rest = nnx.split(model, nnx.Param, ...)   # e.g. the dropout RNG has advanced
+    return loss, accuracy, grads, rest
+
+  def _train_step(self, state: TrainState, batch):
+    accum = self.grad_accum_steps
+    if accum == 1:
+      loss, accuracy, grads, rest = self._grads(state.params, state.rest, batch)
+    else:  # micro-batch i = rows i, i + accum, ...: every device holds a share of each
+      micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, accum, *x.shape[1:]), 0, 1), batch)
+
+      def add(carry, micro_batch):  # params ride in the carry: NNX needs them at the scan's level
+        params, loss, accuracy, grads, rest = carry
+        l, a, g, rest = self._grads(params, rest, micro_batch)
+        return (params, loss + l, accuracy + a, jax.tree.map(jnp.add, grads, g), rest), None
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      carry = (state.params, 0.0, 0.0, zeros, state.rest)
+      (_, loss, accuracy, grads, rest), _ = jax.lax.scan(add, carry, micro)
+      loss, accuracy, grads = loss / accum, accuracy / accum, jax.tree.map(lambda g: g / accum, grads)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    metrics = {"train_loss": loss, "train_accuracy": accuracy, "grad_norm": optax.global_norm(grads),
+               "lr": self.schedule(state.step)}
+    return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                      rest=rest, opt_state=opt_state), metrics
+
+  def _eval_step(self, model_state, batch):
+    model = nnx.merge(self.graphdef, *model_state)
+    losses, correct = _losses(_logits(model, batch, deterministic=True), batch["targets"])
+    weights = batch["weights"]
+    return {"loss": (losses * weights).sum(), "correct": (correct * weights).sum(),
+            "count": weights.sum()}
+
+
+class Trainer:
+  """Builds everything a run needs from the config; `run()` trains, tests, writes results."""
+
+  def __init__(self, config, workdir):
+    config = resolve_defaults(config)
+    check_config(config)
+    self.config, self.workdir = config, Path(workdir)
+    self.task = lra.task_spec(config.task)
+    self.is_writer = jax.process_index() == 0
+    self.mesh = Mesh(np.array(jax.devices()), ("data",))
+    self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+
+    self.datasets = data_lib.load_splits(config)
+    model = build_model(config, self.task)
+    self.num_params = num_params(model)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    s = config.schedule
+    schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
+                                      warmup_steps=s.warmup_steps, steps_per_cycle=s.steps_per_cycle)
+    tx = make_optimizer(config.optimizer, schedule)
+    self.steps = Steps.for_config(
+        config, lambda: Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated))
+    self.train_step, self.eval_step = self.steps.train, self.steps.eval
+    self.state = jax.device_put(
+        TrainState(step=jnp.zeros((), jnp.int32), params=params, rest=rest,
+                   opt_state=tx.init(params)), replicated)
+    self.best = self.steps.copy_model(self.state)
+
+  # -- evaluation --------------------------------------------------------------------------
+
+  def evaluate(self, split: str, model_state) -> dict[str, float]:
+    """Loss and accuracy of (params, rest) over the whole split."""
+    totals = None
+    for batch in data_lib.eval_batches(self.datasets[split], self.config.eval_batch_size):
+      sums = self.eval_step(model_state, data_lib.to_device(batch, self.batch_sharding))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = jax.device_get(totals)
+    return {"loss": float(totals["loss"] / totals["count"]),
+            "accuracy": float(totals["correct"] / totals["count"])}
+
+  # -- the run -----------------------------------------------------------------------------
+
+  def run(self) -> dict:
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    checkpoints = Checkpoints(self.workdir, keep=self.config.keep_checkpoints)
+    writer = MetricsWriter(self.workdir)
+    try:
+      record = self._resume(checkpoints, writer)
+      clock = _Clock(record["wall_seconds"])
+      self._train(checkpoints, writer, record, clock)
+      checkpoints.manager.wait_until_finished()
+      return self._test(writer, record, clock)
+    finally:
+      checkpoints.close()
+      writer.close()
+
+  def _resume(self, checkpoints: Checkpoints, writer: MetricsWriter) -> dict:
+    record = {"best_eval_accuracy": -1.0, "best_step": 0, "wall_seconds": 0.0}
+    restored = checkpoints.restore_latest({"train": self.state, "best": self.best})
+    if restored is None:
+      writer.drop_after(0)
+      return record
+    step, tree, record = restored
+    self.state, self.best = tree["train"], tree["best"]
+    writer.drop_after(step)
+    logging.info("resumed %s from step %d", self.workdir, step)
+    return record
+
+  def _train(self, checkpoints: Checkpoints, writer: MetricsWriter, record: dict, clock: _Clock):
+    config = self.config
+    first = int(self.state.step)
+    batches = data_lib.train_batches(self.datasets["train"], config.batch_size, seed=config.seed,
+                                     start_step=first)
+    pending, last_log = [], (first, time.time())
+    with tqdm(total=config.num_train_steps, initial=first, disable=not self.is_writer,
+              desc=f"{config.task}/{config.model.attention}", unit="step", mininterval=2) as bar:
+      for step in range(first + 1, config.num_train_steps + 1):
+        batch = data_lib.to_device(next(batches), self.batch_sharding)
+        self.state, metrics = self.train_step(self.state, batch)
+        pending.append(metrics)
+        bar.update()
+        last = step == config.num_train_steps
+        if step % config.log_every == 0 or last:
+          means = self._check_finite(pending, step, checkpoints)
+          steps_per_sec = (step - last_log[0]) / (time.time() - last_log[1])
+          writer.write(step, **means, steps_per_sec=steps_per_sec)
+          bar.set_postfix(loss=f"{means['train_loss']:.3f}", acc=f"{means['train_accuracy']:.3f}")
+          pending, last_log = [], (step, time.time())
+        if step % config.eval_every == 0 or last:
+          self._check_finite(pending, step, checkpoints)
+          result = self.evaluate("validation", (self.state.params, self.state.rest))
+          writer.write(step, eval_loss=result["loss"], eval_accuracy=result["accuracy"])
+          if result["accuracy"] > record["best_eval_accuracy"]:
+            self.best = self.steps.copy_model(self.state)
+            record.update(best_eval_accuracy=result["accuracy"], best_step=step)
+        if step % config.checkpoint_every == 0 or last:
+          self._check_finite(pending, step, checkpoints)
+          if not bool(self.steps.all_finite(self.state.params)):
+            self._stop(step, "the parameters", checkpoints)
+          record["wall_seconds"] = clock.total()
+          checkpoints.save(step, {"train": self.state, "best": self.best}, record)
+
+  def _check_finite(self, pending: list, step: int, checkpoints: Checkpoints) -> dict:
+    """Means of the pending train metrics; stops the run if a loss is not finite."""
+    if not pending:
+      return {}
+    fetched = jax.device_get(pending)
+    losses = np.array([m["train_loss"] for m in fetched])
+    if not np.isfinite(losses).all():
+      first_bad = step - len(losses) + 1 + int(np.argmin(np.isfinite(losses)))
+      self._stop(first_bad, "the training loss", checkpoints)
+    return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+
+  def _stop(self, step: int, what: str, checkpoints: Checkpoints):
+    checkpoints.manager.wait_until_finished()
+    saved = checkpoints.all_steps()
+    kept = (f"the last good checkpoint is step {saved[-1]} in {checkpoints.directory}" if saved
+            else "no checkpoint was saved before it")
+    raise NaNLossError(f"{what} became NaN or infinite at step {step}; training stopped "
+                       f"({kept}). Try a lower schedule.base_learning_rate or "
+                       "optimizer.grad_clip_norm")
+
+  def _test(self, writer: MetricsWriter, record: dict, clock: _Clock) -> dict:
+    config = self.config
+    test = self.evaluate("test", self.best)
+    writer.write(config.num_train_steps, test_loss=test["loss"], test_accuracy=test["accuracy"])
+    device = jax.devices()[0]
+    results = {
+        "task": config.task, "attention": config.model.attention, "preset": config.preset,
+        "seed": config.seed, "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+        "best_eval_accuracy": record["best_eval_accuracy"], "best_step": record["best_step"],
+        "majority_accuracy": data_lib.majority_accuracy(self.datasets["test"]),
+        "num_params": self.num_params, "steps": int(self.state.step),
+        "wall_seconds": clock.total(),
+        "device": f"{jax.device_count()} x {device.device_kind} ({device.platform})",
+        "num_examples": {split: len(ds) for split, ds in self.datasets.items()},
+        "config": config.to_dict(),
+    }
+    if self.is_writer:
+      (self.workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n",
+                                                 encoding="utf-8")
+    logging.info("%s/%s: test accuracy %.4f at the best validation step %d", config.task,
+                 config.model.attention, test["accuracy"], record["best_step"])
+    return results
+
+
+class _Clock:
+  """Wall time of a run, summed over the processes that resumed it."""
+
+  def __init__(self, before: float):
+    self.before, self.started = before, time.time()
+
+  def total(self) -> float:
+    return self.before + time.time() - self.started
+
+
+def train_and_evaluate(config, workdir) -> dict:
+  return Trainer(config, workdir).run()

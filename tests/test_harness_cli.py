@@ -1,0 +1,138 @@
+"""The command lines: one-line errors, a 2-device data-parallel run with a plugin variant, and
+the reproduce grid with its report."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import lra
+from experiments import reproduce, trainer
+from experiments.writers import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {"model.num_layers": 1, "model.emb_dim": 16, "model.num_heads": 2, "model.mlp_dim": 32,
+         "model.max_len": 32, "model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
+         "batch_size": 4, "num_train_steps": 3, "eval_every": 3, "log_every": 1,
+         "schedule.steps_per_cycle": 100}
+PLUGIN = '''
+import attention_zoo as az
+from attention_zoo.full import FullAttention
+
+@az.register("harness_cli_plugin", exact=True, supports_causal=True, supports_cross=True,
+             complexity="O(n^2)", paper="full attention under another name")
+class SameAsFull(FullAttention):
+  pass
+'''
+
+
+@pytest.fixture(scope="module")
+def listops_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("listops")
+  lra.generate_listops(root, num_train=24, num_val=8, num_test=8, min_length=4, max_length=30,
+                       progress=False)
+  return root
+
+
+@pytest.fixture(scope="module")
+def plugin_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("plugin")
+  (root / "harness_cli_plugin.py").write_text(textwrap.dedent(PLUGIN))
+  return root
+
+
+def start(args, *, plugin_dir=None, devices=1):
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+         "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir or ""), str(REPO),
+                                                     os.environ.get("PYTHONPATH", "")]))}
+  return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(process, timeout=300):
+  stdout, stderr = process.communicate(timeout=timeout)
+  return process.returncode, stdout, stderr
+
+
+def overrides(flag, values):
+  return [f"{flag}{k}={v}" for k, v in values.items()]
+
+
+def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
+  train = ["experiments.train", f"--workdir={tmp_path}"]
+  cases = {
+      "attention": (train + ["--config=configs/lra/listops.py:nosuch,tiny"],
+                    ["unknown attention 'nosuch'", "full", "--plugins"]),
+      "task": (train + ["--config=configs/lra/cifar.py:full"],
+               ["config file 'configs/lra/cifar.py' not found", "listops, text, retrieval"]),
+      "field": (train + ["--config=configs/lra/listops.py:full,tiny", "--config.model.layers=2"],
+                ["unknown config field 'model.layers'", "num_layers"]),
+      "preset": (train + ["--config=configs/lra/listops.py:full,huge"],
+                 ["unknown preset 'huge'", "paper, tiny"]),
+      "plugin": (train + ["--config=configs/lra/listops.py:full", "--plugins=no_such_plugin"],
+                 ["plugin module 'no_such_plugin' not found"]),
+      "reproduce": (["experiments.reproduce", "--tasks=listops,cifar", f"--out={tmp_path}"],
+                    ["unknown task 'cifar'", "pathfinder"]),
+  }
+  processes = {name: start(args, plugin_dir=plugin_dir) for name, (args, _) in cases.items()}
+  for name, process in processes.items():
+    code, stdout, stderr = finish(process)
+    lines = stderr.strip().splitlines()
+    assert code != 0 and "Traceback" not in stderr, (name, stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), (name, stderr)
+    for expected in cases[name][1]:
+      assert expected in lines[0], (name, lines[0])
+
+
+def test_batch_not_divisible_by_devices(listops_dir, tmp_path, monkeypatch):
+  monkeypatch.setattr(trainer.jax, "device_count", lambda: 2)
+  config = reproduce.task_config("listops", "full", "tiny", 0, [f"data_dir={listops_dir}", "batch_size=3"])
+  with pytest.raises(trainer.HarnessError, match="batch_size / grad_accum_steps = 3 is not divisible "
+                                                 "by the 2 devices.*use a multiple of 2"):
+    trainer.Trainer(config, tmp_path)
+
+
+def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, plugin_dir, tmp_path):
+  """The plugin variant is full attention under another name, so the 2-device run must match
+  an in-process 1-device run of full."""
+  settings = {**SMALL, "data_dir": listops_dir}
+  process = start(["experiments.train", "--config=configs/lra/listops.py:harness_cli_plugin,tiny",
+                   f"--workdir={tmp_path / 'two'}", "--plugins=harness_cli_plugin",
+                   *overrides("--config.", settings)], plugin_dir=plugin_dir, devices=2)
+  one = trainer.Trainer(reproduce.task_config(
+      "listops", "full", "tiny", 0, overrides("", settings)), tmp_path / "one").run()
+  code, stdout, stderr = finish(process)
+  assert code == 0, stderr
+  assert "test accuracy" in stdout
+  two = json.loads((tmp_path / "two" / "results.json").read_text())
+  assert two["attention"] == "harness_cli_plugin" and two["device"].startswith("2 x ")
+  assert two["test_accuracy"] == one["test_accuracy"] and two["num_params"] == one["num_params"]
+  losses = [[e["train_loss"] for e in read_metrics(tmp_path / name) if "train_loss" in e]
+            for name in ("one", "two")]
+  assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path, monkeypatch):
+  out = tmp_path / "out"
+  args = ["experiments.reproduce", "--preset=tiny", "--tasks=listops", "--attentions=full",
+          "--seeds=0,1", f"--out={out}", *overrides("--override=", {**SMALL, "data_dir": listops_dir})]
+  code, stdout, stderr = finish(start(args))
+  assert code == 0, stderr
+  assert "| Model | listops |" in stdout and "*majority class*" in stdout
+  row = next(line for line in stdout.splitlines() if line.startswith("| full |"))
+  assert " ± " in row and "(36.37, " in row  # two seeds; the paper's number beside ours
+  for seed in (0, 1):
+    results = json.loads((out / "runs" / "listops" / "full" / f"seed{seed}" / "results.json").read_text())
+    assert results["seed"] == seed and results["config"]["model"]["emb_dim"] == 16
+  assert {p.name for p in out.iterdir()} >= {"table.md", "table.csv", "bars_tiny_listops.png",
+                                            "curves_tiny_listops.png", "runs"}
+
+  def must_not_train(*args, **kwargs):
+    raise AssertionError("a finished run was trained again")
+
+  monkeypatch.setattr(trainer, "train_and_evaluate", must_not_train)
+  assert reproduce.run_grid(preset="tiny", tasks=["listops"], attentions=["full"], seeds=[0, 1],
+                            out=out, overrides=overrides("", {**SMALL, "data_dir": listops_dir})) == []

@@ -1,0 +1,264 @@
+"""The harness without training: configs for every task x attention, schedules, overrides,
+plugins, the short ListOps generator, and the report on results written here."""
+import importlib
+import json
+import math
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention_zoo as az
+import lra
+from attention_zoo import registry
+from configs.lra import common
+from configs.lra.attention_settings import LRA_TABLE1, lra_attention_options
+from experiments import cli, optim, plugins, report, reproduce
+
+TASKS = lra.available_tasks()
+
+
+def get_config(task, arg):
+  return importlib.import_module(f"configs.lra.{task}").get_config(arg)
+
+
+# ------------------------------------------------------------------------------------ configs
+
+@pytest.mark.parametrize("preset", common.PRESETS)
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("attention", az.available())
+def test_every_task_attention_config_loads(attention, task, preset):
+  config = get_config(task, f"{attention},{preset}")
+  spec, task_spec = az.spec(attention), lra.task_spec(task)
+  for field in ("data_dir", "batch_size", "num_train_steps", "eval_every", "checkpoint_every",
+                "seed", "model", "optimizer", "schedule"):
+    assert field in config
+  assert (config.task, config.preset, config.model.attention) == (task, preset, attention)
+  assert config.data_dir == common.DATA_DIRS[preset]
+  assert (config.model.vocab_size, config.model.num_classes) == (task_spec.vocab_size,
+                                                                 task_spec.num_classes)
+  options = dict(config.model.attention_options)
+  assert set(options) <= set(spec.options) - {"scale", "dropout_rate"}
+  if not spec.supports_dropout:
+    assert config.model.attention_dropout_rate == 0
+  # The variant accepts its options at this length (built abstractly: no memory).
+  num_heads, qkv_dim = config.model.num_heads, config.model.qkv_dim or config.model.emb_dim
+  nnx.eval_shape(lambda: az.create(
+      attention, num_heads=num_heads, head_dim=qkv_dim // num_heads,
+      max_len=config.model.max_len + 1, rngs=nnx.Rngs(0),
+      dropout_rate=config.model.attention_dropout_rate, **options))
+
+
+def test_paper_preset_has_the_released_hyperparameters():
+  listops = get_config("listops", "performer")  # preset paper is the default
+  assert listops.preset == "paper"
+  assert (listops.model.num_layers, listops.model.emb_dim, listops.model.num_heads,
+          listops.model.mlp_dim, listops.model.max_len) == (4, 512, 8, 1024, 2000)
+  assert (listops.batch_size, listops.num_train_steps) == (32, 5000)
+  assert dict(listops.schedule) == {"factors": common.RSQRT, "base_learning_rate": 0.05,
+                                    "warmup_steps": 1000, "steps_per_cycle": 0}
+  assert (listops.optimizer.b1, listops.optimizer.b2, listops.optimizer.eps,
+          listops.optimizer.weight_decay) == (0.9, 0.98, 1e-9, 0.1)
+  assert dict(listops.model.attention_options)["nb_features"] == 256
+  retrieval = get_config("retrieval", "full")
+  assert (retrieval.model.interaction, retrieval.model.max_len) == ("nli", 4000)
+  image = get_config("image", "local")
+  assert image.model.attention_options.block_size == 64  # LRA's image-specific block
+  assert (image.batch_size, image.num_train_steps, image.schedule.factors) == (256, 35_000,
+                                                                             common.COSINE)
+  assert (image.model.dropout_rate, image.model.attention_dropout_rate) == (0.3, 0.2)
+  pathfinder = get_config("pathfinder", "full")
+  assert (pathfinder.batch_size, pathfinder.num_train_steps, pathfinder.model.pooling) == (
+      512, 62_400, "mean")
+  assert get_config("pathx", "full").model.max_len == 128 * 128
+
+
+def test_tiny_preset_scales_length_options_in_one_place():
+  paper = get_config("listops", "sparse_transformer")
+  tiny = get_config("listops", "sparse_transformer,tiny")
+  ratio = tiny.model.max_len / paper.model.max_len
+  assert tiny.model.max_len <= 512 and tiny.data_dir != paper.data_dir
+  assert paper.model.attention_options.block_size == 50
+  assert tiny.model.attention_options.block_size == max(4, round(50 * ratio))
+  assert tiny.model.attention_options.num_summary <= tiny.model.attention_options.block_size
+  assert common.scale_length_options({"block_size": 64, "k": 16}, 0.25) == {"block_size": 16, "k": 16}
+  assert common.scale_length_options({"window": 256}, 1.0) == {"window": 256}
+  # Pixel tasks keep their length, and so their blocks.
+  assert get_config("image", "local,tiny").model.attention_options.block_size == 64
+
+
+def test_config_argument_errors_and_late_registered_names():
+  assert common.parse_arg(None) == ("full", "paper")
+  assert common.parse_arg("performer, tiny") == ("performer", "tiny")
+  with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of paper, tiny"):
+    get_config("listops", "full,huge")
+  with pytest.raises(ValueError, match="expected '<attention>\\[,<preset>\\]'"):
+    get_config("listops", "full,tiny,extra")
+  # A name a plugin registers later still builds a config (checked by the trainer).
+  config = get_config("listops", "not_registered_yet,tiny")
+  assert config.model.attention == "not_registered_yet"
+  assert dict(config.model.attention_options) == lra_attention_options("not_registered_yet", "listops")
+
+
+def test_unknown_field_names_the_valid_ones():
+  config = get_config("listops", "full,tiny")
+  assert cli.unknown_field(config, "model.num_layers") is None
+  message = cli.unknown_field(config, "model.nope")
+  assert "unknown config field 'model.nope'" in message and "num_layers" in message
+  assert "config has no field 'optimiser'" in cli.unknown_field(config, "optimiser.b1")
+
+
+def test_overrides_parse_as_the_field_type():
+  config = reproduce.task_config("listops", "performer", "tiny", 3, [
+      "model.num_layers=3", "schedule.base_learning_rate=1e-3", "model.pre_ln=false",
+      "model.attention_options.nb_features=32", "model.qkv_dim=16", "data_dir=/x"])
+  assert config.seed == 3 and config.model.num_layers == 3 and config.model.pre_ln is False
+  assert config.schedule.base_learning_rate == 1e-3 and config.model.qkv_dim == 16
+  assert config.model.attention_options.nb_features == 32 and config.data_dir == "/x"
+  with pytest.raises(cli.HarnessError, match="unknown config field 'model.layers'"):
+    reproduce.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
+  with pytest.raises(cli.HarnessError, match="takes field=value"):
+    reproduce.task_config("listops", "full", "tiny", 0, ["model.num_layers"])
+  with pytest.raises(cli.HarnessError, match="model.num_layers=two"):
+    reproduce.task_config("listops", "full", "tiny", 0, ["model.num_layers=two"])
+  with pytest.raises(cli.HarnessError, match="unknown attention 'nope'; registered: .*full"):
+    reproduce.check_names(["listops"], ["nope"])
+  with pytest.raises(cli.HarnessError, match="unknown task 'cifar'; tasks: listops"):
+    reproduce.check_names(["cifar"], ["full"])
+
+
+# ----------------------------------------------------------------------- schedules, optimiser
+
+def test_lra_schedules_follow_the_reference_formulas():
+  rsqrt = optim.learning_rate_schedule(common.RSQRT, base_learning_rate=0.05, warmup_steps=100,
+                                       steps_per_cycle=1000)
+  for count in (0, 49, 99, 100, 399, 9999):
+    step = count + 1
+    expected = 0.05 * min(1, step / 100) / math.sqrt(max(step, 100))
+    assert float(rsqrt(count)) == pytest.approx(expected, rel=1e-6)
+  cosine = optim.learning_rate_schedule(common.COSINE, base_learning_rate=1e-3, warmup_steps=10,
+                                        steps_per_cycle=100)
+  for count in (0, 9, 10, 59, 109):
+    step = count + 1
+    progress = max(0.0, (step - 10) / 100)
+    expected = 1e-3 * min(1, step / 10) * 0.5 * (1 + math.cos(math.pi * (progress % 1)))
+    assert float(cosine(count)) == pytest.approx(expected, rel=1e-5, abs=1e-12)
+  with pytest.raises(cli.HarnessError, match="unknown schedule factor.*'exp_decay'.*rsqrt_decay"):
+    optim.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
+                                 steps_per_cycle=1)
+
+
+def test_optimizers_weight_decay_and_clipping():
+  params = {"w": jnp.ones(3)}
+  grads = {"w": jnp.array([30.0, 40.0, 0.0])}
+  config = lambda **kw: type("O", (), {**dict(name="adamw", b1=0.9, b2=0.98, eps=1e-9,
+                                              weight_decay=0.0, grad_clip_norm=0.0), **kw})
+  constant = lambda count: 0.1
+  for name in optim.OPTIMIZERS:
+    tx = optim.make_optimizer(config(name=name, weight_decay=0.0), constant)
+    update, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(update["w"], [-0.1, -0.1, 0.0], atol=1e-6)  # Adam's first step
+  decoupled = optim.make_optimizer(config(weight_decay=0.5), constant)
+  update, _ = decoupled.update({"w": jnp.zeros(3)}, decoupled.init(params), params)
+  np.testing.assert_allclose(update["w"], -0.1 * 0.5 * np.ones(3), atol=1e-6)  # lr * wd * w
+  clipped = optim.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1), constant)
+  state = clipped.init(params)
+  clipped.update(grads, state, params)  # runs with clipping and L2 decay
+  with pytest.raises(cli.HarnessError, match="unknown optimizer.name 'sgd'"):
+    optim.make_optimizer(config(name="sgd"), constant)
+
+
+# ------------------------------------------------------------------------------------ plugins
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+  (tmp_path / "harness_test_plugin.py").write_text(textwrap.dedent("""
+      import attention_zoo as az
+      from attention_zoo.full import FullAttention
+
+      @az.register("harness_test_plugin", exact=True, supports_causal=True, supports_cross=True,
+                   complexity="O(n^2)", paper="test")
+      class PluginAttention(FullAttention):
+        pass
+      """))
+  (tmp_path / "harness_broken_plugin.py").write_text("import not_a_module_anywhere\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield "harness_test_plugin"
+  registry._REGISTRY.pop("harness_test_plugin", None)
+
+
+def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):
+  assert plugins.load_plugins([plugin_module]) == ["harness_test_plugin"]
+  assert "harness_test_plugin" in az.available()
+  assert plugins.load_plugins([plugin_module]) == []  # already imported
+  with pytest.raises(plugins.PluginError, match="plugin module 'no_such_plugin' not found"):
+    plugins.load_plugins(["no_such_plugin"])
+  with pytest.raises(ImportError, match="'harness_broken_plugin' failed to import .*not_a_module"):
+    plugins.load_plugins(["harness_broken_plugin"])
+  assert plugins.split_modules(["a,b", " c "]) == ["a", "b", "c"]
+  assert plugins.preload_from_argv(["prog", "--plugins", "json", "--x=1"]) == []
+
+
+# -------------------------------------------------------------------------- ListOps lengths
+
+def test_listops_generator_length_bounds(tmp_path):
+  lra.generate_listops(tmp_path, num_train=30, num_val=5, num_test=5, min_length=10,
+                       max_length=40, progress=False)
+  for split in lra.SPLITS:
+    ds = lra.load("listops", split, data_dir=tmp_path, max_len=64, cache=False)
+    lengths = ds.masks.sum(1)
+    assert ((lengths > 10) & (lengths < 40)).all()
+  with pytest.raises(ValueError, match="no ListOps expression has min_length=10 < length < max_length=11"):
+    lra.generate_listops(tmp_path, num_train=1, num_val=0, num_test=0, min_length=10, max_length=11)
+  with pytest.raises(ValueError, match="max_length must be an integer"):
+    lra.generate_listops(tmp_path, num_train=1, num_val=0, num_test=0, max_length=2.5)
+
+
+# ------------------------------------------------------------------------------------- report
+
+def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"):
+  workdir = root / task / attention / f"seed{seed}"
+  workdir.mkdir(parents=True)
+  (workdir / "results.json").write_text(json.dumps({
+      "task": task, "attention": attention, "preset": preset, "seed": seed,
+      "test_accuracy": accuracy, "majority_accuracy": majority}))
+  (workdir / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": s, "train_loss": 2.0 - s / 10, "eval_accuracy": accuracy * s / 3}) + "\n"
+      for s in (1, 2, 3)))
+
+
+def test_report_table_csv_and_plots(tmp_path, capsys):
+  runs = tmp_path / "runs"
+  for seed, (full, performer) in enumerate([(0.40, 0.20), (0.30, 0.22)]):
+    write_results(runs, "listops", "full", seed, full, 0.17)
+    write_results(runs, "listops", "performer", seed, performer, 0.17)
+    write_results(runs, "text", "full", seed, 0.6 + seed / 100, 0.5)
+  write_results(runs, "pathx", "full", 0, 0.5, 0.5)
+  write_results(runs, "listops", "zz_unpublished", 0, 0.25, 0.17)
+  text = report.write_report(runs, tmp_path / "out")
+  lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("|")}
+  assert lines["Model"] == "| Model | listops | text | pathx | Avg |"
+  paper = LRA_TABLE1["full"]
+  listops_full = f"35.00 ± 7.07 ({paper['listops']:.2f}, {35 - paper['listops']:+.2f})"
+  assert listops_full in lines["full"] and "50.00 (FAIL)" in lines["full"]
+  assert f"60.50 ± 0.71 ({paper['text']:.2f}" in lines["full"]
+  average = (35 + 60.5) / 2, (paper["listops"] + paper["text"]) / 2
+  assert lines["full"].endswith(f"{average[0]:.2f} ({average[1]:.2f}, {average[0] - average[1]:+.2f}) |")
+  assert "21.00 ± 1.41 (18.01, +2.99)" in lines["performer"] and lines["performer"].endswith("— |")
+  assert "| 25.00 |" in lines["zz_unpublished"]  # no paper number: ours only
+  assert lines["*majority class*"] == "| *majority class* | 17.00 | 50.00 | 50.00 |  |"
+  rows = [name for name in lines if name != "Model" and not name.startswith("-")]
+  assert rows == ["full", "performer", "zz_unpublished", "*majority class*"]  # the paper's order first
+  out = tmp_path / "out"
+  assert (out / "table.md").read_text() == text
+  csv_rows = (out / "table.csv").read_text().splitlines()
+  assert csv_rows[0] == "preset,attention,task,num_seeds,mean,std,paper,difference"
+  assert f"tiny,full,listops,2,35.0000,7.0711,{paper['listops']},{35 - paper['listops']:.4f}" in csv_rows
+  assert "tiny,majority class,listops,,17.0000,,," in csv_rows
+  for task in ("listops", "text", "pathx"):
+    for kind in ("bars", "curves"):
+      assert (out / f"{kind}_tiny_{task}.png").stat().st_size > 1000
+  with pytest.raises(cli.HarnessError, match="no results.json under"):
+    report.write_report(tmp_path / "empty", tmp_path / "out2")
