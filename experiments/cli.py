@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,10 +37,35 @@ class _OwnInfoOnly(logging.Filter):
     return record.levelno >= logging.WARNING or any(p in record.pathname for p in self.OWN)
 
 
+# XLA's CPU scheduler that runs independent ops concurrently can deadlock (seen with jax 0.10.2 on
+# 2 cores): a multi-layer train step of Performer with redraw=True (several LAPACK QR calls among
+# matmuls) then blocks forever in its first call. Turning it off, for every variant alike, avoids
+# that. It is an XLA_FLAGS entry, read when the backend starts, and an XLA that does not know it
+# aborts the process: so it is tried in a child process first.
+CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def avoid_cpu_scheduler_deadlock() -> None:
+  """Adds CPU_SCHEDULER_FLAG to XLA_FLAGS (before JAX starts) unless set already or XLA refuses it."""
+  current = os.environ.get("XLA_FLAGS", "")
+  if CPU_SCHEDULER_FLAG.split("=")[0] in current:
+    return
+  flags_with = f"{current} {CPU_SCHEDULER_FLAG}".strip()
+  probe = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
+                         env={**os.environ, "XLA_FLAGS": flags_with, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=300)
+  if probe.returncode == 0:
+    os.environ["XLA_FLAGS"] = flags_with
+  else:
+    print(f"note: this XLA refuses {CPU_SCHEDULER_FLAG}; running without it", file=sys.stderr)
+
+
 def run(main, *, preload_plugins: bool = True) -> None:
   """`absl.app.run(main)` with one-line errors; `--plugins` modules are imported first, so
   config files see the variants they register."""
   from experiments import plugins
+
+  avoid_cpu_scheduler_deadlock()
 
   absl_logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if preload_plugins:
