@@ -24,15 +24,15 @@ from lra.tasks import (PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, SPLITS, 
 
 def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "hard", num: int,
                         seed: int = 0, workers: int = 1, progress: bool = True) -> str:
-    """Write Pathfinder images in the official layout; see `lra.pathfinder_generator`.
+  """Write Pathfinder images in the official layout; see `lra.pathfinder_generator`.
 
-    Writes `out_dir/pathfinder{resolution}/{difficulty folder}/{imgs,metadata}` and returns
-    that folder; `lra.load("pathfinder", split, data_dir=out_dir, resolution=...)` reads it.
-    """
-    from lra.pathfinder_generator import generate_pathfinder as generate  # imported on use
+  Writes `out_dir/pathfinder{resolution}/{difficulty folder}/{imgs,metadata}` and returns
+  that folder; `lra.load("pathfinder", split, data_dir=out_dir, resolution=...)` reads it.
+  """
+  from lra.pathfinder_generator import generate_pathfinder as generate  # imported on use
 
-    return generate(out_dir, resolution=resolution, difficulty=difficulty, num=num, seed=seed,
-                    workers=workers, progress=progress)
+  return generate(out_dir, resolution=resolution, difficulty=difficulty, num=num, seed=seed,
+                  workers=workers, progress=progress)
 
 
 __all__ = [

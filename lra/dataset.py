@@ -10,84 +10,84 @@ from lra.tasks import TaskSpec
 
 
 def lengths_to_masks(lengths: np.ndarray, max_len: int) -> np.ndarray:
-    """bool [N, max_len]: True on the first `lengths[i]` positions of row i."""
-    return np.arange(max_len) < np.asarray(lengths)[:, None]
+  """bool [N, max_len]: True on the first `lengths[i]` positions of row i."""
+  return np.arange(max_len) < np.asarray(lengths)[:, None]
 
 
 @dataclasses.dataclass(eq=False)
 class Dataset:
-    """Examples of one split. Every example has `max_len` positions; padding is at the end.
+  """Examples of one split. Every example has `max_len` positions; padding is at the end.
 
-    Tokens are stored in the smallest unsigned dtype that holds the vocabulary (Path-X train
-    would take 10 GB as int32), and `inputs` / `masks` are built from them on first access.
-    `batch(indices)` (used by `lra.iterate`) converts only the rows it returns.
+  Tokens are stored in the smallest unsigned dtype that holds the vocabulary (Path-X train
+  would take 10 GB as int32), and `inputs` / `masks` are built from them on first access.
+  `batch(indices)` (used by `lra.iterate`) converts only the rows it returns.
 
-    inputs: int32 [N, L] token ids (pad id 0 where masks is False).
-    masks: bool [N, L], True = real token. Padding is defined only by masks.
-    targets: int32 [N].
-    inputs2, masks2: the second document of a dual task (retrieval).
-    """
+  inputs: int32 [N, L] token ids (pad id 0 where masks is False).
+  masks: bool [N, L], True = real token. Padding is defined only by masks.
+  targets: int32 [N].
+  inputs2, masks2: the second document of a dual task (retrieval).
+  """
 
-    spec: TaskSpec        # the task as loaded: spec.max_len is this dataset's L
-    split: str
-    tokens: np.ndarray    # unsigned [N, L]
-    lengths: np.ndarray   # int32 [N], real tokens per example
-    targets: np.ndarray   # int32 [N]
-    tokens2: np.ndarray | None = None
-    lengths2: np.ndarray | None = None
-    num_skipped: int = 0  # unreadable source examples left out (Pathfinder's empty images)
+  spec: TaskSpec        # the task as loaded: spec.max_len is this dataset's L
+  split: str
+  tokens: np.ndarray    # unsigned [N, L]
+  lengths: np.ndarray   # int32 [N], real tokens per example
+  targets: np.ndarray   # int32 [N]
+  tokens2: np.ndarray | None = None
+  lengths2: np.ndarray | None = None
+  num_skipped: int = 0  # unreadable source examples left out (Pathfinder's empty images)
 
-    @property
-    def task(self) -> str:
-        return self.spec.name
+  @property
+  def task(self) -> str:
+    return self.spec.name
 
-    @property
-    def max_len(self) -> int:
-        return self.tokens.shape[1]
+  @property
+  def max_len(self) -> int:
+    return self.tokens.shape[1]
 
-    @property
-    def dual(self) -> bool:
-        return self.tokens2 is not None
+  @property
+  def dual(self) -> bool:
+    return self.tokens2 is not None
 
-    def __len__(self) -> int:
-        return len(self.targets)
+  def __len__(self) -> int:
+    return len(self.targets)
 
-    def __repr__(self) -> str:
-        return (f"Dataset(task={self.task!r}, split={self.split!r}, num_examples={len(self)}, "
-                f"max_len={self.max_len}, dual={self.dual})")
+  def __repr__(self) -> str:
+    return (f"Dataset(task={self.task!r}, split={self.split!r}, num_examples={len(self)}, "
+            f"max_len={self.max_len}, dual={self.dual})")
 
-    @functools.cached_property
-    def inputs(self) -> np.ndarray:
-        return self.tokens.astype(np.int32)
+  @functools.cached_property
+  def inputs(self) -> np.ndarray:
+    return self.tokens.astype(np.int32)
 
-    @functools.cached_property
-    def masks(self) -> np.ndarray:
-        return lengths_to_masks(self.lengths, self.max_len)
+  @functools.cached_property
+  def masks(self) -> np.ndarray:
+    return lengths_to_masks(self.lengths, self.max_len)
 
-    @functools.cached_property
-    def inputs2(self) -> np.ndarray:
-        return self._second().tokens2.astype(np.int32)
+  @functools.cached_property
+  def inputs2(self) -> np.ndarray:
+    return self._second().tokens2.astype(np.int32)
 
-    @functools.cached_property
-    def masks2(self) -> np.ndarray:
-        return lengths_to_masks(self._second().lengths2, self.max_len)
+  @functools.cached_property
+  def masks2(self) -> np.ndarray:
+    return lengths_to_masks(self._second().lengths2, self.max_len)
 
-    def _second(self) -> Dataset:
-        if not self.dual:
-            raise AttributeError(f"task {self.task!r} has a single input; inputs2 and masks2 "
-                                 "exist only for a dual task (retrieval)")
-        return self
+  def _second(self) -> Dataset:
+    if not self.dual:
+      raise AttributeError(f"task {self.task!r} has a single input; inputs2 and masks2 "
+                           "exist only for a dual task (retrieval)")
+    return self
 
-    def batch(self, indices) -> dict[str, np.ndarray]:
-        """The examples at `indices` as a dict of arrays (`inputs`, `masks`, `targets`, and
-        `inputs2`, `masks2` for a dual task)."""
-        indices = np.asarray(indices)
-        out = {
-            "inputs": self.tokens[indices].astype(np.int32),
-            "masks": lengths_to_masks(self.lengths[indices], self.max_len),
-            "targets": self.targets[indices],
-        }
-        if self.dual:
-            out["inputs2"] = self.tokens2[indices].astype(np.int32)
-            out["masks2"] = lengths_to_masks(self.lengths2[indices], self.max_len)
-        return out
+  def batch(self, indices) -> dict[str, np.ndarray]:
+    """The examples at `indices` as a dict of arrays (`inputs`, `masks`, `targets`, and
+    `inputs2`, `masks2` for a dual task)."""
+    indices = np.asarray(indices)
+    out = {
+        "inputs": self.tokens[indices].astype(np.int32),
+        "masks": lengths_to_masks(self.lengths[indices], self.max_len),
+        "targets": self.targets[indices],
+    }
+    if self.dual:
+      out["inputs2"] = self.tokens2[indices].astype(np.int32)
+      out["masks2"] = lengths_to_masks(self.lengths2[indices], self.max_len)
+    return out

@@ -47,148 +47,148 @@ _CHUNK = 500       # samples per unit of work; fixed so output does not depend o
 
 
 def tokenize(source: str) -> list[str]:
-    """The reference tokenisation: drop `(` and `)`, split on whitespace."""
-    return source.replace("(", "").replace(")", "").split()
+  """The reference tokenisation: drop `(` and `)`, split on whitespace."""
+  return source.replace("(", "").replace(")", "").split()
 
 
 def apply_operator(op: str, args: list[int]) -> int:
-    if op == "[MIN":
-        return min(args)
-    if op == "[MAX":
-        return max(args)
-    if op == "[SM":
-        return sum(args) % 10
-    if op == "[MED":
-        ordered = sorted(args)
-        mid = len(ordered) // 2
-        if len(ordered) % 2:
-            return ordered[mid]
-        return (ordered[mid - 1] + ordered[mid]) // 2  # int() of a non-negative mean
-    raise ValueError(f"unknown ListOps operator {op!r}; expected one of {OPERATORS}")
+  if op == "[MIN":
+    return min(args)
+  if op == "[MAX":
+    return max(args)
+  if op == "[SM":
+    return sum(args) % 10
+  if op == "[MED":
+    ordered = sorted(args)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+      return ordered[mid]
+    return (ordered[mid - 1] + ordered[mid]) // 2  # int() of a non-negative mean
+  raise ValueError(f"unknown ListOps operator {op!r}; expected one of {OPERATORS}")
 
 
 class _TooLong(Exception):
-    """The tree being drawn already has max_length tokens: it will be rejected anyway."""
+  """The tree being drawn already has max_length tokens: it will be rejected anyway."""
 
 
 def _draw_node(rng: random.Random, depth: int, length: list[int],
                max_length: int = MAX_LENGTH) -> tuple[str, int]:
-    """Draw one node; returns (its Source text, its value) and adds its tokens to length[0]."""
-    if depth < MAX_DEPTH and rng.random() <= SUBTREE_P:
-        num_args = rng.randint(2, MAX_ARGS)
-        length[0] += 2  # the operator and its `]`
-        texts, values = [], []
-        for _ in range(num_args):
-            text, value = _draw_node(rng, depth + 1, length, max_length)
-            texts.append(text)
-            values.append(value)
-        op = rng.choice(OPERATORS)
-        # ((op, a1), a2), ..., ]) written with a paren pair per tuple, as the official files.
-        return "( " * (num_args + 1) + op + " " + " ) ".join(texts) + " ) ] )", \
-            apply_operator(op, values)
-    length[0] += 1
-    if length[0] >= max_length:  # stopping early keeps the accepted distribution unchanged
-        raise _TooLong
-    value = rng.randrange(10)
-    return DIGITS[value], value
+  """Draw one node; returns (its Source text, its value) and adds its tokens to length[0]."""
+  if depth < MAX_DEPTH and rng.random() <= SUBTREE_P:
+    num_args = rng.randint(2, MAX_ARGS)
+    length[0] += 2  # the operator and its `]`
+    texts, values = [], []
+    for _ in range(num_args):
+      text, value = _draw_node(rng, depth + 1, length, max_length)
+      texts.append(text)
+      values.append(value)
+    op = rng.choice(OPERATORS)
+    # ((op, a1), a2), ..., ]) written with a paren pair per tuple, as the official files.
+    return "( " * (num_args + 1) + op + " " + " ) ".join(texts) + " ) ] )", \
+        apply_operator(op, values)
+  length[0] += 1
+  if length[0] >= max_length:  # stopping early keeps the accepted distribution unchanged
+    raise _TooLong
+  value = rng.randrange(10)
+  return DIGITS[value], value
 
 
 def draw_sample(rng: random.Random, min_length: int = MIN_LENGTH,
                 max_length: int = MAX_LENGTH) -> tuple[str, int] | None:
-    """One expression (Source text, answer) with an accepted length, or None if rejected."""
-    length = [0]
-    try:
-        text, value = _draw_node(rng, 1, length, max_length)
-    except _TooLong:
-        return None
-    if not min_length < length[0] < max_length:
-        return None
-    return text, value
+  """One expression (Source text, answer) with an accepted length, or None if rejected."""
+  length = [0]
+  try:
+    text, value = _draw_node(rng, 1, length, max_length)
+  except _TooLong:
+    return None
+  if not min_length < length[0] < max_length:
+    return None
+  return text, value
 
 
 def _generate_chunk(task: tuple[int, int, int, int]) -> list[tuple[str, int]]:
-    """`_CHUNK` accepted samples from a stream seeded by (seed, chunk index) alone."""
-    seed, chunk, min_length, max_length = task
-    rng = random.Random(f"listops/{seed}/{chunk}")  # str seeds hash with sha512: stable
-    samples = []
-    while len(samples) < _CHUNK:
-        sample = draw_sample(rng, min_length, max_length)
-        if sample is not None:
-            samples.append(sample)
-    return samples
+  """`_CHUNK` accepted samples from a stream seeded by (seed, chunk index) alone."""
+  seed, chunk, min_length, max_length = task
+  rng = random.Random(f"listops/{seed}/{chunk}")  # str seeds hash with sha512: stable
+  samples = []
+  while len(samples) < _CHUNK:
+    sample = draw_sample(rng, min_length, max_length)
+    if sample is not None:
+      samples.append(sample)
+  return samples
 
 
 def _unique_samples(total: int, seed: int, workers: int, progress: bool,
                     min_length: int = MIN_LENGTH, max_length: int = MAX_LENGTH):
-    """Yield `total` distinct samples, the same ones in the same order for any `workers`."""
-    seen = set()
-    next_chunk = 0
-    with contextlib.ExitStack() as stack:
-        bar = stack.enter_context(tqdm(total=total, desc="listops", unit="sample",
-                                       disable=not progress))
-        pool = (stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
-                if workers > 1 else None)
-        produced = 0
-        while produced < total:
-            num_chunks = -(-(total - produced) // _CHUNK)
-            tasks = [(seed, c, min_length, max_length)
-                     for c in range(next_chunk, next_chunk + num_chunks)]
-            next_chunk += num_chunks
-            results = pool.imap(_generate_chunk, tasks) if pool else map(_generate_chunk, tasks)
-            for samples in results:
-                for text, value in samples:
-                    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    produced += 1
-                    bar.update()
-                    yield text, value
+  """Yield `total` distinct samples, the same ones in the same order for any `workers`."""
+  seen = set()
+  next_chunk = 0
+  with contextlib.ExitStack() as stack:
+    bar = stack.enter_context(tqdm(total=total, desc="listops", unit="sample",
+                                   disable=not progress))
+    pool = (stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+            if workers > 1 else None)
+    produced = 0
+    while produced < total:
+      num_chunks = -(-(total - produced) // _CHUNK)
+      tasks = [(seed, c, min_length, max_length)
+               for c in range(next_chunk, next_chunk + num_chunks)]
+      next_chunk += num_chunks
+      results = pool.imap(_generate_chunk, tasks) if pool else map(_generate_chunk, tasks)
+      for samples in results:
+        for text, value in samples:
+          key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+          if key in seen:
+            continue
+          seen.add(key)
+          produced += 1
+          bar.update()
+          yield text, value
 
 
 def generate_listops(out_dir, *, num_train: int = 96_000, num_val: int = 2_000,
                      num_test: int = 2_000, seed: int = 0, workers: int = 1,
                      progress: bool = True, min_length: int = MIN_LENGTH,
                      max_length: int = MAX_LENGTH) -> str:
-    """Write `out_dir/listops-1000/basic_{train,val,test}.tsv` in the official format.
+  """Write `out_dir/listops-1000/basic_{train,val,test}.tsv` in the official format.
 
-    Expressions have min_length < length < max_length tokens (LRA: 500 and 2000; shorter
-    bounds make a CPU-sized task, e.g. 16 and 128). Each value is a digit or an operator
-    with its `]`, so a bound below 4 tokens would accept no expression.
+  Expressions have min_length < length < max_length tokens (LRA: 500 and 2000; shorter
+  bounds make a CPU-sized task, e.g. 16 and 128). Each value is a digit or an operator
+  with its `]`, so a bound below 4 tokens would accept no expression.
 
-    Deterministic for a seed (and independent of `workers`). Files are written to temporary
-    names and renamed only once all three are complete. Returns the `listops-1000` folder;
-    `lra.load("listops", split, data_dir=out_dir)` reads it. With `workers > 1` samples are
-    drawn in "spawn" worker processes, so a calling script needs the usual
-    `if __name__ == "__main__":` guard.
-    """
-    sizes = {"train": num_train, "validation": num_val, "test": num_test}
-    for name, size in sizes.items():
-        if not isinstance(size, int) or size < 0:
-            raise ValueError(f"num_{'val' if name == 'validation' else name} must be an "
-                             f"integer >= 0, got {size!r}")
-    if sum(sizes.values()) == 0:
-        raise ValueError("num_train + num_val + num_test must be > 0")
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-    for name, value in (("min_length", min_length), ("max_length", max_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if max_length - min_length < 2 or max_length < 5:
-        # The shortest expression is `[OP d d ]` (4 tokens); bounds are exclusive.
-        raise ValueError(f"no ListOps expression has min_length={min_length} < length < "
-                         f"max_length={max_length}; use max_length >= 5 and "
-                         "max_length - min_length >= 2")
-    out = Path(out_dir) / DIR_NAME
-    out.mkdir(parents=True, exist_ok=True)
-    samples = _unique_samples(sum(sizes.values()), seed, workers, progress, min_length,
-                              max_length)
-    with contextlib.closing(samples), contextlib.ExitStack() as stack:
-        for split, size in sizes.items():
-            f = stack.enter_context(atomic_write(out / SPLIT_FILES[split], "w", encoding="utf-8",
-                                                 newline="\n"))
-            f.write(HEADER + "\n")
-            for _ in range(size):
-                text, value = next(samples)
-                f.write(f"{text}\t{value}\n")
-    return str(out)
+  Deterministic for a seed (and independent of `workers`). Files are written to temporary
+  names and renamed only once all three are complete. Returns the `listops-1000` folder;
+  `lra.load("listops", split, data_dir=out_dir)` reads it. With `workers > 1` samples are
+  drawn in "spawn" worker processes, so a calling script needs the usual
+  `if __name__ == "__main__":` guard.
+  """
+  sizes = {"train": num_train, "validation": num_val, "test": num_test}
+  for name, size in sizes.items():
+    if not isinstance(size, int) or size < 0:
+      raise ValueError(f"num_{'val' if name == 'validation' else name} must be an "
+                       f"integer >= 0, got {size!r}")
+  if sum(sizes.values()) == 0:
+    raise ValueError("num_train + num_val + num_test must be > 0")
+  if not isinstance(workers, int) or workers < 1:
+    raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+  for name, value in (("min_length", min_length), ("max_length", max_length)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+  if max_length - min_length < 2 or max_length < 5:
+    # The shortest expression is `[OP d d ]` (4 tokens); bounds are exclusive.
+    raise ValueError(f"no ListOps expression has min_length={min_length} < length < "
+                     f"max_length={max_length}; use max_length >= 5 and "
+                     "max_length - min_length >= 2")
+  out = Path(out_dir) / DIR_NAME
+  out.mkdir(parents=True, exist_ok=True)
+  samples = _unique_samples(sum(sizes.values()), seed, workers, progress, min_length,
+                            max_length)
+  with contextlib.closing(samples), contextlib.ExitStack() as stack:
+    for split, size in sizes.items():
+      f = stack.enter_context(atomic_write(out / SPLIT_FILES[split], "w", encoding="utf-8",
+                                           newline="\n"))
+      f.write(HEADER + "\n")
+      for _ in range(size):
+        text, value = next(samples)
+        f.write(f"{text}\t{value}\n")
+  return str(out)

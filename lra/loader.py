@@ -26,63 +26,63 @@ _TFDS_TASKS = ("text", "image")
 def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache_dir=None, *,
          cache: bool = True, resolution: int | None = None, difficulty: str | None = None,
          download: bool = False) -> Dataset:
-    """Load one split of an LRA task.
+  """Load one split of an LRA task.
 
-    Args:
-      name: one of `lra.available_tasks()`.
-      split: "train", "validation" or "test".
-      data_dir: root of an unpacked official `lra_release` archive, or of files written by
-        `python -m lra.generate`. Text and Image look there for `aclImdb/` and
-        `cifar-10-batches-py/` and otherwise read TFDS `imdb_reviews` / `cifar10`.
-      max_len: tokens per input (per document for retrieval); default `task_spec(name).max_len`.
-        Longer inputs are cut, shorter ones padded (masks False on padding).
-      cache_dir: where tokenised splits are cached; default `data_dir/.lra_cache`. (The TFDS
-        fallback is not cached: TFDS keeps its own prepared copy.)
-      cache: set False to always parse the source files.
-      resolution, difficulty: Pathfinder / Path-X only: image side (32, 64, 128, 256;
-        default 32 for pathfinder, 128 for pathx) and "easy" | "intermediate" | "hard"
-        (default "hard", as LRA).
-      download: Text / Image TFDS fallback only: let TFDS download and prepare the data set
-        if it is not prepared yet (off by default: this package never downloads unasked).
+  Args:
+    name: one of `lra.available_tasks()`.
+    split: "train", "validation" or "test".
+    data_dir: root of an unpacked official `lra_release` archive, or of files written by
+      `python -m lra.generate`. Text and Image look there for `aclImdb/` and
+      `cifar-10-batches-py/` and otherwise read TFDS `imdb_reviews` / `cifar10`.
+    max_len: tokens per input (per document for retrieval); default `task_spec(name).max_len`.
+      Longer inputs are cut, shorter ones padded (masks False on padding).
+    cache_dir: where tokenised splits are cached; default `data_dir/.lra_cache`. (The TFDS
+      fallback is not cached: TFDS keeps its own prepared copy.)
+    cache: set False to always parse the source files.
+    resolution, difficulty: Pathfinder / Path-X only: image side (32, 64, 128, 256;
+      default 32 for pathfinder, 128 for pathx) and "easy" | "intermediate" | "hard"
+      (default "hard", as LRA).
+    download: Text / Image TFDS fallback only: let TFDS download and prepare the data set
+      if it is not prepared yet (off by default: this package never downloads unasked).
 
-    Returns:
-      A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
-      (and `inputs2`, `masks2` for retrieval), and `spec`, the task spec as loaded.
-    """
-    spec = task_spec(name)
-    check_split(split)
-    options, params = {}, {"task": name, "split": split}
-    if name in _PIXEL_TASKS:
-        resolution = spec.image_size if resolution is None else resolution
-        difficulty = "hard" if difficulty is None else difficulty
-        readers.check_pathfinder_options(resolution, difficulty)
-        options = {"resolution": resolution, "difficulty": difficulty}
-        params.update(options)
-        spec = dataclasses.replace(spec, image_size=resolution, max_len=resolution * resolution)
-    elif resolution is not None or difficulty is not None:
-        raise ValueError(f"resolution and difficulty apply only to {_PIXEL_TASKS}, not {name!r}")
-    if name in _TFDS_TASKS:
-        options["download"] = download
-    elif download:
-        raise ValueError(f"download applies only to the TFDS fallback of {_TFDS_TASKS}; "
-                         f"{name!r} is read from data_dir")
+  Returns:
+    A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
+    (and `inputs2`, `masks2` for retrieval), and `spec`, the task spec as loaded.
+  """
+  spec = task_spec(name)
+  check_split(split)
+  options, params = {}, {"task": name, "split": split}
+  if name in _PIXEL_TASKS:
+    resolution = spec.image_size if resolution is None else resolution
+    difficulty = "hard" if difficulty is None else difficulty
+    readers.check_pathfinder_options(resolution, difficulty)
+    options = {"resolution": resolution, "difficulty": difficulty}
+    params.update(options)
+    spec = dataclasses.replace(spec, image_size=resolution, max_len=resolution * resolution)
+  elif resolution is not None or difficulty is not None:
+    raise ValueError(f"resolution and difficulty apply only to {_PIXEL_TASKS}, not {name!r}")
+  if name in _TFDS_TASKS:
+    options["download"] = download
+  elif download:
+    raise ValueError(f"download applies only to the TFDS fallback of {_TFDS_TASKS}; "
+                     f"{name!r} is read from data_dir")
 
-    max_len = spec.max_len if max_len is None else max_len
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
-        raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
-    max_len = int(max_len)
-    params["max_len"] = max_len
-    has_padding = spec.has_padding
-    if spec.image_size and max_len > spec.image_size ** 2:
-        has_padding = True  # pixels padded up to max_len
-    spec = dataclasses.replace(spec, max_len=max_len, has_padding=has_padding)
+  max_len = spec.max_len if max_len is None else max_len
+  if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+    raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
+  max_len = int(max_len)
+  params["max_len"] = max_len
+  has_padding = spec.has_padding
+  if spec.image_size and max_len > spec.image_size ** 2:
+    has_padding = True  # pixels padded up to max_len
+  spec = dataclasses.replace(spec, max_len=max_len, has_padding=has_padding)
 
-    source = _READERS[name](data_dir, split, max_len, **options)
-    if cache and source.files is not None:
-        root = Path(data_dir)
-        cache_dir = Path(cache_dir) if cache_dir is not None else root / cache_lib.DEFAULT_DIR_NAME
-        arrays = cache_lib.load_or_build(cache_dir, params, source.files, root, source.build)
-    else:
-        arrays = source.build()
-    num_skipped = int(arrays.pop("num_skipped", 0))
-    return Dataset(spec=spec, split=split, num_skipped=num_skipped, **arrays)
+  source = _READERS[name](data_dir, split, max_len, **options)
+  if cache and source.files is not None:
+    root = Path(data_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else root / cache_lib.DEFAULT_DIR_NAME
+    arrays = cache_lib.load_or_build(cache_dir, params, source.files, root, source.build)
+  else:
+    arrays = source.build()
+  num_skipped = int(arrays.pop("num_skipped", 0))
+  return Dataset(spec=spec, split=split, num_skipped=num_skipped, **arrays)

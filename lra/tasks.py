@@ -1,7 +1,7 @@
 """The six Long Range Arena tasks: what each one feeds a model.
 
-Lengths, classes and vocabularies follow the released LRA configs (Tay et al., 2021); see
-`/work/shared/lra_reference.md`. `max_len` here is the default and can be changed per load.
+Lengths, classes and vocabularies follow the released LRA configs (Tay et al., 2021).
+`max_len` here is the default and can be changed per load.
 """
 from __future__ import annotations
 
@@ -20,27 +20,27 @@ PATHFINDER_RESOLUTIONS = (32, 64, 128, 256)
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """What a task feeds a model.
+  """What a task feeds a model.
 
-    name: task name.
-    num_classes: number of target classes.
-    max_len: default number of tokens per input (per document for dual tasks).
-    vocab_size: token ids are in [0, vocab_size).
-    dual: two inputs per example (`inputs2`, `masks2`), classified as a pair.
-    has_padding: examples shorter than `max_len` exist at the default length; padding is
-        given only by `masks` (for pixel tasks id 0 is a real black pixel).
-    pad_id: the id written at padded positions (always masked out).
-    image_size: side of the square image for pixel tasks, else None.
-    """
+  name: task name.
+  num_classes: number of target classes.
+  max_len: default number of tokens per input (per document for dual tasks).
+  vocab_size: token ids are in [0, vocab_size).
+  dual: two inputs per example (`inputs2`, `masks2`), classified as a pair.
+  has_padding: examples shorter than `max_len` exist at the default length; padding is
+      given only by `masks` (for pixel tasks id 0 is a real black pixel).
+  pad_id: the id written at padded positions (always masked out).
+  image_size: side of the square image for pixel tasks, else None.
+  """
 
-    name: str
-    num_classes: int
-    max_len: int
-    vocab_size: int
-    dual: bool
-    has_padding: bool
-    pad_id: int = 0
-    image_size: int | None = None
+  name: str
+  num_classes: int
+  max_len: int
+  vocab_size: int
+  dual: bool
+  has_padding: bool
+  pad_id: int = 0
+  image_size: int | None = None
 
 
 _BYTE_VOCAB = 257  # byte + 1, 0 = pad
@@ -63,18 +63,18 @@ TASKS = {
 
 
 def available_tasks() -> tuple[str, ...]:
-    """The task names, in the order of the LRA paper."""
-    return tuple(TASKS)
+  """The task names, in the order of the LRA paper."""
+  return tuple(TASKS)
 
 
 def task_spec(name: str) -> TaskSpec:
-    """The `TaskSpec` of a task; an unknown name raises ValueError listing the known ones."""
-    if name not in TASKS:
-        raise ValueError(f"unknown LRA task {name!r}; available tasks: {', '.join(TASKS)}")
-    return TASKS[name]
+  """The `TaskSpec` of a task; an unknown name raises ValueError listing the known ones."""
+  if name not in TASKS:
+    raise ValueError(f"unknown LRA task {name!r}; available tasks: {', '.join(TASKS)}")
+  return TASKS[name]
 
 
 def check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; available splits: {', '.join(SPLITS)}")
-    return split
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}; available splits: {', '.join(SPLITS)}")
+  return split

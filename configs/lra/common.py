@@ -2,8 +2,9 @@
 trainer reads, and the per-variant attention settings (with the tiny preset's scaling).
 
 Presets:
-  paper  the released LRA hyper-parameters (/work/shared/lra_reference.md), each variant with
-         its LRA attention settings (configs/lra/attention_settings.py). For a GPU / TPU.
+  paper  the released LRA hyper-parameters (the paper's appendix and its released configs),
+         each variant with its LRA attention settings (configs/lra/attention_settings.py).
+         For a GPU / TPU.
   tiny   CPU-sized: short sequences, a small model, a few hundred steps; minutes per run.
 
 Fields (override any with --config.<field>=value):
