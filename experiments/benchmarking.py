@@ -748,16 +748,19 @@ def plot(rows: list[dict], key: str, ylabel: str, path: str, settings: Settings)
   import matplotlib.pyplot as plt
 
   env = environment_of(rows)
-  fig, ax = plt.subplots(figsize=(7, 5))
+  fig, ax = plt.subplots(figsize=(9, 5))
   status_ok = key == "step_ms"
-  for name in dict.fromkeys(r["attention"] for r in rows):
+  markers = "osD^v<>ph*X"   # with 20 colours, no two variants look alike
+  for i, name in enumerate(dict.fromkeys(r["attention"] for r in rows)):
     points = [(r["length"], r.get(key)) for r in rows if r["attention"] == name
               and r.get(key) and (r["status"] == "ok" or not status_ok)]
     if not points:
       continue
     slope = fit_exponent(*zip(*points))
     label = name if slope is None else f"{name} (slope {slope:.2f})"
-    ax.plot(*zip(*points), marker="o", label=label)
+    style = (dict(color="black", linestyle="--", linewidth=2) if name == "full"
+             else dict(color=plt.cm.tab20(i % 20)))
+    ax.plot(*zip(*points), marker=markers[i % len(markers)], label=label, **style)
   ax.set_xscale("log", base=2)
   lengths = sorted({r["length"] for r in rows})
   ax.set_xticks(lengths, [length_label(n) for n in lengths])
@@ -769,7 +772,7 @@ def plot(rows: list[dict], key: str, ylabel: str, path: str, settings: Settings)
                f"{env['device']}, jax {env['jax_version']}, {env['date'][:10]}", fontsize=9)
   ax.grid(True, which="both", alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
