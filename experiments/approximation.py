@@ -27,15 +27,6 @@ from experiments import cli
 from experiments.plugins import load_plugins
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("attentions", [], "Variants (default: every registered one that is not exact).")
-flags.DEFINE_integer("length", 1024, "Sequence length.")
-flags.DEFINE_integer("num_heads", 4, "Heads.")
-flags.DEFINE_integer("head_dim", 64, "Head dimension.")
-flags.DEFINE_list("input_stds", ["0.5", "1.0"], "Standard deviations of q and k.")
-flags.DEFINE_integer("seeds", 3, "Input / parameter draws averaged.")
-flags.DEFINE_bool("causal", False, "Compare causal variants with causal softmax.")
-flags.DEFINE_string("out", None, "Markdown file to write (the table is printed in any case).")
-flags.DEFINE_list("plugins", [], "Modules to import first; they may register more attention variants.")
 
 
 def exact_attention(spec, q, k, v, causal):
@@ -94,5 +85,14 @@ def main(argv):
       f.write(table)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":   # flags defined here: tests import this module next to other entry points
+  flags.DEFINE_list("attentions", [], "Variants (default: every registered one that is not exact).")
+  flags.DEFINE_integer("length", 1024, "Sequence length.")
+  flags.DEFINE_integer("num_heads", 4, "Heads.")
+  flags.DEFINE_integer("head_dim", 64, "Head dimension.")
+  flags.DEFINE_list("input_stds", ["0.5", "1.0"], "Standard deviations of q and k.")
+  flags.DEFINE_integer("seeds", 3, "Input / parameter draws averaged.")
+  flags.DEFINE_bool("causal", False, "Compare causal variants with causal softmax.")
+  flags.DEFINE_string("out", None, "Markdown file to write (the table is printed in any case).")
+  flags.DEFINE_list("plugins", [], "Modules to import first; they may register more attention variants.")
   cli.run(main)
