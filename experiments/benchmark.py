@@ -74,11 +74,13 @@ def main(argv):
     settings = settings_from_flags()
   except ValueError as e:       # unknown attention or option, bad lengths: one line, no traceback
     raise cli.HarnessError(str(e)) from e
-  rows = benchmarking.run(settings, progress=lambda total: tqdm(total=total, unit="run", file=sys.stderr))
   command = " ".join(["python -m experiments.benchmark"] + [
       shlex.quote(flag.serialize()) for flag in FLAGS.get_key_flags_for_module(sys.modules[__name__])
       if flag.present])
-  paths = benchmarking.write_outputs(rows, settings, FLAGS.out, command=command)
+  write = lambda rows: benchmarking.write_outputs(rows, settings, FLAGS.out, command=command)
+  rows = benchmarking.run(settings, progress=lambda total: tqdm(total=total, unit="run", file=sys.stderr),
+                          on_row=write)
+  paths = write(rows)
   for kind, path in paths.items():
     logging.info("wrote %s: %s", kind, path)
   failed = [f"{r['attention']}@{r['length']}" for r in rows if r["status"] == "error"]

@@ -6,7 +6,8 @@ The measuring behind `python -m experiments.benchmark` (LRA Table 2, extended):
   the Adam update); `attention` mode: the attention module alone, forward and forward+backward.
 - Every program is compiled ahead of time, so memory (`memory_analysis()`) and FLOPs
   (`cost_analysis()`) are known before it runs; a program whose compiled memory exceeds the
-  memory limit is not run. Times are medians of `repeats` calls after `warmup` calls; the first
+  memory limit is not run, and a model whose parameters (with Adam's moments) exceed it is not
+  even created. Times are medians of `repeats` calls after `warmup` calls; the first
   call estimates the cost, and a measurement that would exceed the time budget is skipped
   together with the longer lengths of that variant.
 - `full` is always measured in the same process: every speed-up is relative to it.
@@ -234,6 +235,24 @@ def model_config(name: str, length: int, settings: Settings) -> TransformerConfi
       attention=name, attention_options=settings.options_for(name), dtype=settings.dtype)
 
 
+def make_module(name: str, length: int, settings: Settings) -> nnx.Module:
+  """The LRA Text classifier (train mode) or the attention module alone (attention mode)."""
+  if settings.mode == "train":
+    return Classifier(model_config(name, length, settings), rngs=nnx.Rngs(settings.seed))
+  h = settings.num_heads
+  return az.create(name, num_heads=h, head_dim=settings.emb_dim // h, max_len=length,
+                   rngs=nnx.Rngs(settings.seed), **settings.options_for(name))
+
+
+def resident_bytes(name: str, length: int, settings: Settings) -> int:
+  """Bytes held between steps: the parameters, plus Adam's two moments in train mode. Computed
+  from shapes alone (nnx.eval_shape), so a model too large to create is never created: the
+  synthesizer's per-head max_len x max_len matrices reach 17 GB at 16K."""
+  params = nnx.state(nnx.eval_shape(lambda: make_module(name, length, settings)), nnx.Param)
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  return param_bytes * (3 if settings.mode == "train" else 1)
+
+
 def _train_workload(name, length, settings):
   """The train step = compiled forward+backward, then the compiled Adam update.
 
@@ -241,7 +260,7 @@ def _train_workload(name, length, settings):
   both its memory figure and the timing (compiling dominates a CPU run); the update is a
   per-parameter elementwise pass, a small cost beside the model's.
   """
-  model = Classifier(model_config(name, length, settings), rngs=nnx.Rngs(settings.seed))
+  model = make_module(name, length, settings)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)   # rest: RNG counters, ...
   tx = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)            # LRA's Adam settings
   token_key, label_key = jax.random.split(jax.random.key(settings.seed))
@@ -283,8 +302,7 @@ def _train_workload(name, length, settings):
 def _attention_workload(name, length, settings):
   h = settings.num_heads
   d = settings.emb_dim // h
-  attention = az.create(name, num_heads=h, head_dim=d, max_len=length, rngs=nnx.Rngs(settings.seed),
-                        **settings.options_for(name))
+  attention = make_module(name, length, settings)
   graphdef, params, rest = nnx.split(attention, nnx.Param, ...)
   dtype = jnp.dtype(settings.dtype)
   keys = jax.random.split(jax.random.key(settings.seed), 3)
@@ -418,6 +436,14 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
   timings: dict[str, tuple] = {}
   compiled: dict[str, Any] = {}
   try:
+    resident = resident_bytes(name, length, settings)
+    if resident > min(memory_limit, device_memory):
+      oom = resident > device_memory
+      row.update(status="OOM" if oom else "skipped",
+                 note=f"parameters{' and optimizer state' if settings.mode == 'train' else ''} "
+                      f"{resident / 1e9:.3g} GB > {'the device' if oom else 'memory limit'} "
+                      f"{min(memory_limit, device_memory) / 1e9:.3g} GB" + NOT_RUN)
+      return row, timings
     start = time.perf_counter()
     programs, timed = build(name, length, settings)
     facts = {}
@@ -503,8 +529,12 @@ def environment() -> dict[str, str]:
           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
 
 
-def run(settings: Settings, *, progress: Callable | None = None) -> list[dict]:
-  """Measures every (variant, length), `full` first; returns the rows with speed-ups and exponents."""
+def run(settings: Settings, *, progress: Callable | None = None,
+        on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
+  """Measures every (variant, length), `full` first; returns the rows with speed-ups and exponents.
+
+  `on_row(rows so far)` after each measurement (the command rewrites its outputs with it, so a
+  run that is killed keeps what it measured)."""
   names = [BASELINE] + [n for n in settings.attentions if n != BASELINE]
   memory_limit = settings.memory_limit_bytes or default_memory_limit_bytes()
   device_memory = device_memory_bytes()
@@ -534,12 +564,19 @@ def run(settings: Settings, *, progress: Callable | None = None) -> list[dict]:
       peak_so_far = max(peak_so_far, peak or 0)
       logging.info("%-20s %6d  %-7s %s", name, length, row["status"], _summary(row))
       rows.append(row)
+      if on_row is not None:
+        on_row(_finished(rows, settings, env))
       if bar is not None:
         bar.update()
   if bar is not None:
     bar.close()
-  for row in rows:
-    row.update(mode=settings.mode, dtype=settings.dtype, batch_size=settings.batch_size, **env)
+  return _finished(rows, settings, env)
+
+
+def _finished(rows: list[dict], settings: Settings, env: dict) -> list[dict]:
+  """Copies of the rows with the run's facts, speed-ups and exponents (over the rows so far)."""
+  rows = [{**row, "mode": settings.mode, "dtype": settings.dtype, "batch_size": settings.batch_size, **env}
+          for row in rows]
   add_speedups(rows)
   add_exponents(rows)
   return rows

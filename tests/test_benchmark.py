@@ -3,6 +3,7 @@
 Nothing here asserts on timings: only that they exist and that the bookkeeping is right.
 """
 import csv
+import dataclasses
 import json
 import sys
 
@@ -124,6 +125,29 @@ def test_memory_limit_skips_before_running_but_records_memory():
   assert row["status"] == "skipped" and "memory limit" in row["note"] and row["note"].endswith("(not run)")
   assert row["temp_bytes_fwd_bwd"] > 0 and row["flops"] > 0       # known from compiling alone
   assert row.get("step_ms") is None
+
+
+def test_parameters_over_the_limit_are_never_created(monkeypatch):
+  """synthesizer keeps max_len x max_len per head: over the limit it is refused from its shapes,
+  before any array of it exists (at 16K it would take 17 GB and kill the process)."""
+  settings = tiny_settings(attentions=("synthesizer",), lengths=(16, 512), mode="train")
+  resident = [benchmarking.resident_bytes("synthesizer", n, settings) for n in (16, 512)]
+  assert resident[1] > 10 * resident[0] > 0
+  created = []
+  real_make = benchmarking.make_module
+  monkeypatch.setattr(benchmarking, "make_module", lambda *a: created.append(a) or real_make(*a))
+  rows = benchmarking.run(dataclasses.replace(settings, memory_limit_bytes=resident[1] / 2))
+  synthesizer = [r for r in rows if r["attention"] == "synthesizer"]
+  assert [r["status"] for r in synthesizer] == ["ok", "skipped"], [r["note"] for r in synthesizer]
+  assert "parameters and optimizer state" in synthesizer[1]["note"] and synthesizer[1].get("flops") is None
+  built = [a for a in created if a[0] == "synthesizer" and a[1] == 512]
+  assert len(built) == 1, "only the shape-only call may make the length-512 model"
+
+
+def test_outputs_are_rewritten_after_every_measurement(tmp_path):
+  seen = []
+  rows = benchmarking.run(tiny_settings(lengths=(16, 24)), on_row=lambda rows: seen.append(len(rows)))
+  assert seen == [1, 2] and rows[0]["speedup_vs_full"] == 1.0 and rows[0]["device"]
 
 
 def test_more_compiled_memory_than_the_device_has_is_oom_and_longer_lengths_still_compile(monkeypatch):
