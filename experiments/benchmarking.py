@@ -439,10 +439,10 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
     resident = resident_bytes(name, length, settings)
     if resident > min(memory_limit, device_memory):
       oom = resident > device_memory
+      limit = f"the device's {device_memory / 1e9:.3g}" if oom else f"memory limit {memory_limit / 1e9:.3g}"
       row.update(status="OOM" if oom else "skipped",
                  note=f"parameters{' and optimizer state' if settings.mode == 'train' else ''} "
-                      f"{resident / 1e9:.3g} GB > {'the device' if oom else 'memory limit'} "
-                      f"{min(memory_limit, device_memory) / 1e9:.3g} GB" + NOT_RUN)
+                      f"{resident / 1e9:.3g} GB > {limit} GB" + NOT_RUN)
       return row, timings
     start = time.perf_counter()
     programs, timed = build(name, length, settings)
