@@ -35,11 +35,10 @@ def exact_attention(spec, q, k, v, causal):
     return reference.masked_softmax_attention(q, k, v, causal=causal)
   keys = q / jnp.linalg.norm(q, axis=-1, keepdims=True)
   n = q.shape[1]
-  positions = jnp.arange(n)
-  allowed = positions[:, None] != positions[None, :]           # [n, n]: not itself
+  allowed = ~np.eye(n, dtype=bool)                             # [n, n]: not itself
   if causal:
-    allowed &= positions[:, None] >= positions[None, :]
-    allowed = allowed.at[0, 0].set(True)                        # query 0 has only itself to see
+    allowed &= reference.causal_pattern(n, n, causal=True)[0]
+    allowed[0, 0] = True                                        # query 0 has only itself to see
   return reference.dense_attention(q, keys, v, allowed)
 
 

@@ -77,10 +77,10 @@ def main(argv):
   command = " ".join(["python -m experiments.benchmark"] + [
       shlex.quote(flag.serialize()) for flag in FLAGS.get_key_flags_for_module(sys.modules[__name__])
       if flag.present])
-  write = lambda rows: benchmarking.write_outputs(rows, settings, FLAGS.out, command=command)
+  write = lambda rows, plots: benchmarking.write_outputs(rows, settings, FLAGS.out, command=command, plots=plots)
   rows = benchmarking.run(settings, progress=lambda total: tqdm(total=total, unit="run", file=sys.stderr),
-                          on_row=write)
-  paths = write(rows)
+                          on_row=lambda rows: write(rows, plots=False))   # the tables, kept if the run dies
+  paths = write(rows, plots=True)
   for kind, path in paths.items():
     logging.info("wrote %s: %s", kind, path)
   failed = [f"{r['attention']}@{r['length']}" for r in rows if r["status"] == "error"]

@@ -642,7 +642,9 @@ def output_paths(out_dir: str, mode: str) -> dict[str, str]:
           "time_plot": stem + "_time.png", "memory_plot": stem + "_memory.png"}
 
 
-def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command: str = "") -> dict[str, str]:
+def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command: str = "",
+                  plots: bool = True) -> dict[str, str]:
+  """CSV, markdown, JSON and (with `plots`) the two PNGs; the paths by kind."""
   os.makedirs(out_dir, exist_ok=True)
   paths = output_paths(out_dir, settings.mode)
   write_csv(rows, paths["csv"])
@@ -651,6 +653,8 @@ def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command
   with open(paths["json"], "w", encoding="utf-8") as f:
     json.dump({"settings": {**dataclasses.asdict(settings), "command": command},
                "environment": environment_of(rows), "rows": rows}, f, indent=1, default=str)
+  if not plots:
+    return {kind: path for kind, path in paths.items() if not kind.endswith("_plot")}
   plot(rows, "step_ms", "time per step (ms)", paths["time_plot"], settings)
   plot(rows, "temp_bytes_fwd_bwd", "compiled temp memory, forward+backward (bytes)", paths["memory_plot"],
        settings)
