@@ -46,6 +46,10 @@ class TransformerConfig:
   interaction: str = "nli"                 # dual encoder: nli = [u, v, u*v, u-v], concat = [u, v]
   pre_ln: bool = True
   dtype: str = "float32"                   # compute dtype; parameters stay float32
+  embed_init_std: float | None = None      # token embeddings ~ N(0, std²); None = 1/sqrt(emb_dim)
+  # Switches that recreate the released LRA encoders (off by default; see docs/lra_fidelity.md):
+  zero_token_is_padding: bool = False      # attention also masks token id 0 (LRA's `inputs > 0`)
+  attention_ignores_padding: bool = False  # attention gets no padding masks (pooling still does)
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
@@ -111,7 +115,9 @@ class Stack(nnx.Module):
     self.config, self.causal = config, causal
     max_len = config.max_len + int(cls_token)
     dtype = config.compute_dtype
-    self.embed = nnx.Embed(config.vocab_size, config.emb_dim, dtype=dtype, rngs=rngs)
+    embed_init = ({} if config.embed_init_std is None
+                  else {"embedding_init": nnx.initializers.normal(config.embed_init_std)})
+    self.embed = nnx.Embed(config.vocab_size, config.emb_dim, dtype=dtype, rngs=rngs, **embed_init)
     self.cls = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (config.emb_dim,))) if cls_token else None
     self.learned_positions = (positions.LearnedPositions(max_len, config.emb_dim, rngs=rngs)
                               if config.positions == "learned" else None)
@@ -126,13 +132,18 @@ class Stack(nnx.Module):
     if n > self.config.max_len:
       raise ValueError(f"input length {n} exceeds config.max_len={self.config.max_len}")
     mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask, bool)
+    attention_mask = mask & (tokens != 0) if self.config.zero_token_is_padding else mask
     x = self.embed(tokens)
     if self.cls is not None:
       x = jnp.concatenate([jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1])), x], axis=1)
-      mask = jnp.concatenate([jnp.ones((b, 1), bool), mask], axis=1)
+      mask, attention_mask = (jnp.concatenate([jnp.ones((b, 1), bool), m], axis=1)
+                              for m in (mask, attention_mask))
+    if self.config.attention_ignores_padding:
+      attention_mask = None
     x = self.dropout(self._add_positions(x, jnp.arange(x.shape[1])), deterministic=deterministic)
     for block in self.blocks:
-      x = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
+      x = block(x, attention_mask, context=context, context_mask=context_mask,
+                deterministic=deterministic)
     return self._finish(x), mask
 
   def init_cache(self, batch_size: int, max_len: int):

@@ -37,35 +37,15 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo.models import Classifier, TransformerConfig
-from configs.lra.attention_settings import lra_attention_options
+from configs.lra import common as lra_configs
+from configs.lra.paper_tables import TABLE2 as PAPER_TABLE2, TABLE2_LENGTHS as PAPER_TABLE2_LENGTHS
+from configs.lra.paper_tables import TABLE2_SPEEDUPS as PAPER_TABLE2_SPEEDUPS
 
 BASELINE = "full"
 MODES = ("train", "attention")
 DTYPES = ("float32", "bfloat16")
 TEXT_VOCAB = 257          # LRA Text: bytes + 1, 0 = padding
 TEXT_CLASSES = 2
-
-# LRA Table 2 (Tay et al. 2021, arXiv:2011.04006), Text task, batch 32, TPU v3: the paper's
-# published figures, quoted for comparison (see lra_reference.md). Steps/s per length, then
-# peak memory in GB per length. Keys are our registry names.
-PAPER_TABLE2_LENGTHS = (1024, 2048, 3072, 4096)
-PAPER_TABLE2 = {
-    "full": ("Transformer", (8.1, 4.9, 2.3, 1.4), (0.85, 2.65, 5.51, 9.48)),
-    "local": ("Local Attention", (9.2, 8.4, 7.4, 7.4), (0.42, 0.76, 1.06, 1.37)),
-    "linformer": ("Linformer", (9.3, 9.1, 8.5, 7.7), (0.37, 0.55, 0.99, 0.99)),
-    "reformer": ("Reformer", (4.4, 2.2, 1.5, 1.1), (0.48, 0.99, 1.53, 2.28)),
-    "sinkhorn": ("Sinkhorn Trans", (9.1, 7.9, 6.6, 5.3), (0.47, 0.83, 1.13, 1.48)),
-    "synthesizer": ("Synthesizer", (8.7, 5.7, 6.6, 1.9), (0.65, 1.98, 4.09, 6.99)),
-    "bigbird": ("BigBird", (7.4, 3.9, 2.7, 1.5), (0.77, 1.49, 2.18, 2.88)),
-    "linear_transformer": ("Linear Trans.", (9.1, 9.3, 8.6, 7.8), (0.37, 0.57, 0.80, 1.03)),
-    "performer": ("Performer", (9.5, 9.4, 8.7, 8.0), (0.37, 0.59, 0.82, 1.06)),
-}
-# Speed-ups as printed in the paper (they are the paper's, not recomputed from the rounded steps/s).
-PAPER_TABLE2_SPEEDUPS = {
-    "local": (1.1, 1.7, 3.2, 5.3), "linformer": (1.2, 1.9, 3.7, 5.5), "reformer": (0.5, 0.4, 0.7, 0.8),
-    "sinkhorn": (1.1, 1.6, 2.9, 3.8), "synthesizer": (1.1, 1.2, 2.9, 1.4), "bigbird": (0.9, 0.8, 1.2, 1.1),
-    "linear_transformer": (1.1, 1.9, 3.7, 5.6), "performer": (1.2, 1.9, 3.8, 5.7),
-}
 
 CSV_COLUMNS = (
     "attention", "length", "status", "note", "step_ms", "steps_per_s", "speedup_vs_full",
@@ -130,8 +110,10 @@ class Settings:
                          + ", ".join(sorted(accepted)))
 
   def options_for(self, name: str) -> dict[str, Any]:
-    """The variant's LRA Text options, overridden by the user's."""
-    return {**lra_attention_options(name, "text"), **self.attention_options.get(name, {})}
+    """The variant's Text options under the `fair` preset, overridden by the user's."""
+    settings = lra_configs.attention_settings("text", name, "fair")
+    options = {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith("attention.")}
+    return {**options, **self.attention_options.get(name, {})}
 
 
 # -- parsing command-line values -------------------------------------------------------------

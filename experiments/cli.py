@@ -83,7 +83,26 @@ def run(main, *, preload_plugins: bool = True) -> None:
   app.run(wrapped, flags_parser=_parse_flags)
 
 
+# Config fields fixed by the config file (the task) and its argument (the preset): an override
+# would leave every value they chose behind, so it is refused.
+FIXED_FIELDS = {"task": "the config file is the task: --config=configs/lra/<task>.py:...",
+                "preset": "the preset is part of the config argument: "
+                          "--config=configs/lra/<task>.py:<attention>,<preset>"}
+
+
+def check_not_fixed(field: str) -> None:
+  """HarnessError if `field` (dotted) is one that only the config file or argument sets."""
+  if field in FIXED_FIELDS:
+    raise HarnessError(f"config.{field} cannot be overridden: {FIXED_FIELDS[field]}")
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
+  for item in argv:
+    if item.startswith("--config."):
+      try:
+        check_not_fixed(item[len("--config."):].split("=", 1)[0])
+      except HarnessError as e:
+        fail(str(e))
   try:
     rest = flags.FLAGS(argv)
     if "config" in flags.FLAGS:

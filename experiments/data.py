@@ -20,15 +20,20 @@ GENERATED_TASKS = ("listops", "pathfinder", "pathx")
 
 
 def load_splits(config) -> dict[str, lra.Dataset]:
-  """{"train", "validation", "test"} -> Dataset at length config.model.max_len."""
+  """{"train", "validation", "test"} -> Dataset at length config.model.max_len.
+
+  Missing data is an error that says how to get it, except under the tiny preset, which
+  generates its small ListOps / Pathfinder data (LRA-size data is never generated silently).
+  """
   if not config.data_dir:
     raise HarnessError("config.data_dir is empty; set it to the folder holding (or to receive) "
                        "the LRA data")
   try:
     return {split: _load(config, split) for split in lra.SPLITS}
   except FileNotFoundError as missing:
-    if config.task not in GENERATED_TASKS:
-      raise HarnessError(str(missing)) from None
+    if config.task not in GENERATED_TASKS or config.preset != "tiny":
+      raise HarnessError(f"{config.task} data for the {config.preset} preset: {missing}"
+                         ) from None
   if jax.process_index() == 0:
     generate(config)
   _barrier("lra-data-generated")
@@ -61,6 +66,12 @@ def generate(config) -> str:
   except (TypeError, ValueError) as e:
     raise HarnessError(f"cannot generate {config.task} data with config.generate={sizes}: {e}"
                        ) from None
+
+
+def provenance(config) -> dict:
+  """Where the run's data came from (lra.provenance): official files, generated (with the
+  generator's settings) or TFDS, and a fingerprint of the files read."""
+  return lra.provenance(config.task, config.data_dir, max_len=config.model.max_len, **config.data)
 
 
 def _barrier(name: str) -> None:

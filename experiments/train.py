@@ -27,9 +27,10 @@ def main(argv):
 
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(_CONFIG.value, FLAGS.workdir)
-  print(f"{results['task']} / {results['attention']}: test accuracy {results['test_accuracy']:.4f} "
-        f"(best validation {results['best_eval_accuracy']:.4f} at step {results['best_step']}); "
-        f"{FLAGS.workdir}/results.json")
+  print(f"{results['task']} / {results['attention']}: test accuracy "
+        f"{results['test_accuracy_final']:.4f} at the final step {results['steps']}, "
+        f"{results['test_accuracy_best_validation']:.4f} at the best validation step "
+        f"{results['best_step']}; {FLAGS.workdir}/results.json")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ batch is sharded along it and the training state is replicated.
 A run in `workdir` leaves:
   checkpoints/     orbax checkpoints (latest few; each also holds the best model so far)
   metrics.jsonl    one JSON object per event: train_loss, train_accuracy, lr, grad_norm,
-                   steps_per_sec; eval_loss, eval_accuracy; test_loss, test_accuracy
+                   steps_per_sec; eval_loss, eval_accuracy; test_{loss,accuracy}_{final,
+                   best_validation}
   tensorboard/     the same scalars as TensorBoard events
-  results.json     test accuracy of the best validation checkpoint, and the run's facts
+  results.json     test accuracy of the final model and of the best-validation model (both
+                   labelled), the resolved model, where the data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint.
 """
 from __future__ import annotations
@@ -36,9 +38,11 @@ from tqdm import tqdm
 
 import attention_zoo as az
 import lra
-from attention_zoo.models import Classifier, DualEncoderClassifier, TransformerConfig, num_params
+from attention_zoo.models import TransformerConfig, num_params
 from configs.lra.common import PRESETS
+from experiments import build
 from experiments import data as data_lib
+from experiments import provenance
 from experiments.checkpoints import Checkpoints
 from experiments.cli import HarnessError
 from experiments.optim import learning_rate_schedule, make_optimizer
@@ -103,15 +107,15 @@ def check_config(config) -> None:
                          f"share; use a multiple of {devices}")
 
 
-def build_model(config, task: lra.TaskSpec) -> nnx.Module:
-  model = config.model.to_dict()
-  model["attention_options"] = dict(model["attention_options"])
+def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
+  """The task's model (experiments.build) and its resolved TransformerConfig."""
   try:
-    model_config = TransformerConfig(**model)
-    model_class = DualEncoderClassifier if task.dual else Classifier
-    return model_class(model_config, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+    resolved = build.model_config(config)
+    model = build.model_class(config.task)(
+        resolved, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
   except (TypeError, ValueError) as e:
     raise HarnessError(f"cannot build the {config.model.attention} model: {e}") from None
+  return model, resolved
 
 
 def _logits(model, batch, deterministic):
@@ -217,7 +221,7 @@ class Trainer:
     replicated = NamedSharding(self.mesh, PartitionSpec())
 
     self.datasets = data_lib.load_splits(config)
-    model = build_model(config, self.task)
+    model, self.model_config = build_model(config)
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     s = config.schedule
@@ -327,26 +331,36 @@ class Trainer:
                        "optimizer.grad_clip_norm")
 
   def _test(self, writer: MetricsWriter, record: dict, clock: _Clock) -> dict:
+    """Test accuracy under both policies, each labelled: the final step's model (what the
+    released LRA code reported) and the best-validation model (chosen on validation only)."""
     config = self.config
-    test = self.evaluate("test", self.best)
-    writer.write(config.num_train_steps, test_loss=test["loss"], test_accuracy=test["accuracy"])
-    device = jax.devices()[0]
+    final = self.evaluate("test", (self.state.params, self.state.rest))
+    best = self.evaluate("test", self.best)
+    writer.write(config.num_train_steps, test_loss_final=final["loss"],
+                 test_accuracy_final=final["accuracy"],
+                 test_loss_best_validation=best["loss"],
+                 test_accuracy_best_validation=best["accuracy"])
     results = {
         "task": config.task, "attention": config.model.attention, "preset": config.preset,
-        "seed": config.seed, "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+        "seed": config.seed,
+        "test_accuracy_final": final["accuracy"], "test_loss_final": final["loss"],
+        "test_accuracy_best_validation": best["accuracy"],
+        "test_loss_best_validation": best["loss"],
         "best_eval_accuracy": record["best_eval_accuracy"], "best_step": record["best_step"],
         "majority_accuracy": data_lib.majority_accuracy(self.datasets["test"]),
         "num_params": self.num_params, "steps": int(self.state.step),
         "wall_seconds": clock.total(),
-        "device": f"{jax.device_count()} x {device.device_kind} ({device.platform})",
         "num_examples": {split: len(ds) for split, ds in self.datasets.items()},
+        "data": data_lib.provenance(config),
+        "environment": provenance.environment(),
+        "model": build.describe(self.model_config),
         "config": config.to_dict(),
     }
     if self.is_writer:
-      (self.workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n",
-                                                 encoding="utf-8")
-    logging.info("%s/%s: test accuracy %.4f at the best validation step %d", config.task,
-                 config.model.attention, test["accuracy"], record["best_step"])
+      provenance.write_json(self.workdir / "results.json", results)
+    logging.info("%s/%s: test accuracy %.4f at the final step %d, %.4f at the best validation "
+                 "step %d", config.task, config.model.attention, final["accuracy"],
+                 results["steps"], best["accuracy"], record["best_step"])
     return results
 
 

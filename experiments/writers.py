@@ -8,6 +8,8 @@ from pathlib import Path
 
 import jax
 
+from experiments import provenance
+
 
 class MetricsWriter:
 
@@ -36,8 +38,9 @@ class MetricsWriter:
     if self.enabled and self.path.exists():
       events = [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines()
                 if line.strip()]
-      kept = [json.dumps(e) for e in events if e["step"] <= step and "test_accuracy" not in e]
-      self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+      kept = [json.dumps(e) for e in events
+              if e["step"] <= step and not any(k.startswith("test_") for k in e)]
+      provenance.write_text(self.path, "".join(line + "\n" for line in kept))
 
   def close(self) -> None:
     if self._tensorboard is not None:

@@ -1,4 +1,4 @@
-"""Registry, base class and reference: the public contract of DESIGN.md section 2."""
+"""Registry, base class and reference: the public contract every variant and plug-in relies on."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,7 +97,7 @@ def test_unregistered_subclass_is_refused():
 
 
 def test_plugin_variant_follows_the_contract(scratch_registry):
-  """The extension contract of DESIGN.md, used as a plug-in would use it."""
+  """The extension contract (README: Adding a variant), used as a plug-in would use it."""
   @az.register("plain", exact=True, supports_causal=True, supports_cross=True, complexity="O(n^2)", paper="-")
   class Plain(az.Attention):
     OPTIONS = {"temperature": 1.0}

@@ -108,8 +108,9 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   assert code == 0, stderr
   assert "test accuracy" in stdout
   two = json.loads((tmp_path / "two" / "results.json").read_text())
-  assert two["attention"] == "harness_cli_plugin" and two["device"].startswith("2 x ")
-  assert two["test_accuracy"] == one["test_accuracy"] and two["num_params"] == one["num_params"]
+  assert two["attention"] == "harness_cli_plugin" and two["environment"]["device"].startswith("2 x ")
+  assert two["test_accuracy_final"] == one["test_accuracy_final"]
+  assert two["num_params"] == one["num_params"]
   losses = [[e["train_loss"] for e in read_metrics(tmp_path / name) if "train_loss" in e]
             for name in ("one", "two")]
   assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)

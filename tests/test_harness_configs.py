@@ -14,8 +14,8 @@ import attention_zoo as az
 import lra
 from attention_zoo import registry
 from configs.lra import common
-from configs.lra.attention_settings import LRA_TABLE1, lra_attention_options
-from experiments import cli, optim, plugins, report, reproduce
+from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
+from experiments import build, cli, optim, plugins, report, reproduce
 
 TASKS = lra.available_tasks()
 
@@ -29,7 +29,7 @@ def get_config(task, arg):
 @pytest.mark.parametrize("preset", common.PRESETS)
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("attention", az.available())
-def test_every_task_attention_config_loads(attention, task, preset):
+def test_every_task_attention_config_builds(attention, task, preset):
   config = get_config(task, f"{attention},{preset}")
   spec, task_spec = az.spec(attention), lra.task_spec(task)
   for field in ("data_dir", "batch_size", "num_train_steps", "eval_every", "checkpoint_every",
@@ -39,16 +39,14 @@ def test_every_task_attention_config_loads(attention, task, preset):
   assert config.data_dir == common.DATA_DIRS[preset]
   assert (config.model.vocab_size, config.model.num_classes) == (task_spec.vocab_size,
                                                                  task_spec.num_classes)
-  options = dict(config.model.attention_options)
-  assert set(options) <= set(spec.options) - {"scale", "dropout_rate"}
+  # Nothing attention-dependent is baked in: the options are unset placeholders.
+  assert all(v is None for v in config.model.attention_options.values())
+  model = build.model_config(config)
+  assert set(model.attention_options) <= set(spec.options)
   if not spec.supports_dropout:
-    assert config.model.attention_dropout_rate == 0
-  # The variant accepts its options at this length (built abstractly: no memory).
-  num_heads, qkv_dim = config.model.num_heads, config.model.qkv_dim or config.model.emb_dim
-  nnx.eval_shape(lambda: az.create(
-      attention, num_heads=num_heads, head_dim=qkv_dim // num_heads,
-      max_len=config.model.max_len + 1, rngs=nnx.Rngs(0),
-      dropout_rate=config.model.attention_dropout_rate, **options))
+    assert model.attention_dropout_rate == 0
+  # The model builds at this length (abstractly: no memory).
+  nnx.eval_shape(lambda: build.model_class(task)(model, rngs=nnx.Rngs(0)))
 
 
 def test_paper_preset_has_the_released_hyperparameters():
@@ -56,50 +54,116 @@ def test_paper_preset_has_the_released_hyperparameters():
   assert listops.preset == "paper"
   assert (listops.model.num_layers, listops.model.emb_dim, listops.model.num_heads,
           listops.model.mlp_dim, listops.model.max_len) == (4, 512, 8, 1024, 2000)
-  assert (listops.batch_size, listops.num_train_steps) == (32, 5000)
+  assert (listops.batch_size, listops.num_train_steps, listops.eval_every) == (32, 5000, 50)
   assert dict(listops.schedule) == {"factors": common.RSQRT, "base_learning_rate": 0.05,
                                     "warmup_steps": 1000, "steps_per_cycle": 0}
   assert (listops.optimizer.b1, listops.optimizer.b2, listops.optimizer.eps,
           listops.optimizer.weight_decay) == (0.9, 0.98, 1e-9, 0.1)
-  assert dict(listops.model.attention_options)["nb_features"] == 256
+  # The released quirks, each a named field.
+  assert listops.model.embed_init_std == 1.0 and listops.model.zero_token_is_padding
+  # FAVOR+ softmax with 2 features on ListOps; a ReLU kernel without random features elsewhere.
+  assert build.model_config(listops).attention_options["nb_features"] == 2
+  text_performer = build.model_config(get_config("text", "performer"))
+  assert text_performer.attention_options["kernel"] == "relu"
+  assert text_performer.attention_options["features"] == "deterministic"
+  assert text_performer.attention_ignores_padding
+  reformer = build.model_config(get_config("text", "reformer"))
+  assert reformer.attention_options["num_chunks"] == 10
+  assert reformer.attention_options["scale"] == pytest.approx(math.sqrt(256 // 4))
+  longformer = build.model_config(get_config("listops", "longformer"))
+  assert longformer.attention_options["num_global_tokens"] == 0
   retrieval = get_config("retrieval", "full")
   assert (retrieval.model.interaction, retrieval.model.max_len) == ("nli", 4000)
-  image = get_config("image", "local")
-  assert image.model.attention_options.block_size == 64  # LRA's image-specific block
+  # Image: qkv 64 (not emb 128), and each model's released dimensions.
+  image = get_config("image", "full")
+  assert (image.model.emb_dim, image.model.qkv_dim, image.model.num_heads) == (128, 64, 8)
   assert (image.batch_size, image.num_train_steps, image.schedule.factors) == (256, 35_000,
                                                                              common.COSINE)
   assert (image.model.dropout_rate, image.model.attention_dropout_rate) == (0.3, 0.2)
+  local = get_config("image", "local")
+  assert (local.model.num_heads, local.model.pooling) == (2, "mean")
+  assert build.model_config(local).attention_options["block_size"] == 64
+  reformer = get_config("image", "reformer").model
+  assert (reformer.num_layers, reformer.emb_dim, reformer.mlp_dim) == (4, 64, 64)
+  assert get_config("image", "longformer").model.num_layers == 4
+  sinkhorn = get_config("image", "sinkhorn")
+  assert sinkhorn.optimizer.weight_decay == 0.7 and sinkhorn.model.pooling == "mean"
+  assert build.model_config(sinkhorn).attention_options["block_size"] == 64
+  assert get_config("image", "bigbird").model.num_heads == 1   # the misspelt num_head
   pathfinder = get_config("pathfinder", "full")
   assert (pathfinder.batch_size, pathfinder.num_train_steps, pathfinder.model.pooling) == (
       512, 62_400, "mean")
+  assert (pathfinder.model.dropout_rate, pathfinder.model.qkv_dim) == (0.2, 16)
+  assert get_config("pathfinder", "performer").model.emb_dim == 128   # LRA issue #37
   assert get_config("pathx", "full").model.max_len == 128 * 128
 
 
-def test_tiny_preset_scales_length_options_in_one_place():
+def test_fair_preset_fixes_the_quirks_on_the_same_budget():
+  for task in TASKS:
+    for attention in common.LRA_VARIANTS:
+      paper, fair = (get_config(task, f"{attention},{p}") for p in ("paper", "fair"))
+      transformer = get_config(task, "full,paper")
+      for field in ("batch_size", "num_train_steps", "eval_every"):
+        assert fair[field] == paper[field]
+      assert dict(fair.schedule) == dict(paper.schedule)
+      for field in ("num_layers", "emb_dim", "qkv_dim", "mlp_dim", "num_heads", "pooling",
+                    "dropout_rate", "max_len"):
+        assert fair.model[field] == transformer.model[field], (task, attention, field)
+      model = build.model_config(fair)
+      assert model.embed_init_std is None and not model.zero_token_is_padding
+      assert not model.attention_ignores_padding
+  fair_performer = build.model_config(get_config("text", "performer,fair")).attention_options
+  assert (fair_performer["kernel"], fair_performer["nb_features"]) == ("softmax", 256)
+  assert build.model_config(get_config("listops", "longformer,fair")).attention_options[
+      "num_global_tokens"] == 1
+
+
+def test_length_options_scale_with_the_built_max_len():
   paper = get_config("listops", "sparse_transformer")
   tiny = get_config("listops", "sparse_transformer,tiny")
   ratio = tiny.model.max_len / paper.model.max_len
   assert tiny.model.max_len <= 512 and tiny.data_dir != paper.data_dir
-  assert paper.model.attention_options.block_size == 50
-  assert tiny.model.attention_options.block_size == max(4, round(50 * ratio))
-  assert tiny.model.attention_options.num_summary <= tiny.model.attention_options.block_size
+  assert build.model_config(paper).attention_options["block_size"] == 50
+  options = build.model_config(tiny).attention_options
+  assert options["block_size"] == max(4, round(50 * ratio))
+  assert options["num_summary"] <= options["block_size"]
+  # max_len overridden: the scaling follows it (decided when the model is built).
+  paper.model.max_len = 500
+  assert build.model_config(paper).attention_options["block_size"] == round(50 * 500 / 2000)
+  # An option set in the config is taken as it is.
+  tiny.model.attention_options.block_size = 7
+  assert build.model_config(tiny).attention_options["block_size"] == 7
   assert common.scale_length_options({"block_size": 64, "k": 16}, 0.25) == {"block_size": 16, "k": 16}
   assert common.scale_length_options({"window": 256}, 1.0) == {"window": 256}
   # Pixel tasks keep their length, and so their blocks.
-  assert get_config("image", "local,tiny").model.attention_options.block_size == 64
+  assert build.model_config(get_config("image", "local,tiny")).attention_options["block_size"] == 64
+
+
+def test_attention_override_resolves_that_attentions_settings():
+  config = reproduce.task_config("listops", "performer", "paper", 0, ["model.attention=local"])
+  model = build.model_config(config)
+  assert model.attention == "local" and model.attention_options == {"block_size": 50}
+  assert not model.attention_ignores_padding
+  config = reproduce.task_config("listops", "performer", "paper", 0, [
+      "model.attention=local", "model.attention_options.nb_features=8"])
+  with pytest.raises(ValueError, match="sets nb_features, which local does not accept"):
+    build.model_config(config)
+  for fixed in ("preset=tiny", "task=text"):
+    with pytest.raises(cli.HarnessError, match="cannot be overridden"):
+      reproduce.task_config("listops", "full", "paper", 0, [fixed])
 
 
 def test_config_argument_errors_and_late_registered_names():
   assert common.parse_arg(None) == ("full", "paper")
   assert common.parse_arg("performer, tiny") == ("performer", "tiny")
-  with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of paper, tiny"):
+  with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of paper, fair, tiny"):
     get_config("listops", "full,huge")
   with pytest.raises(ValueError, match="expected '<attention>\\[,<preset>\\]'"):
     get_config("listops", "full,tiny,extra")
   # A name a plugin registers later still builds a config (checked by the trainer).
   config = get_config("listops", "not_registered_yet,tiny")
   assert config.model.attention == "not_registered_yet"
-  assert dict(config.model.attention_options) == lra_attention_options("not_registered_yet", "listops")
+  assert dict(config.model.attention_options) == {}
 
 
 def test_unknown_field_names_the_valid_ones():
@@ -113,10 +177,12 @@ def test_unknown_field_names_the_valid_ones():
 def test_overrides_parse_as_the_field_type():
   config = reproduce.task_config("listops", "performer", "tiny", 3, [
       "model.num_layers=3", "schedule.base_learning_rate=1e-3", "model.pre_ln=false",
-      "model.attention_options.nb_features=32", "model.qkv_dim=16", "data_dir=/x"])
+      "model.attention_options.nb_features=32", "model.qkv_dim=16", "data_dir=/x",
+      "model.attention_options.kernel=relu"])
   assert config.seed == 3 and config.model.num_layers == 3 and config.model.pre_ln is False
   assert config.schedule.base_learning_rate == 1e-3 and config.model.qkv_dim == 16
   assert config.model.attention_options.nb_features == 32 and config.data_dir == "/x"
+  assert config.model.attention_options.kernel == "relu"   # a str placeholder
   with pytest.raises(cli.HarnessError, match="unknown config field 'model.layers'"):
     reproduce.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
   with pytest.raises(cli.HarnessError, match="takes field=value"):
@@ -219,11 +285,13 @@ def test_listops_generator_length_bounds(tmp_path):
 # ------------------------------------------------------------------------------------- report
 
 def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"):
+  """A results.json whose best-validation accuracy is 0.01 above its final one."""
   workdir = root / task / attention / f"seed{seed}"
   workdir.mkdir(parents=True)
   (workdir / "results.json").write_text(json.dumps({
       "task": task, "attention": attention, "preset": preset, "seed": seed,
-      "test_accuracy": accuracy, "majority_accuracy": majority}))
+      "test_accuracy_final": accuracy, "test_accuracy_best_validation": accuracy + 0.01,
+      "majority_accuracy": majority}))
   (workdir / "metrics.jsonl").write_text("".join(
       json.dumps({"step": s, "train_loss": 2.0 - s / 10, "eval_accuracy": accuracy * s / 3}) + "\n"
       for s in (1, 2, 3)))
@@ -238,7 +306,11 @@ def test_report_table_csv_and_plots(tmp_path, capsys):
   write_results(runs, "pathx", "full", 0, 0.5, 0.5)
   write_results(runs, "listops", "zz_unpublished", 0, 0.25, 0.17)
   text = report.write_report(runs, tmp_path / "out")
-  lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("|")}
+  final, best = text.split("### ")[1:]
+  assert final.startswith("LRA Table 1, preset `tiny`, final step") and "released LRA code's" in final
+  assert best.startswith("LRA Table 1, preset `tiny`, best validation step")
+  assert "| 26.00 |" in best   # zz_unpublished: 0.25 + 0.01
+  lines = {line.split(" | ")[0].strip("| "): line for line in final.splitlines() if line.startswith("|")}
   assert lines["Model"] == "| Model | listops | text | pathx | Avg |"
   paper = LRA_TABLE1["full"]
   listops_full = f"35.00 ± 7.07 ({paper['listops']:.2f}, {35 - paper['listops']:+.2f})"
@@ -254,9 +326,10 @@ def test_report_table_csv_and_plots(tmp_path, capsys):
   out = tmp_path / "out"
   assert (out / "table.md").read_text() == text
   csv_rows = (out / "table.csv").read_text().splitlines()
-  assert csv_rows[0] == "preset,attention,task,num_seeds,mean,std,paper,difference"
-  assert f"tiny,full,listops,2,35.0000,7.0711,{paper['listops']},{35 - paper['listops']:.4f}" in csv_rows
-  assert "tiny,majority class,listops,,17.0000,,," in csv_rows
+  assert csv_rows[0] == "preset,tested,attention,task,num_seeds,mean,std,paper,difference"
+  assert (f"tiny,test_accuracy_final,full,listops,2,35.0000,7.0711,{paper['listops']},"
+          f"{35 - paper['listops']:.4f}") in csv_rows
+  assert "tiny,test_accuracy_best_validation,majority class,listops,,17.0000,,," in csv_rows
   for task in ("listops", "text", "pathx"):
     for kind in ("bars", "curves"):
       assert (out / f"{kind}_tiny_{task}.png").stat().st_size > 1000

@@ -74,7 +74,7 @@ def test_missing_listops_is_generated_and_compiled_once(run_a, data_root):
   assert [e["step"] for e in events if "train_loss" in e] == [1, 2, 3, 4, 5, 6]
   assert [e["step"] for e in events if "eval_accuracy" in e] == [2, 4, 6]
   assert {"train_loss", "train_accuracy", "lr", "grad_norm", "steps_per_sec"} <= set(events[0])
-  assert "test_accuracy" in events[-1]
+  assert {"test_accuracy_final", "test_accuracy_best_validation"} <= set(events[-1])
 
 
 @contextlib.contextmanager
@@ -110,7 +110,8 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
   assert starts == [4]
   assert resumed.train_step._cache_size() == 1
   assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
-  same = ("test_accuracy", "test_loss", "best_eval_accuracy", "best_step", "steps", "num_params")
+  same = ("test_accuracy_final", "test_loss_final", "test_accuracy_best_validation",
+          "test_loss_best_validation", "best_eval_accuracy", "best_step", "steps", "num_params")
   assert {k: results[k] for k in same} == {k: results_a[k] for k in same}
   assert json.loads((tmp_path / "results.json").read_text())["steps"] == 6
 
@@ -127,7 +128,7 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
   assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
 
 
-def test_test_accuracy_comes_from_the_best_validation_checkpoint(data_root, tmp_path, monkeypatch):
+def test_test_accuracy_of_the_final_and_the_best_validation_model(data_root, tmp_path, monkeypatch):
   config = config_for("listops", data_root, "num_train_steps=3", "eval_every=1", *LISTOPS_SIZES)
   real, fake = trainer.Trainer.evaluate, iter([0.2, 0.6, 0.4])
 
@@ -149,8 +150,10 @@ def test_test_accuracy_comes_from_the_best_validation_checkpoint(data_root, tmp_
   assert all(jax.tree.leaves(same))
   differs = jax.tree.map(lambda a, b: bool((a != b).any()), best_params, at_3["train"].params)
   assert any(jax.tree.leaves(differs))
-  expected = real(run, "test", (at_2.params, at_2.rest))["accuracy"]
-  assert results["test_accuracy"] == expected
+  assert results["test_accuracy_best_validation"] == real(run, "test", (at_2.params, at_2.rest))[
+      "accuracy"]
+  final = at_3["train"]
+  assert results["test_accuracy_final"] == real(run, "test", (final.params, final.rest))["accuracy"]
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_path):
@@ -193,16 +196,21 @@ def test_each_task_trains_and_writes_results(task, data_root, tmp_path, run_a):
   results = run.run()
   written = json.loads((tmp_path / "results.json").read_text())
   assert written == json.loads(json.dumps(results))
-  for field in ("task", "attention", "preset", "seed", "test_accuracy", "best_eval_accuracy",
-                "best_step", "num_params", "steps", "wall_seconds", "device", "config"):
+  for field in ("task", "attention", "preset", "seed", "test_accuracy_final",
+                "test_accuracy_best_validation", "best_eval_accuracy", "best_step", "num_params",
+                "steps", "wall_seconds", "environment", "data", "model", "config"):
     assert field in written
   assert (written["task"], written["attention"], written["preset"], written["seed"]) == (task, "full", "tiny", 1)
-  assert 0 <= written["test_accuracy"] <= 1 and written["best_step"] in (1, 2) and written["steps"] == 2
+  assert 0 <= written["test_accuracy_final"] <= 1 and written["best_step"] in (1, 2)
+  assert written["steps"] == 2
+  assert written["environment"]["versions"]["jax"] == jax.__version__
+  assert written["environment"]["git_commit"]   # this checkout's HEAD
+  assert written["model"]["attention"] == "full"
   assert written["config"]["model"]["max_len"] == 32 and written["wall_seconds"] > 0
   test = lra.load(task, "test", data_dir=data_root, max_len=32, **config.data)
   assert written["majority_accuracy"] == np.bincount(test.targets).max() / len(test)
   assert list((tmp_path / "tensorboard").iterdir())
-  model = trainer.build_model(config, lra.task_spec(task))
+  model, _ = trainer.build_model(config)
   assert isinstance(model, DualEncoderClassifier) == (task == "retrieval")
   assert written["num_params"] == num_params(model)
   if task == "retrieval":  # the NLI head reads [u, v, u * v, u - v]
@@ -219,7 +227,7 @@ def test_each_task_trains_and_writes_results(task, data_root, tmp_path, run_a):
 
 def test_bad_config_values_are_clear_errors(data_root, tmp_path):
   cases = [("model.attention=nope", "unknown attention 'nope'; registered: .*full"),
-           ("task=cifar", "unknown task 'cifar'"),
+           ("task=cifar", "config.task cannot be overridden"),
            ("batch_size=3", "batch_size / grad_accum_steps = 3 is not divisible"
             if jax.device_count() > 1 else "batch_size=3 is not divisible by grad_accum_steps=2"),
            ("model.pooling=max", "cannot build the full model: .*pooling='max'")]

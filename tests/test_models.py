@@ -127,3 +127,36 @@ def test_config_errors_name_the_field(field, value, message):
 def test_too_long_input_is_refused_with_the_limit():
   with pytest.raises(ValueError, match="exceeds config.max_len=32"):
     Classifier(TINY, rngs=nnx.Rngs(0))(_tokens((1, 40)))
+
+
+# -- the switches that recreate the released LRA encoders ----------------------------------
+
+def _pair(**flags):
+  """The same classifier (same parameters) without and with `flags`."""
+  config = TransformerConfig(vocab_size=24, max_len=16, num_layers=2, emb_dim=16, num_heads=2,
+                             mlp_dim=32, num_classes=3, pooling="cls", dropout_rate=0.0)
+  return (Classifier(config, rngs=nnx.Rngs(0)),
+          Classifier(dataclasses.replace(config, **flags), rngs=nnx.Rngs(0)))
+
+
+def test_zero_token_is_padding_masks_id_zero_in_attention_only():
+  plain, quirky = _pair(zero_token_is_padding=True)
+  tokens = _tokens((2, 12)).at[:, ::3].set(0)
+  mask = jnp.ones((2, 12), bool).at[1, 9:].set(False)
+  np.testing.assert_allclose(quirky(tokens, mask), plain(tokens, mask & (tokens != 0)), atol=1e-6)
+  assert not np.allclose(quirky(tokens, mask), plain(tokens, mask), atol=1e-4)
+  _, pool_mask = quirky.encoder(tokens, mask)
+  assert bool(pool_mask[:, 1:].sum() == mask.sum())   # pooling still sees every real token
+
+
+def test_attention_ignores_padding_drops_the_masks():
+  plain, quirky = _pair(attention_ignores_padding=True)
+  tokens, mask = _tokens((2, 12)), jnp.ones((2, 12), bool).at[0, 6:].set(False)
+  np.testing.assert_allclose(quirky(tokens, mask), plain(tokens), atol=1e-6)
+  assert not np.allclose(quirky(tokens, mask), plain(tokens, mask), atol=1e-4)
+
+
+def test_embed_init_std():
+  default, unit = _pair(embed_init_std=1.0)
+  assert float(jnp.std(unit.encoder.embed.embedding[...])) == pytest.approx(1.0, rel=0.15)
+  assert float(jnp.std(default.encoder.embed.embedding[...])) < 0.5   # ~ 1 / sqrt(16)

@@ -6,18 +6,31 @@ Data: data_dir/tsv_data/new_aan_pairs.{train,eval,test}.tsv from the LRA release
 """
 from configs.lra import common
 
+# lra_benchmarks/matching/configs: every model's file is the base config. The warm-up (8,000
+# steps) is longer than the run (5,000): the learning rate never reaches its peak.
+RELEASED = {
+    "shared": {
+        "model.max_len": 4000, "model.num_layers": 4, "model.emb_dim": 128, "model.qkv_dim": 128,
+        "model.num_heads": 4, "model.mlp_dim": 512, "model.dropout_rate": 0.1,
+        "model.attention_dropout_rate": 0.1, "model.pooling": "cls", "model.positions": "sinusoidal",
+        "model.interaction": "nli",
+        "batch_size": 32, "num_train_steps": 5_000, "eval_every": 100,
+        "optimizer.weight_decay": 0.1,
+        "schedule.factors": common.RSQRT, "schedule.base_learning_rate": 0.05,
+        "schedule.warmup_steps": 8_000,
+    },
+}
+PAPER_CHANGES = {"sinkhorn": {"model.pooling": (
+    "mean", "the released Sinkhorn encoder supports MEAN pooling only (CLS raises ValueError)")}}
+
+# tiny: the first 128 bytes of each document, a 1-layer model.
+TINY = {
+    "model.max_len": 128, "model.num_layers": 1, "model.emb_dim": 32, "model.qkv_dim": 32,
+    "model.num_heads": 2, "model.mlp_dim": 64,
+    "num_train_steps": 300, "eval_every": 100, "log_every": 20, "schedule.warmup_steps": 100,
+}
+
 
 def get_config(arg=None):
-  config = common.base_config("retrieval", arg)
-  config.model.update(pooling="cls", interaction="nli")
-  config.optimizer.weight_decay = 0.1
-  config.schedule.update(factors=common.RSQRT, base_learning_rate=0.05)
-  if config.preset == "paper":
-    config.model.update(max_len=4000, num_layers=4, emb_dim=128, num_heads=4, mlp_dim=512)
-    config.update(batch_size=32, num_train_steps=5_000, eval_every=500)
-    config.schedule.warmup_steps = 8_000   # as released: longer than the run
-  else:  # tiny: the first 128 bytes of each document
-    config.model.update(max_len=128, num_layers=1, emb_dim=32, num_heads=2, mlp_dim=64)
-    config.update(batch_size=32, num_train_steps=300, eval_every=100, log_every=20)
-    config.schedule.warmup_steps = 100
-  return common.finalize(config)
+  return common.task_config("retrieval", arg, released=RELEASED, tiny=TINY,
+                            paper_changes=PAPER_CHANGES)

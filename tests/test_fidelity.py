@@ -1,0 +1,38 @@
+"""docs/lra_fidelity.md agrees with the configs, and every difference it lists has a reason."""
+from pathlib import Path
+
+import pytest
+
+import lra
+from configs.lra import common
+from experiments import fidelity
+
+DOC = Path(__file__).resolve().parents[1] / fidelity.OUT
+
+
+def test_the_committed_table_is_the_one_the_configs_generate():
+  assert DOC.read_text(encoding="utf-8") == fidelity.render(), (
+      "docs/lra_fidelity.md is out of date: run python -m experiments.fidelity")
+
+
+@pytest.mark.parametrize("task", lra.available_tasks())
+def test_every_difference_has_a_reason(task):
+  rows = fidelity.rows(task)
+  assert {r["variant"] for r in rows} == set(common.LRA_VARIANTS)
+  unexplained = [(r["variant"], r["field"], r["released"], r["paper"], r["fair"])
+                 for r in rows if fidelity.differs(r) and not r["reason"]]
+  assert not unexplained
+
+
+def test_the_quirks_and_released_settings_are_rows():
+  image = {(r["variant"], r["field"]): r for r in fidelity.rows("image")}
+  assert image["full", "model.zero_token_is_padding"]["paper"] is True
+  assert image["full", "model.zero_token_is_padding"]["fair"] is False
+  assert image["full", "model.embed_init_std"]["paper"] == 1.0
+  assert image["full", "model.qkv_dim"]["released"] == 64
+  assert image["bigbird", "model.num_heads"]["note"]
+  assert image["performer", "attention.kernel"]["paper"] == "relu"
+  listops = {(r["variant"], r["field"]): r for r in fidelity.rows("listops")}
+  assert listops["performer", "attention.nb_features"]["paper"] == 2
+  assert listops["reformer", "attention.num_chunks"]["paper"] == 10
+  assert listops["longformer", "attention.num_global_tokens"]["paper"] == 0
