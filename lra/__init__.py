@@ -6,6 +6,7 @@
     ds = lra.load("listops", "train", data_dir="lra_release")
     ds.inputs, ds.masks, ds.targets           # int32 [N, L], bool [N, L], int32 [N]
     for batch in lra.iterate(ds, 32, shuffle=True, seed=0): ...
+    report = lra.check_dataset(ds, max_skipped_fraction=0.01)  # fail fast; counts to log
 
 Data can be generated in the official layout:
     python -m lra.generate listops --out DIR
@@ -14,6 +15,7 @@ Data can be generated in the official layout:
 This package knows nothing of models: it hands out numpy arrays.
 """
 from lra.batching import iterate
+from lra.checks import check_dataset
 from lra.dataset import Dataset
 from lra.listops import generate_listops
 from lra.loader import load
@@ -37,6 +39,6 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
 
 __all__ = [
     "Dataset", "PATHFINDER_DIFFICULTIES", "PATHFINDER_RESOLUTIONS", "SPLITS", "TaskSpec",
-    "available_tasks", "generate_listops", "generate_pathfinder", "iterate", "load",
-    "rgb_to_grayscale", "task_spec",
+    "available_tasks", "check_dataset", "generate_listops", "generate_pathfinder", "iterate",
+    "load", "rgb_to_grayscale", "task_spec",
 ]
