@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import logging
 import pickle
 from pathlib import Path
 from typing import Callable
@@ -23,7 +22,6 @@ from tqdm import tqdm
 from lra import listops
 from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS
 
-log = logging.getLogger("lra")
 
 RELEASE_HINT = ("It is part of the official LRA release: download lra_release.gz (linked from "
                 "the README of https://github.com/google-research/long-range-arena), unpack it "

@@ -20,6 +20,12 @@ def independent_grayscale(rgb):
   return np.floor(out * np.float32(255.5)).astype(np.uint8)
 
 
+def decode_bytes(ds):
+  """The byte string of each example of a byte-level dataset (ids are byte + 1)."""
+  return [bytes((row[:length] - 1).astype(np.uint8).tolist())
+          for row, length in zip(ds.inputs, ds.masks.sum(1))]
+
+
 def write_listops(root, split_file, rows, header="Source\tTarget"):
   """rows: "Source<TAB>Target" lines -> root/listops-1000/<split_file>."""
   folder = root / "listops-1000"

@@ -8,8 +8,8 @@ from PIL import Image
 
 import lra
 from lra import readers
-from lra_fixtures import (independent_grayscale, write_cifar, write_imdb, write_listops,
-                          write_pathfinder, write_retrieval)
+from lra_fixtures import (decode_bytes, independent_grayscale, write_cifar, write_imdb,
+                          write_listops, write_pathfinder, write_retrieval)
 
 LISTOPS_IDS = {tok: i for i, tok in enumerate(
     ["<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
@@ -189,12 +189,6 @@ def test_text_from_aclimdb(tmp_path):
   np.testing.assert_array_equal(cut.inputs[1], byte_ids(b"Awful", 5))
 
 
-def decode(ds):
-  """The byte string of each example of a byte-level dataset (ids are byte + 1)."""
-  return [bytes((row[:length] - 1).astype(np.uint8).tolist())
-          for row, length in zip(ds.inputs, ds.masks.sum(1))]
-
-
 def imdb_reviews(count, tag):
   """`count` distinct reviews, alternately negative and positive."""
   return [f"{tag} review {i}: {'good' if i % 2 else 'bad'} film".encode() for i in range(count)]
@@ -209,10 +203,10 @@ def test_text_validation_is_carved_from_train_by_content(tmp_path):
   validation = lra.load("text", "validation", data_dir=tmp_path, max_len=64)
   test = lra.load("text", "test", data_dir=tmp_path, max_len=64)
   assert (len(train), len(validation), len(test)) == (36, 4, 5)  # 10% of the 40 train reviews
-  train_rows, validation_rows = decode(train), decode(validation)
+  train_rows, validation_rows = decode_bytes(train), decode_bytes(validation)
   assert sorted(train_rows + validation_rows) == sorted(train_texts)  # a partition of train
   assert not set(validation_rows) & set(train_rows)
-  assert not set(validation_rows) & set(decode(test))
+  assert not set(validation_rows) & set(decode_bytes(test))
   label = {text: i % 2 for i, text in enumerate(train_texts)}
   assert validation.targets.tolist() == [label[t] for t in validation_rows]
   assert train.targets.tolist() == [label[t] for t in train_rows]
@@ -225,7 +219,7 @@ def test_text_validation_is_carved_from_train_by_content(tmp_path):
       (other / "aclImdb" / "train" / folder / f"{len(texts) - i:05d}_1.txt").write_bytes(text)
   write_imdb(other, {("test", "neg"): test_texts[0::2], ("test", "pos"): test_texts[1::2]})
   again = lra.load("text", "validation", data_dir=other, max_len=64)
-  assert sorted(decode(again)) == sorted(validation_rows)
+  assert sorted(decode_bytes(again)) == sorted(validation_rows)
 
 
 def test_text_validation_keeps_copies_together_and_away_from_test():

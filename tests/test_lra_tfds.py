@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lra
-from lra_fixtures import independent_grayscale, write_imdb
+from lra_fixtures import decode_bytes, independent_grayscale, write_imdb
 
 tfds = pytest.importorskip("tensorflow_datasets",
                            reason='TFDS reader tests need the test extra: pip install -e ".[test]"')
@@ -30,11 +30,6 @@ def check_arrays(ds, num_examples, max_len, num_classes, vocab):
   lengths = ds.masks.sum(1)
   np.testing.assert_array_equal(ds.masks, np.arange(max_len) < lengths[:, None])  # a prefix
   assert (ds.inputs[~ds.masks] == 0).all() and (ds.inputs < vocab).all()
-
-
-def decode(ds):
-  return [bytes((row[:n] - 1).astype(np.uint8).tolist()) for row, n in zip(ds.inputs,
-                                                                            ds.masks.sum(1))]
 
 
 # -------------------------------------------------------------------------------------- Image
@@ -83,9 +78,9 @@ def test_text_from_tfds_imdb_reviews(tmp_path):
   check_arrays(train, 29, 64, 2, 257)
   check_arrays(validation, 3, 64, 2, 257)  # 10% of the 32 training reviews
   check_arrays(test, 5, 64, 2, 257)
-  assert decode(test) == [t[:64] for t in TEST] and test.targets.tolist() == [0, 1, 1, 0, 1]
+  assert decode_bytes(test) == [t[:64] for t in TEST] and test.targets.tolist() == [0, 1, 1, 0, 1]
   assert test.num_truncated == 1 and test.source == "TFDS imdb_reviews (test split)"
-  train_rows, validation_rows = decode(train), decode(validation)
+  train_rows, validation_rows = decode_bytes(train), decode_bytes(validation)
   assert sorted(train_rows + validation_rows) == sorted(TRAIN + SHARED)
   assert not set(validation_rows) & set(train_rows)
   assert not set(validation_rows) & set(TEST)
@@ -100,7 +95,7 @@ def test_text_from_tfds_imdb_reviews(tmp_path):
       ("test", "neg"): [t for t, y in zip(*IMDB["test"]) if y == 0],
       ("test", "pos"): [t for t, y in zip(*IMDB["test"]) if y == 1]})
   local = lra.load("text", "validation", data_dir=tmp_path / "local", max_len=64)
-  assert sorted(decode(local)) == sorted(validation_rows)
+  assert sorted(decode_bytes(local)) == sorted(validation_rows)
 
 
 def test_text_from_tfds_default_mock(tmp_path):
@@ -115,7 +110,7 @@ def test_text_from_tfds_default_mock(tmp_path):
       lra.load("text", "validation", data_dir=tmp_path, max_len=50)
   check_arrays(test, 9, 50, 2, 257)
   check_arrays(train, 9, 50, 2, 257)
-  assert decode(test) == [bytes(t)[:50] for t in raw["text"]]
+  assert decode_bytes(test) == [bytes(t)[:50] for t in raw["text"]]
   assert test.targets.tolist() == raw["label"].tolist()
 
 
