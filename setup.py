@@ -1,6 +1,9 @@
 """attention-zoo: a JAX/Flax zoo of attention mechanisms and the Long Range Arena harness."""
 from setuptools import find_packages, setup
 
+# TFDS, for Text / Image without local files; the tests run its readers under TFDS's mock.
+TFDS = ["tensorflow-datasets", "tensorflow-cpu"]
+
 setup(
     name="attention-zoo",
     version="0.1.0",
@@ -22,8 +25,8 @@ setup(
         "tensorboardX",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "matplotlib"],
-        "data": ["tensorflow-datasets", "tensorflow-cpu"],
+        "test": ["pytest", "pytest-xdist", "matplotlib", *TFDS],
+        "data": TFDS,
         "plots": ["matplotlib"],
     },
 )

@@ -21,7 +21,7 @@ from lra.fileio import atomic_write
 
 log = logging.getLogger("lra")
 
-CACHE_VERSION = 1  # bump when the tokenisation changes
+CACHE_VERSION = 2  # bump when the tokenisation, the splits or the stored arrays change
 DEFAULT_DIR_NAME = ".lra_cache"
 _FINGERPRINT_KEY = "_fingerprint"
 

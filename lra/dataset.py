@@ -26,6 +26,11 @@ class Dataset:
   masks: bool [N, L], True = real token. Padding is defined only by masks.
   targets: int32 [N].
   inputs2, masks2: the second document of a dual task (retrieval).
+  source: where the examples were read from (a file, folder or TFDS split), for messages.
+  num_truncated: examples with an input longer than max_len, cut to fit.
+  num_skipped: unreadable source examples left out (Pathfinder's empty or corrupt images);
+      skipped_examples names the first few, relative to data_dir.
+  `lra.check_dataset(ds)` checks a split before training and reports these counts.
   """
 
   spec: TaskSpec        # the task as loaded: spec.max_len is this dataset's L
@@ -35,7 +40,10 @@ class Dataset:
   targets: np.ndarray   # int32 [N]
   tokens2: np.ndarray | None = None
   lengths2: np.ndarray | None = None
-  num_skipped: int = 0  # unreadable source examples left out (Pathfinder's empty images)
+  source: str = ""
+  num_truncated: int = 0
+  num_skipped: int = 0
+  skipped_examples: tuple[str, ...] = ()
 
   @property
   def task(self) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lra.fileio import atomic_write
+from lra.fileio import MANIFEST_NAME, atomic_write, write_manifest
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -41,6 +41,7 @@ HEADER = "Source\tTarget"
 MAX_DEPTH = 10
 SUBTREE_P = 0.25
 MAX_ARGS = 10
+RULES_VERSION = 1  # bump whenever the generation rules change what is written
 MIN_LENGTH = 500   # exclusive
 MAX_LENGTH = 2000  # exclusive
 _CHUNK = 500       # samples per unit of work; fixed so output does not depend on `workers`
@@ -160,7 +161,9 @@ def generate_listops(out_dir, *, num_train: int = 96_000, num_val: int = 2_000,
   names and renamed only once all three are complete. Returns the `listops-1000` folder;
   `lra.load("listops", split, data_dir=out_dir)` reads it. With `workers > 1` samples are
   drawn in "spawn" worker processes, so a calling script needs the usual
-  `if __name__ == "__main__":` guard.
+  `if __name__ == "__main__":` guard. A manifest, `generated.json` (generator, version of
+  its rules, seed, sizes, parameters, date), is written beside the files once they are
+  complete; `lra.provenance` reports it.
   """
   sizes = {"train": num_train, "validation": num_val, "test": num_test}
   for name, size in sizes.items():
@@ -191,4 +194,12 @@ def generate_listops(out_dir, *, num_train: int = 96_000, num_val: int = 2_000,
       for _ in range(size):
         text, value = next(samples)
         f.write(f"{text}\t{value}\n")
+    # The files are complete and about to replace the old ones, so the old manifest goes now;
+    # the one naming this run is written once they are in place.
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+  write_manifest(out, generator="lra.generate_listops", rules_version=RULES_VERSION, seed=seed,
+                 sizes=sizes, parameters={
+                     "min_length": min_length, "max_length": max_length,
+                     "max_depth": MAX_DEPTH, "subtree_p": SUBTREE_P, "max_args": MAX_ARGS,
+                     "files": SPLIT_FILES})
   return str(out)

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from lra import cache as cache_lib
 from lra import readers
+from lra.checks import check_dataset
 from lra.dataset import Dataset
-from lra.tasks import check_split, task_spec
+from lra.tasks import TaskSpec, check_split, task_spec
+
+log = logging.getLogger("lra")
 
 _READERS = {
     "listops": readers.read_listops,
@@ -33,7 +37,9 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
     split: "train", "validation" or "test".
     data_dir: root of an unpacked official `lra_release` archive, or of files written by
       `python -m lra.generate`. Text and Image look there for `aclImdb/` and
-      `cifar-10-batches-py/` and otherwise read TFDS `imdb_reviews` / `cifar10`.
+      `cifar-10-batches-py/` and otherwise read TFDS `imdb_reviews` / `cifar10`. Text's
+      validation split is 10% of IMDb's training reviews, chosen by a hash of their text
+      (`lra.readers.text_validation_mask`); train is the other 90%.
     max_len: tokens per input (per document for retrieval); default `task_spec(name).max_len`.
       Longer inputs are cut, shorter ones padded (masks False on padding).
     cache_dir: where tokenised splits are cached; default `data_dir/.lra_cache`. (The TFDS
@@ -47,11 +53,42 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
 
   Returns:
     A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
-    (and `inputs2`, `masks2` for retrieval), and `spec`, the task spec as loaded.
+    (and `inputs2`, `masks2` for retrieval), `spec`, the task spec as loaded, `source`, and
+    the counts `num_truncated` and `num_skipped`. It has passed `lra.check_dataset` without
+    the ceiling on skipped examples: a trainer calls that with its ceiling.
+
+  Raises:
+    FileNotFoundError: missing files (the message says how to get them).
+    ValueError: bad options, malformed files (naming the file and line), an empty split,
+      targets or token ids out of range.
   """
-  spec = task_spec(name)
+  spec, params, options = resolve_options(name, max_len, resolution, difficulty, download)
   check_split(split)
-  options, params = {}, {"task": name, "split": split}
+  params = {"task": name, "split": split, **params}
+  source = _READERS[name](data_dir, split, spec.max_len, **options)
+  if cache and source.files is not None:
+    root = Path(data_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else root / cache_lib.DEFAULT_DIR_NAME
+    arrays = cache_lib.load_or_build(cache_dir, params, source.files, root, source.build)
+  else:
+    arrays = source.build()
+  counts = {key: int(arrays.pop(key, 0)) for key in ("num_truncated", "num_skipped")}
+  skipped = tuple(str(path) for path in arrays.pop("skipped_examples", ()))
+  ds = Dataset(spec=spec, split=split, source=source.description, skipped_examples=skipped,
+               **counts, **arrays)
+  if ds.num_skipped:  # logged on every load, cached or not
+    log.warning("%s: skipped %d empty or unreadable examples of the %s split, e.g. %s",
+                ds.source, ds.num_skipped, split, ", ".join(skipped))
+  check_dataset(ds, max_skipped_fraction=None)
+  return ds
+
+
+def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
+                    download: bool = False) -> tuple[TaskSpec, dict, dict]:
+  """Checks `lra.load`'s options for task `name`; returns the spec as loaded, the
+  parameters that key the cache, and the keyword options of the task's reader."""
+  spec = task_spec(name)
+  options, params = {}, {}
   if name in _PIXEL_TASKS:
     resolution = spec.image_size if resolution is None else resolution
     difficulty = "hard" if difficulty is None else difficulty
@@ -75,14 +112,9 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
   has_padding = spec.has_padding
   if spec.image_size and max_len > spec.image_size ** 2:
     has_padding = True  # pixels padded up to max_len
-  spec = dataclasses.replace(spec, max_len=max_len, has_padding=has_padding)
+  return dataclasses.replace(spec, max_len=max_len, has_padding=has_padding), params, options
 
-  source = _READERS[name](data_dir, split, max_len, **options)
-  if cache and source.files is not None:
-    root = Path(data_dir)
-    cache_dir = Path(cache_dir) if cache_dir is not None else root / cache_lib.DEFAULT_DIR_NAME
-    arrays = cache_lib.load_or_build(cache_dir, params, source.files, root, source.build)
-  else:
-    arrays = source.build()
-  num_skipped = int(arrays.pop("num_skipped", 0))
-  return Dataset(spec=spec, split=split, num_skipped=num_skipped, **arrays)
+
+def reader(name: str):
+  """The reader of task `name`: (data_dir, split, max_len, **options) -> readers.Source."""
+  return _READERS[name]

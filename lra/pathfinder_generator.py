@@ -73,6 +73,8 @@ import numpy as np
 import tqdm
 from PIL import Image
 
+from lra.fileio import write_manifest
+
 __all__ = [
     "DIFFICULTIES",
     "RESOLUTIONS",
@@ -110,6 +112,7 @@ _RESOLUTION_PARAMS = {
               paddle_contrast=1.0, distractor_budget=30),
 }
 RESOLUTIONS = tuple(sorted(_RESOLUTION_PARAMS))
+RULES_VERSION = 1  # bump whenever the generation rules change what is written
 
 _TURN_STEP = math.radians(5.0)       # spacing of candidate turns (plus a per-step sub-shift)
 _TURN_SHIFTS = 8                     # sub-shifts of the turn grid, so turns are not on a grid
@@ -502,6 +505,8 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
   by a killed process is deleted by the next run on the same host). A non-empty target is
   refused unless `overwrite`, which replaces it once the new data is complete. `workers` > 1
   runs that many processes, started with spawn (not fork: the caller may run JAX threads).
+  The directory also gets `generated.json`, the manifest of the run (generator, version of its
+  rules, seed, sizes, parameters, date), renamed into place with the images.
   """
   params = pathfinder_params(resolution, difficulty)
   _check_int("num", num, 1)
@@ -556,6 +561,9 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
       lines = [_metadata_line(params, n, label, margin, batch)
                for _, n, label, margin in batch_rows]
       (staging / "metadata" / f"{batch}.npy").write_text("\n".join(lines) + "\n")
+    write_manifest(staging, generator="lra.generate_pathfinder", rules_version=RULES_VERSION,
+                   seed=seed, sizes={"num": num, "images_per_batch": images_per_batch},
+                   parameters=dataclasses.asdict(params))
     if target.is_dir() and any(target.iterdir()):           # overwrite=True
       old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
       target.rename(old / target.name)

@@ -7,7 +7,9 @@ import pytest
 from PIL import Image
 
 import lra
-from lra_fixtures import write_cifar, write_imdb, write_listops, write_pathfinder, write_retrieval
+from lra import readers
+from lra_fixtures import (decode_bytes, independent_grayscale, write_cifar, write_imdb,
+                          write_listops, write_pathfinder, write_retrieval)
 
 LISTOPS_IDS = {tok: i for i, tok in enumerate(
     ["<pad>", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
@@ -175,14 +177,72 @@ def test_text_from_aclimdb(tmp_path):
   np.testing.assert_array_equal(train.inputs[1], byte_ids(b"Awful <br /> film", 4000))
   assert train.masks.sum(1).tolist() == [4, 17, len(stripped)]
 
-  validation = lra.load("text", "validation", data_dir=tmp_path)
   test = lra.load("text", "test", data_dir=tmp_path)
-  assert validation.inputs.shape == (3, 1000)  # validation = test, as the reference
-  np.testing.assert_array_equal(validation.inputs, test.inputs)
-  assert test.targets.tolist() == [0, 1, 1]
+  assert test.inputs.shape == (3, 1000) and test.targets.tolist() == [0, 1, 1]
+  np.testing.assert_array_equal(test.inputs[1], byte_ids(b"Great", 1000))
+  # Validation is 10% of train, floor(3 / 10) = 0 reviews here: an empty split is an error.
+  with pytest.raises(ValueError, match=r"validation split of text read from .*train.* has no "
+                                       "examples"):
+    lra.load("text", "validation", data_dir=tmp_path)
 
   cut = lra.load("text", "train", data_dir=tmp_path, max_len=5)
   np.testing.assert_array_equal(cut.inputs[1], byte_ids(b"Awful", 5))
+
+
+def imdb_reviews(count, tag):
+  """`count` distinct reviews, alternately negative and positive."""
+  return [f"{tag} review {i}: {'good' if i % 2 else 'bad'} film".encode() for i in range(count)]
+
+
+def test_text_validation_is_carved_from_train_by_content(tmp_path):
+  train_texts = imdb_reviews(40, "train")
+  test_texts = imdb_reviews(5, "test")
+  write_imdb(tmp_path, {("train", "neg"): train_texts[0::2], ("train", "pos"): train_texts[1::2],
+                        ("test", "neg"): test_texts[0::2], ("test", "pos"): test_texts[1::2]})
+  train = lra.load("text", "train", data_dir=tmp_path, max_len=64)
+  validation = lra.load("text", "validation", data_dir=tmp_path, max_len=64)
+  test = lra.load("text", "test", data_dir=tmp_path, max_len=64)
+  assert (len(train), len(validation), len(test)) == (36, 4, 5)  # 10% of the 40 train reviews
+  train_rows, validation_rows = decode_bytes(train), decode_bytes(validation)
+  assert sorted(train_rows + validation_rows) == sorted(train_texts)  # a partition of train
+  assert not set(validation_rows) & set(train_rows)
+  assert not set(validation_rows) & set(decode_bytes(test))
+  label = {text: i % 2 for i, text in enumerate(train_texts)}
+  assert validation.targets.tolist() == [label[t] for t in validation_rows]
+  assert train.targets.tolist() == [label[t] for t in train_rows]
+
+  # The choice depends on the texts only: other file names, in another order, choose the same.
+  other = tmp_path / "renamed"
+  for folder, texts in (("neg", train_texts[0::2]), ("pos", train_texts[1::2])):
+    (other / "aclImdb" / "train" / folder).mkdir(parents=True)
+    for i, text in enumerate(texts):
+      (other / "aclImdb" / "train" / folder / f"{len(texts) - i:05d}_1.txt").write_bytes(text)
+  write_imdb(other, {("test", "neg"): test_texts[0::2], ("test", "pos"): test_texts[1::2]})
+  again = lra.load("text", "validation", data_dir=other, max_len=64)
+  assert sorted(decode_bytes(again)) == sorted(validation_rows)
+
+
+def test_text_validation_keeps_copies_together_and_away_from_test():
+  unique = imdb_reviews(60, "u")
+  doubled = imdb_reviews(20, "d")
+  shared = imdb_reviews(20, "s")  # also in test
+  train_texts = unique + doubled + doubled + shared  # 120 reviews: 12 for validation
+  mask = readers.text_validation_mask(train_texts, shared + [b"only in test"])
+  chosen = [text for text, keep in zip(train_texts, mask) if keep]
+  assert 12 <= len(chosen) <= 13  # one group of 2 copies may straddle the cut
+  assert not set(chosen) & set(shared)
+  for text in doubled:  # both copies on the same side
+    assert train_texts.count(text) == 2 and mask[train_texts.index(text)] == mask[
+        len(unique) + len(doubled) + doubled.index(text)]
+  assert set(chosen) & set(doubled)  # the copies were exercised
+  # Without the test texts some of the shared ones would have been chosen.
+  unguarded = readers.text_validation_mask(train_texts, [])
+  assert {t for t, keep in zip(train_texts, unguarded) if keep} & set(shared)
+  # The same texts in another order choose the same texts.
+  order = np.random.default_rng(0).permutation(len(train_texts))
+  shuffled = [train_texts[i] for i in order]
+  remask = readers.text_validation_mask(shuffled, shared)
+  assert sorted(t for t, keep in zip(shuffled, remask) if keep) == sorted(chosen)
 
 
 def test_text_without_aclimdb_or_tfds_says_what_to_install(tmp_path, monkeypatch):
@@ -208,15 +268,6 @@ TF_GRAYSCALE = [
 ]
 
 
-def independent_grayscale(rgb):
-  """TF's formula written out per channel: float32 x/255 weighted, then *255.5, truncated."""
-  out = np.zeros(rgb.shape[:-1], np.float32)
-  for channel, weight in enumerate((0.2989, 0.5870, 0.1140)):
-    out = out + (rgb[..., channel].astype(np.float32) * np.float32(1.0 / 255.0)) \
-        * np.float32(weight)
-  return np.floor(out * np.float32(255.5)).astype(np.uint8)
-
-
 def test_grayscale_matches_tensorflow_values():
   colours = np.array([c for c, _ in TF_GRAYSCALE], np.uint8)
   assert lra.rgb_to_grayscale(colours).tolist() == [g for _, g in TF_GRAYSCALE]
@@ -233,7 +284,7 @@ def test_image_from_cifar_pickles(tmp_path):
   train_images[0, 0, :len(TF_GRAYSCALE)] = [c for c, _ in TF_GRAYSCALE]
   with open(tmp_path / "cifar-10-batches-py" / "data_batch_1", "wb") as f:
     pickle.dump({b"data": train_images[:4].transpose(0, 3, 1, 2).reshape(4, 3072),
-                 b"labels": train_labels[:4]}, f)
+                 b"labels": train_labels[:4]}, f, protocol=4)
 
   train = lra.load("image", "train", data_dir=tmp_path)
   validation = lra.load("image", "validation", data_dir=tmp_path)
@@ -261,9 +312,86 @@ def test_image_missing_batch_and_bad_pickle(tmp_path):
   with pytest.raises(FileNotFoundError, match="data_batch_3"):
     lra.load("image", "train", data_dir=tmp_path)
   with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
-    pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}, f)
+    pickle.dump({b"data": np.zeros((2, 100), np.uint8), b"labels": [0, 1]}, f, protocol=4)
   with pytest.raises(ValueError, match=r"test_batch: b'data' must be uint8 \[N, 3072\]"):
     lra.load("image", "test", data_dir=tmp_path)
+
+
+def test_image_from_cifar_pickled_as_released(tmp_path):
+  """Batches byte for byte in the format of the released files (Python 2 pickles whose arrays
+  name numpy.core.multiarray) load through the restricted unpickler."""
+  batches = write_cifar(tmp_path, np.random.default_rng(7), python2=True)
+  assert b"cnumpy.core.multiarray\n_reconstruct" in (
+      tmp_path / "cifar-10-batches-py" / "test_batch").read_bytes()
+  train = lra.load("image", "train", data_dir=tmp_path, cache=False)
+  test = lra.load("image", "test", data_dir=tmp_path, cache=False)
+  train_images = np.concatenate([batches[f"data_batch_{i}"][0] for i in range(1, 6)])
+  np.testing.assert_array_equal(train.inputs, independent_grayscale(train_images[:18])
+                                .reshape(18, -1))
+  test_images, test_labels = batches["test_batch"]
+  np.testing.assert_array_equal(test.inputs, independent_grayscale(test_images).reshape(3, -1))
+  assert test.targets.tolist() == test_labels
+
+
+class RunsCode:
+  """Unpickling this calls `action(*args)`: what a crafted pickle does."""
+
+  def __init__(self, action, *args):
+    self.action, self.args = action, args
+
+  def __reduce__(self):
+    return self.action, self.args
+
+
+@pytest.mark.parametrize("payload, protocol", [("system", 2), ("system", 4), ("exec", 4),
+                                               ("nested", 4)])
+def test_cifar_pickle_that_would_run_code_is_refused(tmp_path, payload, protocol):
+  import builtins
+  import os
+
+  write_cifar(tmp_path, np.random.default_rng(8))
+  marker = tmp_path / "ran"
+  action = {"system": RunsCode(os.system, f"touch {marker}"),
+            "exec": RunsCode(builtins.exec, f"open({str(marker)!r}, 'w').write('ran')")}
+  evil = action.get(payload, action["system"])
+  batch = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1]}
+  if payload == "nested":  # deep inside an otherwise genuine batch
+    batch[b"labels"] = [0, {b"x": [evil]}]
+  else:
+    batch = evil
+  path = tmp_path / "cifar-10-batches-py" / "test_batch"
+  path.write_bytes(pickle.dumps(batch, protocol=protocol))  # 2: GLOBAL, 4: STACK_GLOBAL
+  refused = f"{evil.action.__module__}.{evil.action.__name__}"
+  with pytest.raises(ValueError, match=f"refused to unpickle the global {refused}") as info:
+    lra.load("image", "test", data_dir=tmp_path, cache=False)
+  assert str(path) in str(info.value) and isinstance(info.value, readers.UnsafePickleError)
+  assert not marker.exists()  # the code did not run
+  # The same pickle, unpickled without restriction, does run it: the test is meaningful.
+  pickle.loads(path.read_bytes())
+  assert marker.exists()
+
+
+def test_cifar_unpickler_admits_only_the_array_globals(tmp_path):
+  write_cifar(tmp_path, np.random.default_rng(9))
+  path = tmp_path / "cifar-10-batches-py" / "test_batch"
+  # Python 3's protocol-2 bytes need _codecs.encode, which the released files never use.
+  path.write_bytes(pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [1]},
+                                protocol=2))
+  with pytest.raises(ValueError, match="refused to unpickle the global _codecs.encode"):
+    lra.load("image", "test", data_dir=tmp_path, cache=False)
+  assert sorted(readers._CIFAR_GLOBALS) == [
+      ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy._core.multiarray", "_reconstruct"),
+      ("numpy.core.multiarray", "_reconstruct")]
+
+
+def test_cifar_labels_out_of_range(tmp_path):
+  write_cifar(tmp_path, np.random.default_rng(10))
+  path = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+  with open(path, "wb") as f:
+    pickle.dump({b"data": np.zeros((3, 3072), np.uint8), b"labels": [1, 10, 2]}, f, protocol=4)
+  with pytest.raises(ValueError, match=r"data_batch_2: b'labels' must be integers 0-9, got 10 "
+                                       "for image 1"):
+    lra.load("image", "validation", data_dir=tmp_path)
 
 
 # --------------------------------------------------------------------------------- Pathfinder

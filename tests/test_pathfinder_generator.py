@@ -1,5 +1,6 @@
 """Tests of the Pathfinder / Path-X generator (lra/pathfinder_generator.py)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,7 +36,12 @@ def _read_dataset(root):
 
 
 def _all_files(root):
-  return {p.relative_to(root): p.read_bytes() for p in Path(root).rglob("*") if p.is_file()}
+  """Every file's bytes; the manifest's without its date, which is the only thing that varies."""
+  files = {p.relative_to(root): p.read_bytes() for p in Path(root).rglob("*") if p.is_file()}
+  manifest = json.loads(files.pop(Path("generated.json")))
+  del manifest["created"]
+  files[Path("generated.json, undated")] = json.dumps(manifest, sort_keys=True).encode()
+  return files
 
 
 def _segment_gaps(tails, heads):
@@ -123,7 +129,7 @@ def test_layout_metadata_and_balanced_labels(tmp_path):
   root = pg.generate_pathfinder(tmp_path, num=26, seed=3, images_per_batch=10,
                                 progress=False)
   assert Path(root) == tmp_path / "pathfinder32" / "curv_contour_length_14"
-  assert sorted(os.listdir(root)) == ["imgs", "metadata"]
+  assert sorted(os.listdir(root)) == ["generated.json", "imgs", "metadata"]
   assert sorted(os.listdir(Path(root) / "imgs")) == ["0", "1", "2"]
   assert sorted(os.listdir(Path(root) / "metadata")) == ["0.npy", "1.npy", "2.npy"]
   items = _read_dataset(root)
