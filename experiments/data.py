@@ -68,6 +68,25 @@ def generate(config) -> str:
                        ) from None
 
 
+def check_splits(config, datasets: dict[str, lra.Dataset]) -> dict[str, dict]:
+  """lra.check_dataset on every split before the first step: an empty split, labels or token
+  ids out of range, or more unreadable source examples than config.max_skipped_fraction stop
+  the run (HarnessError naming where the data was read); otherwise what was truncated or
+  skipped is logged and returned for results.json."""
+  checks = {}
+  for split, ds in datasets.items():
+    try:
+      checks[split] = lra.check_dataset(ds, max_skipped_fraction=config.max_skipped_fraction)
+    except ValueError as e:
+      raise HarnessError(f"{config.task}/{split}: {e}") from None
+    if checks[split]["num_skipped"] or checks[split]["num_truncated"]:
+      logging.warning("%s/%s: %d unreadable source examples skipped (e.g. %s); %d examples cut "
+                      "to max_len=%d", config.task, split, checks[split]["num_skipped"],
+                      ", ".join(checks[split]["skipped_examples"]) or "none",
+                      checks[split]["num_truncated"], checks[split]["max_len"])
+  return checks
+
+
 def provenance(config) -> dict:
   """Where the run's data came from (lra.provenance): official files, generated (with the
   generator's settings) or TFDS, and a fingerprint of the files read."""

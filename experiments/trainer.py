@@ -42,6 +42,7 @@ from attention_zoo.models import TransformerConfig, num_params
 from configs.lra.common import PRESETS
 from experiments import build
 from experiments import data as data_lib
+from experiments import objectives
 from experiments import provenance
 from experiments.checkpoints import Checkpoints
 from experiments.cli import HarnessError
@@ -118,20 +119,6 @@ def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
   return model, resolved
 
 
-def _logits(model, batch, deterministic):
-  if "inputs2" in batch:
-    return model(batch["inputs"], batch["masks"], batch["inputs2"], batch["masks2"],
-                 deterministic=deterministic)
-  return model(batch["inputs"], batch["masks"], deterministic=deterministic)
-
-
-def _losses(logits, targets):
-  """Per-example cross-entropy and correctness."""
-  logits = logits.astype(jnp.float32)
-  return (optax.softmax_cross_entropy_with_integer_labels(logits, targets),
-          (jnp.argmax(logits, -1) == targets).astype(jnp.float32))
-
-
 class Steps:
   """The compiled functions of a run: train step, evaluation step, model copy, finiteness.
 
@@ -166,45 +153,45 @@ class Steps:
     return cls._cache[key]
 
   def _grads(self, params, rest, batch):
-    """Mean loss, accuracy and parameter gradients on one batch; the advanced model state."""
+    """Summed loss, correct count, target count and the gradient of the summed loss on one
+    batch; the advanced model state."""
     model = nnx.merge(self.graphdef, params, rest)
 
     def loss_fn(model):
-      losses, correct = _losses(_logits(model, batch, deterministic=False), batch["targets"])
-      return losses.mean(), correct.mean()
+      losses, correct, weights = objectives.score(model, batch, deterministic=False)
+      return losses.sum(), (correct.sum(), weights.sum())
 
-    (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    (loss, (correct, count)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     _, _, rest = nnx.split(model, nnx.Param, ...)   # e.g. the dropout RNG has advanced
-    return loss, accuracy, grads, rest
+    return loss, correct, count, grads, rest
 
   def _train_step(self, state: TrainState, batch):
     accum = self.grad_accum_steps
     if accum == 1:
-      loss, accuracy, grads, rest = self._grads(state.params, state.rest, batch)
+      loss, correct, count, grads, rest = self._grads(state.params, state.rest, batch)
     else:  # micro-batch i = rows i, i + accum, ...: every device holds a share of each
       micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, accum, *x.shape[1:]), 0, 1), batch)
 
       def add(carry, micro_batch):  # params ride in the carry: NNX needs them at the scan's level
-        params, loss, accuracy, grads, rest = carry
-        l, a, g, rest = self._grads(params, rest, micro_batch)
-        return (params, loss + l, accuracy + a, jax.tree.map(jnp.add, grads, g), rest), None
+        params, *sums, rest = carry
+        *terms, rest = self._grads(params, rest, micro_batch)
+        return (params, *jax.tree.map(jnp.add, sums, terms), rest), None
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
-      carry = (state.params, 0.0, 0.0, zeros, state.rest)
-      (_, loss, accuracy, grads, rest), _ = jax.lax.scan(add, carry, micro)
-      loss, accuracy, grads = loss / accum, accuracy / accum, jax.tree.map(lambda g: g / accum, grads)
+      carry = (state.params, 0.0, 0.0, 0.0, zeros, state.rest)
+      (_, loss, correct, count, grads, rest), _ = jax.lax.scan(add, carry, micro)
+    count = jnp.maximum(count, 1.0)
+    grads = jax.tree.map(lambda g: g / count, grads)   # the gradient of the mean loss
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    metrics = {"train_loss": loss, "train_accuracy": accuracy, "grad_norm": optax.global_norm(grads),
-               "lr": self.schedule(state.step)}
+    metrics = {"train_loss": loss / count, "train_accuracy": correct / count,
+               "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
     return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                       rest=rest, opt_state=opt_state), metrics
 
   def _eval_step(self, model_state, batch):
     model = nnx.merge(self.graphdef, *model_state)
-    losses, correct = _losses(_logits(model, batch, deterministic=True), batch["targets"])
-    weights = batch["weights"]
-    return {"loss": (losses * weights).sum(), "correct": (correct * weights).sum(),
-            "count": weights.sum()}
+    losses, correct, weights = objectives.score(model, batch, deterministic=True)
+    return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
 
 
 class Trainer:
@@ -221,6 +208,7 @@ class Trainer:
     replicated = NamedSharding(self.mesh, PartitionSpec())
 
     self.datasets = data_lib.load_splits(config)
+    self.data_checks = data_lib.check_splits(config, self.datasets)
     model, self.model_config = build_model(config)
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -352,6 +340,7 @@ class Trainer:
         "wall_seconds": clock.total(),
         "num_examples": {split: len(ds) for split, ds in self.datasets.items()},
         "data": data_lib.provenance(config),
+        "data_checks": self.data_checks,
         "environment": provenance.environment(),
         "model": build.describe(self.model_config),
         "config": config.to_dict(),

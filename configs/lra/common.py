@@ -24,6 +24,7 @@ Fields (override any with --config.<field>=value):
   task, preset, seed, data_dir, data (extra lra.load arguments), generate (sizes used when
   the tiny preset generates missing ListOps / Pathfinder data), batch_size, eval_batch_size,
   grad_accum_steps, num_train_steps, eval_every, checkpoint_every, keep_checkpoints, log_every,
+  max_skipped_fraction (the share of unreadable source examples a run accepts),
   model (every TransformerConfig field; model.max_len is also the data length; option values
   left at None in model.attention_options come from the preset), optimizer (adam | adamw,
   betas, eps, weight decay, gradient clipping), schedule (LRA's learning-rate factors, e.g.
@@ -138,6 +139,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.checkpoint_every = 0                     # 0 = eval_every
   config.keep_checkpoints = 3
   config.log_every = 50
+  config.max_skipped_fraction = 0.01              # more unreadable source examples: refuse to start
 
   model = {}
   for field in dataclasses.fields(TransformerConfig):
