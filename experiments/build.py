@@ -13,7 +13,7 @@ from flax import nnx
 
 import attention_zoo as az
 import lra
-from attention_zoo.models import Classifier, DualEncoderClassifier, TransformerConfig
+from attention_zoo.models import Classifier, DecoderLM, DualEncoderClassifier, TransformerConfig
 from configs.lra import common
 
 
@@ -29,11 +29,16 @@ def model_config(config) -> TransformerConfig:
 
 
 def model_class(task: str) -> type:
-  return DualEncoderClassifier if lra.task_spec(task).dual else Classifier
+  """A causal DecoderLM for a token task (the diagnostics), else a classifier (a dual encoder
+  for Retrieval)."""
+  spec = lra.task_spec(task)
+  if spec.objective == "next_token":
+    return DecoderLM
+  return DualEncoderClassifier if spec.dual else Classifier
 
 
 def build_model(config, rngs: nnx.Rngs) -> nnx.Module:
-  """The LRA classifier of config.task (a dual encoder for Retrieval)."""
+  """The model of config.task (see model_class)."""
   return model_class(config.task)(model_config(config), rngs=rngs)
 
 

@@ -25,7 +25,7 @@ def load_splits(config) -> dict[str, lra.Dataset]:
   Missing data is an error that says how to get it, except under the tiny preset, which
   generates its small ListOps / Pathfinder data (LRA-size data is never generated silently).
   """
-  if not config.data_dir:
+  if not config.data_dir and config.task in lra.available_tasks():
     raise HarnessError("config.data_dir is empty; set it to the folder holding (or to receive) "
                        "the LRA data")
   try:
@@ -42,8 +42,8 @@ def load_splits(config) -> dict[str, lra.Dataset]:
 
 def _load(config, split: str) -> lra.Dataset:
   try:
-    return lra.load(config.task, split, data_dir=config.data_dir, max_len=config.model.max_len,
-                    **config.data)
+    return lra.load(config.task, split, data_dir=config.data_dir or None,
+                    max_len=config.model.max_len, **config.data)
   except (ImportError, ValueError) as e:  # bad options, malformed files, missing TFDS
     raise HarnessError(f"cannot load {config.task}/{split}: {e}") from None
 
@@ -90,7 +90,8 @@ def check_splits(config, datasets: dict[str, lra.Dataset]) -> dict[str, dict]:
 def provenance(config) -> dict:
   """Where the run's data came from (lra.provenance): official files, generated (with the
   generator's settings) or TFDS, and a fingerprint of the files read."""
-  return lra.provenance(config.task, config.data_dir, max_len=config.model.max_len, **config.data)
+  return lra.provenance(config.task, config.data_dir or None, max_len=config.model.max_len,
+                        **config.data)
 
 
 def _barrier(name: str) -> None:
@@ -101,8 +102,10 @@ def _barrier(name: str) -> None:
 
 
 def majority_accuracy(ds: lra.Dataset) -> float:
-  """The accuracy of always answering the most frequent class of this split."""
-  return float(np.bincount(ds.targets).max() / len(ds))
+  """The accuracy of always answering the most frequent target of this split (over the asked
+  positions of a token task)."""
+  asked = ds.targets[ds.targets != lra.mqar.IGNORED]
+  return float(np.bincount(asked).max() / asked.size)
 
 
 def train_batches(ds: lra.Dataset, batch_size: int, *, seed: int, start_step: int):

@@ -45,8 +45,8 @@ def read_runs(runs_dir) -> list[dict]:
 
 
 def paper_accuracy(attention: str, task: str) -> float | str | None:
-  """The paper's Table 1 number, "FAIL" for Path-X, None if the paper has no such row."""
-  if attention not in LRA_TABLE1:
+  """The paper's Table 1 number, "FAIL" for Path-X, None if the paper has no such cell."""
+  if attention not in LRA_TABLE1 or task not in lra.available_tasks():
     return None
   return "FAIL" if task == "pathx" else LRA_TABLE1[attention][task]
 
@@ -58,26 +58,33 @@ def _order(attentions) -> list[str]:
 
 
 def summarize(runs: list[dict]) -> dict:
-  """{(preset, policy): {"tasks", "attentions", "cells": {(attention, task): stats}, "majority"}}
-  for each preset and each policy in POLICIES."""
+  """{(preset, policy, kind): {"tasks", "attentions", "cells": {(attention, task): stats},
+  "majority", "not_applicable": {(attention, task): reason}}} for each preset, each policy in
+  POLICIES and each kind of task ("lra": the LRA tasks, LRA Table 1; "diagnostics")."""
   by_preset = defaultdict(list)
   for run in runs:
     by_preset[run["preset"]].append(run)
   tables = {}
   for preset, group in sorted(by_preset.items()):
-    majority = defaultdict(list)
-    for run in group:
-      majority[run["task"]].append(100 * run["majority_accuracy"])
-    tasks = [t for t in lra.available_tasks() if t in majority]
-    for policy in POLICIES:
-      accuracies = defaultdict(list)
-      for run in group:
-        accuracies[run["attention"], run["task"]].append(100 * run[policy])
-      tables[preset, policy] = {
-          "tasks": tasks, "attentions": _order({a for a, _ in accuracies}),
-          "cells": {key: _stats(values) for key, values in accuracies.items()},
-          "majority": {t: statistics.mean(v) for t, v in majority.items()},
-      }
+    for kind, known in (("lra", lra.available_tasks()), ("diagnostics", lra.diagnostic_tasks())):
+      runs_here = [run for run in group if run["task"] in known]
+      finished = [run for run in runs_here if "not_applicable" not in run]
+      majority = defaultdict(list)
+      for run in finished:
+        majority[run["task"]].append(100 * run["majority_accuracy"])
+      tasks = [t for t in known if t in majority]
+      not_applicable = {(run["attention"], run["task"]): run["not_applicable"]
+                        for run in runs_here if "not_applicable" in run}
+      for policy in POLICIES if tasks else ():
+        accuracies = defaultdict(list)
+        for run in finished:
+          accuracies[run["attention"], run["task"]].append(100 * run[policy])
+        tables[preset, policy, kind] = {
+            "tasks": tasks, "cells": {key: _stats(values) for key, values in accuracies.items()},
+            "attentions": _order({a for a, _ in accuracies} | {a for a, _ in not_applicable}),
+            "majority": {t: statistics.mean(v) for t, v in majority.items()},
+            "not_applicable": not_applicable,
+        }
   return tables
 
 
@@ -108,30 +115,44 @@ def _cell(mean: float, std: float | None, paper) -> str:
 
 def markdown(tables: dict) -> str:
   lines = []
-  for (preset, policy), table in tables.items():
+  for (preset, policy, kind), table in tables.items():
     tasks = table["tasks"]
     seeds = sorted({c["num_seeds"] for c in table["cells"].values()})
     which = "final step" if policy == "test_accuracy_final" else "best validation step"
-    lines += [f"### LRA Table 1, preset `{preset}`, {which}: test accuracy (%)", "",
-              f"Tested: {POLICIES[policy]}. Each cell: mean ± std over seeds (paper's number, our "
-              f"difference). Seeds per cell: {', '.join(map(str, seeds))}."
-              + (" The tiny preset is a CPU-sized run: its numbers are not comparable with the "
-                 "paper's." if preset == "tiny" else ""),
-              ""]
-    has_avg = sum(t != "pathx" for t in tasks) > 1
+    if kind == "lra":
+      lines += [f"### LRA Table 1, preset `{preset}`, {which}: test accuracy (%)", "",
+                f"Tested: {POLICIES[policy]}. Each cell: mean ± std over seeds (paper's number, "
+                f"our difference). Seeds per cell: {', '.join(map(str, seeds))}."
+                + (" The tiny preset is a CPU-sized run: its numbers are not comparable with the "
+                   "paper's." if preset == "tiny" else ""), ""]
+    else:
+      lines += [f"### Diagnostics, preset `{preset}`, {which}: test accuracy on the asked "
+                "tokens (%)", "",
+                f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
+                f"Seeds per cell: {', '.join(map(str, seeds))}. mqar: multi-query associative "
+                "recall, the share of queried values a causal model emits exactly.", ""]
+    has_avg = kind == "lra" and sum(t != "pathx" for t in tasks) > 1
     header = ["Model"] + tasks + (["Avg"] if has_avg else [])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for attention in table["attentions"]:
       row = [attention]
       for task in tasks:
         cell = table["cells"].get((attention, task))
-        row.append("—" if cell is None else _cell(cell["mean"], cell["std"], paper_accuracy(attention, task)))
+        if (attention, task) in table["not_applicable"]:
+          row.append("n/a")
+        else:
+          row.append("—" if cell is None else
+                     _cell(cell["mean"], cell["std"], paper_accuracy(attention, task)))
       if has_avg:
         average = _average(table, attention)
         row.append("—" if average is None else _cell(average[0], None, average[1]))
       lines.append("| " + " | ".join(row) + " |")
     majority = [f"{table['majority'][t]:.2f}" for t in tasks]
     lines.append("| " + " | ".join([f"*{MAJORITY}*"] + majority + ([""] if has_avg else [])) + " |")
+    reasons = sorted(set(table["not_applicable"].items()))
+    if reasons:
+      lines += [""] + [f"n/a: {attention} on {task}: {reason}" + "  "
+                       for (attention, task), reason in reasons]
     lines.append("")
   return "\n".join(lines)
 
@@ -141,7 +162,7 @@ def write_csv(tables: dict, path: Path) -> None:
     out = csv.writer(f)
     out.writerow(["preset", "tested", "attention", "task", "num_seeds", "mean", "std", "paper",
                   "difference"])
-    for (preset, policy), table in tables.items():
+    for (preset, policy, _), table in tables.items():
       for attention in table["attentions"]:
         for task in table["tasks"]:
           cell = table["cells"].get((attention, task))
@@ -167,10 +188,10 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
   import matplotlib.pyplot as plt
 
   written = []
-  for (preset, policy), table in tables.items():
+  for (preset, policy, kind), table in tables.items():
     if policy != "test_accuracy_final":
       continue
-    best = tables[preset, "test_accuracy_best_validation"]
+    best = tables[preset, "test_accuracy_best_validation", kind]
     for task in table["tasks"]:
       attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
       cells = [table["cells"][a, task] for a in attentions]
@@ -193,7 +214,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
       labelled = set()
       for run in runs:
-        if run["preset"] != preset or run["task"] != task:
+        if run["preset"] != preset or run["task"] != task or "not_applicable" in run:
           continue
         events = read_metrics(run["workdir"])
         label = None if run["attention"] in labelled else run["attention"]  # one per attention

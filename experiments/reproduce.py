@@ -11,7 +11,6 @@ skipped and an interrupted one resumes, so the same command continues a grid. Th
 from __future__ import annotations
 
 import ast
-import importlib
 import time
 from pathlib import Path
 
@@ -19,15 +18,20 @@ from absl import flags, logging
 
 import attention_zoo as az
 import lra
+from configs.lra import common
 from configs.lra.common import PRESETS
-from experiments import cli, plugins
+from experiments import cli, plugins, provenance
 
 FLAGS = flags.FLAGS
 
 
 def task_config(task: str, attention: str, preset: str, seed: int, overrides=()):
-  """configs/lra/<task>.py get_config("<attention>,<preset>") with the seed and overrides."""
-  config = importlib.import_module(f"configs.lra.{task}").get_config(f"{attention},{preset}")
+  """The task's config file (configs/lra/<task>.py, or configs/<task>.py for a diagnostic),
+  get_config("<attention>,<preset>"), with the seed and overrides."""
+  try:
+    config = common.task_module(task).get_config(f"{attention},{preset}")
+  except ValueError as e:
+    raise cli.HarnessError(str(e)) from None
   config.seed = seed
   config.lock()
   for override in overrides:
@@ -63,10 +67,22 @@ def apply_override(config, text: str) -> None:
     raise cli.HarnessError(f"--override {text!r}: {e}") from None
 
 
+def all_tasks() -> tuple[str, ...]:
+  return lra.available_tasks() + lra.diagnostic_tasks()
+
+
+def not_applicable(task: str, attention: str) -> str | None:
+  """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
+  spec = az.spec(attention)
+  if lra.task_spec(task).objective == "next_token" and not spec.supports_causal:
+    return f"{attention} cannot be causal: {az.registry.get(attention).WHY_NOT_CAUSAL}"
+  return None
+
+
 def check_names(tasks: list[str], attentions: list[str]) -> None:
   for task in tasks:
-    if task not in lra.available_tasks():
-      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(lra.available_tasks())}")
+    if task not in all_tasks():
+      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}")
   for attention in attentions:
     if attention not in az.available():
       raise cli.HarnessError(f"unknown attention {attention!r}; registered: {', '.join(az.available())} "
@@ -86,6 +102,14 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
     workdir = Path(out) / "runs" / task / attention / f"seed{seed}"
     if (workdir / "results.json").exists():
       logging.info("[%d/%d] %s exists: skipped", number, len(grid), workdir / "results.json")
+      continue
+    reason = not_applicable(task, attention)
+    if reason:   # recorded, so that the report lists it with the reason
+      logging.info("[%d/%d] %s / %s: not applicable (%s)", number, len(grid), task, attention,
+                   reason)
+      provenance.write_json(workdir / "results.json", {
+          "task": task, "attention": attention, "preset": preset, "seed": seed,
+          "not_applicable": reason})
       continue
     logging.info("[%d/%d] %s / %s / seed %d -> %s", number, len(grid), task, attention, seed, workdir)
     try:
@@ -129,7 +153,9 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_enum("preset", "tiny", PRESETS, "tiny: CPU-sized, minutes; paper: the released "
                     "LRA code as it ran; fair: the same budget with its quirks fixed.")
-  flags.DEFINE_list("tasks", list(lra.available_tasks()), "LRA tasks to run.")
+  flags.DEFINE_list("tasks", list(lra.available_tasks()), "Tasks to run: the LRA tasks "
+                    f"({', '.join(lra.available_tasks())}) and diagnostics "
+                    f"({', '.join(lra.diagnostic_tasks())}).")
   flags.DEFINE_list("attentions", [], "Attention variants; default: every registered one.")
   flags.DEFINE_list("seeds", ["0"], "Seeds; the table shows mean ± std over them.")
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")

@@ -85,8 +85,9 @@ def resolve_defaults(config) -> ml_collections.ConfigDict:
 
 def check_config(config) -> None:
   """Names and sizes the run cannot start with -> HarnessError naming the valid choices."""
-  if config.task not in lra.available_tasks():
-    raise HarnessError(f"unknown task {config.task!r}; tasks: {', '.join(lra.available_tasks())}")
+  tasks = lra.available_tasks() + lra.diagnostic_tasks()
+  if config.task not in tasks:
+    raise HarnessError(f"unknown task {config.task!r}; tasks: {', '.join(tasks)}")
   if config.preset not in PRESETS:
     raise HarnessError(f"unknown preset {config.preset!r}; presets: {', '.join(PRESETS)}")
   if config.model.attention not in az.available():

@@ -9,6 +9,10 @@
     report = lra.check_dataset(ds, max_skipped_fraction=0.01)  # fail fast; counts to log
     record = lra.provenance("listops", "lra_release")           # kind, files, fingerprint
 
+The diagnostic task `mqar` (multi-query associative recall, lra.mqar) is generated in memory
+from its options: `lra.load("mqar", "train", max_len=64, num_pairs=8)`; its targets are
+int32 [N, L], the token to emit at each position (-1 where nothing is asked).
+
 Data can be generated in the official layout:
     python -m lra.generate listops --out DIR
     python -m lra.generate pathfinder --resolution 32 --difficulty hard --num 1000 --out DIR
@@ -22,8 +26,9 @@ from lra.listops import generate_listops
 from lra.loader import load
 from lra.provenance import provenance
 from lra.readers import rgb_to_grayscale
+from lra import mqar
 from lra.tasks import (PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, SPLITS, TaskSpec,
-                       available_tasks, task_spec)
+                       available_tasks, diagnostic_tasks, task_spec)
 
 
 def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "hard", num: int,
@@ -42,6 +47,6 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
 
 __all__ = [
     "Dataset", "PATHFINDER_DIFFICULTIES", "PATHFINDER_RESOLUTIONS", "SPLITS", "TaskSpec",
-    "available_tasks", "check_dataset", "generate_listops", "generate_pathfinder", "iterate",
-    "load", "provenance", "rgb_to_grayscale", "task_spec",
+    "available_tasks", "check_dataset", "diagnostic_tasks", "generate_listops", "generate_pathfinder", "iterate",
+    "load", "mqar", "provenance", "rgb_to_grayscale", "task_spec",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from lra.dataset import Dataset
+from lra.mqar import IGNORED
 
 
 def _where(ds: Dataset) -> str:
@@ -44,10 +45,16 @@ def check_dataset(ds: Dataset, *, max_skipped_fraction: float | None = 0.01) -> 
   if num == 0:
     raise ValueError(f"{_where(ds)} has no examples: nothing to train or evaluate on")
   num_classes = ds.spec.num_classes
-  bad = np.flatnonzero((ds.targets < 0) | (ds.targets >= num_classes))
+  targets = ds.targets.reshape(num, -1)   # [N, 1] per example, or [N, L] per token
+  asked = targets != IGNORED if ds.spec.objective == "next_token" else np.ones_like(targets, bool)
+  outside = asked & ((targets < 0) | (targets >= num_classes))
+  bad = np.flatnonzero(outside.any(axis=1))
   if len(bad):
-    raise ValueError(f"{_where(ds)}: example {bad[0]} has target {ds.targets[bad[0]]}, outside "
+    value = targets[bad[0]][outside[bad[0]]][0]
+    raise ValueError(f"{_where(ds)}: example {bad[0]} has target {value}, outside "
                      f"[0, {num_classes}) ({len(bad)} such examples)")
+  if not asked.any():
+    raise ValueError(f"{_where(ds)} asks for no target at any position")
   inputs = [("inputs", ds.tokens, ds.lengths)]
   if ds.dual:
     inputs.append(("inputs2", ds.tokens2, ds.lengths2))

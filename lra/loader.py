@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lra import cache as cache_lib
-from lra import readers
+from lra import mqar, readers
 from lra.checks import check_dataset
 from lra.dataset import Dataset
 from lra.tasks import TaskSpec, check_split, task_spec
@@ -22,6 +22,7 @@ _READERS = {
     "image": readers.read_image,
     "pathfinder": readers.read_pathfinder,
     "pathx": readers.read_pathfinder,
+    "mqar": readers.read_mqar,
 }
 _PIXEL_TASKS = ("pathfinder", "pathx")
 _TFDS_TASKS = ("text", "image")
@@ -29,11 +30,11 @@ _TFDS_TASKS = ("text", "image")
 
 def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache_dir=None, *,
          cache: bool = True, resolution: int | None = None, difficulty: str | None = None,
-         download: bool = False) -> Dataset:
-  """Load one split of an LRA task.
+         download: bool = False, **generator_options) -> Dataset:
+  """Load one split of an LRA task (or of a diagnostic task).
 
   Args:
-    name: one of `lra.available_tasks()`.
+    name: one of `lra.available_tasks()` or `lra.diagnostic_tasks()`.
     split: "train", "validation" or "test".
     data_dir: root of an unpacked official `lra_release` archive, or of files written by
       `python -m lra.generate`. Text and Image look there for `aclImdb/` and
@@ -50,6 +51,9 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
       (default "hard", as LRA).
     download: Text / Image TFDS fallback only: let TFDS download and prepare the data set
       if it is not prepared yet (off by default: this package never downloads unasked).
+    **generator_options: diagnostic tasks only, generated in memory (no data_dir): the fields
+      of `lra.mqar.Settings` (vocab_size, num_pairs, num_queries, min_gap, power_a, num_train,
+      num_validation, num_test, seed).
 
   Returns:
     A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
@@ -62,7 +66,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
     ValueError: bad options, malformed files (naming the file and line), an empty split,
       targets or token ids out of range.
   """
-  spec, params, options = resolve_options(name, max_len, resolution, difficulty, download)
+  spec, params, options = resolve_options(name, max_len, resolution, difficulty, download,
+                                          **generator_options)
   check_split(split)
   params = {"task": name, "split": split, **params}
   source = _READERS[name](data_dir, split, spec.max_len, **options)
@@ -84,11 +89,25 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
 
 
 def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
-                    download: bool = False) -> tuple[TaskSpec, dict, dict]:
+                    download: bool = False, **generator_options) -> tuple[TaskSpec, dict, dict]:
   """Checks `lra.load`'s options for task `name`; returns the spec as loaded, the
   parameters that key the cache, and the keyword options of the task's reader."""
   spec = task_spec(name)
   options, params = {}, {}
+  if name == "mqar":
+    try:
+      settings = mqar.Settings(**generator_options)
+    except TypeError:
+      fields = ", ".join(f.name for f in dataclasses.fields(mqar.Settings))
+      raise ValueError(f"mqar: unknown option(s) {', '.join(sorted(generator_options))}; its "
+                       f"options: {fields}") from None
+    options = {"settings": settings}
+    params.update(dataclasses.asdict(settings))
+    spec = dataclasses.replace(spec, vocab_size=settings.vocab_size,
+                               num_classes=settings.vocab_size)
+  elif generator_options:
+    raise ValueError(f"{name!r} takes no option(s) {', '.join(sorted(generator_options))}: "
+                     "only diagnostic tasks are generated from options")
   if name in _PIXEL_TASKS:
     resolution = spec.image_size if resolution is None else resolution
     difficulty = "hard" if difficulty is None else difficulty

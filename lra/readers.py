@@ -40,11 +40,13 @@ _TFDS_BATCH = 1024              # examples per batch read from TFDS
 @dataclasses.dataclass
 class Source:
   """Where one split comes from. `files` is None when it is not read from local files
-  (the TFDS fallback), which then is not cached. `description` names it in errors."""
+  (the TFDS fallback, or data generated in memory, whose settings are `generated`), which then
+  is not cached. `description` names it in errors."""
 
   files: list[Path] | None
   build: Callable[[], dict]
   description: str
+  generated: object = None
 
 
 def _require(path: Path, what: str, how: str) -> Path:
@@ -80,6 +82,17 @@ def _pack(rows: list[bytes], max_len: int, dtype, offset: int = 0) -> dict:
 def _no_examples(path: Path, what: str) -> ValueError:
   return ValueError(f"{path}: no examples: {what}. The file is cut short or not the released "
                     "one; generate or unpack it again.")
+
+
+# ------------------------------------------------------------------------------------- MQAR
+
+def read_mqar(data_dir, split: str, max_len: int, settings) -> Source:
+  """Generated in memory from `settings` (lra.mqar.Settings); data_dir is not used."""
+  from lra import mqar
+
+  settings.check(max_len)
+  return Source(None, lambda: mqar.generate(settings, max_len, split),
+                f"lra.mqar generator ({split}, seed {settings.seed})", generated=settings)
 
 
 # ---------------------------------------------------------------------------------- ListOps

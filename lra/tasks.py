@@ -1,4 +1,5 @@
-"""The six Long Range Arena tasks: what each one feeds a model.
+"""The six Long Range Arena tasks, and the diagnostic tasks beside them: what each one feeds a
+model.
 
 Lengths, classes and vocabularies follow the released LRA configs (Tay et al., 2021).
 `max_len` here is the default and can be changed per load.
@@ -31,6 +32,9 @@ class TaskSpec:
       given only by `masks` (for pixel tasks id 0 is a real black pixel).
   pad_id: the id written at padded positions (always masked out).
   image_size: side of the square image for pixel tasks, else None.
+  objective: "classification": targets int32 [N], one class per example (the LRA tasks);
+      "next_token": targets int32 [N, L], the token a causal model must emit at each position,
+      IGNORED (-1) where nothing is asked (num_classes = vocab_size).
   """
 
   name: str
@@ -41,6 +45,7 @@ class TaskSpec:
   has_padding: bool
   pad_id: int = 0
   image_size: int | None = None
+  objective: str = "classification"
 
 
 _BYTE_VOCAB = 257  # byte + 1, 0 = pad
@@ -62,16 +67,30 @@ TASKS = {
 }
 
 
+# Diagnostics: generated in memory (lra.mqar), loaded like the LRA tasks. The vocabulary and
+# lengths here are defaults, changed by the load options.
+DIAGNOSTICS = {
+    "mqar": TaskSpec("mqar", num_classes=512, max_len=64, vocab_size=512, dual=False,
+                     has_padding=False, objective="next_token"),
+}
+
+
 def available_tasks() -> tuple[str, ...]:
-  """The task names, in the order of the LRA paper."""
+  """The LRA task names, in the order of the LRA paper."""
   return tuple(TASKS)
+
+
+def diagnostic_tasks() -> tuple[str, ...]:
+  """The diagnostic task names (associative recall)."""
+  return tuple(DIAGNOSTICS)
 
 
 def task_spec(name: str) -> TaskSpec:
   """The `TaskSpec` of a task; an unknown name raises ValueError listing the known ones."""
-  if name not in TASKS:
-    raise ValueError(f"unknown LRA task {name!r}; available tasks: {', '.join(TASKS)}")
-  return TASKS[name]
+  known = {**TASKS, **DIAGNOSTICS}
+  if name not in known:
+    raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(known)}")
+  return known[name]
 
 
 def check_split(split: str) -> str:

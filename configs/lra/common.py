@@ -225,15 +225,20 @@ def set_fields(config: ml_collections.ConfigDict, fields: dict) -> None:
     node[name] = value
 
 
-def released_values(task: str) -> dict:
-  """The task file's RELEASED table."""
-  return importlib.import_module(f"configs.lra.{task}").RELEASED
+def task_module(task: str):
+  """The config file of a task: configs/lra/<task>.py, or configs/<task>.py for a diagnostic."""
+  package = "configs.lra" if task in lra.available_tasks() else "configs"
+  return importlib.import_module(f"{package}.{task}")
 
 
 def attention_settings(task: str, attention: str, preset: str) -> dict:
   """The preset's attention-dependent settings for a variant, in dotted names: "attention.*"
-  options and "model.*" fields (before length scaling and config overrides)."""
-  task_released = released_values(task).get(attention, {})
+  options and "model.*" fields (before length scaling and config overrides). A diagnostic's
+  config file gives its own (ATTENTION_SETTINGS)."""
+  module = task_module(task)
+  if hasattr(module, "ATTENTION_SETTINGS"):
+    return dict(module.ATTENTION_SETTINGS.get(attention, {}))
+  task_released = module.RELEASED.get(attention, {})
   if preset == "paper":
     settings = {**RELEASED_ATTENTION.get(attention, {}), **EXTRA_ATTENTION.get(attention, {})}
     settings.update({k: v for k, v in task_released.items() if k.startswith("attention.")})

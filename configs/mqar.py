@@ -1,0 +1,48 @@
+"""Multi-query associative recall (lra.mqar), trained as a causal language model: the diagnostic
+that separates the variants at CPU scale (Arora et al. 2023, "Zoology").
+
+COMMAND: python -m experiments.reproduce --preset=tiny --tasks=mqar --attentions=full,sliding_window,linear_transformer
+         python -m experiments.sweep --task=mqar --field=data.num_pairs --values=4,8,16,32 \
+             --attentions=full,sliding_window,linear_transformer --out=results/mqar_sweep
+
+One preset, `tiny`: vocabulary 512, sequences of 64 tokens holding 8 key-value pairs, each key
+queried once at least 8 positions after the last pair (so at least 10 after its pair), a
+2-layer decoder (emb 64, 2 heads, RoPE), 1,500 steps of 64 sequences. Larger settings are
+overrides of these fields (data.*, model.*). Variants that cannot be causal are not applicable.
+"""
+from configs.lra import common
+
+# Attention settings for 64-token sequences: windows and blocks shorter than the distance
+# between a pair and its query (>= 10), so local patterns cannot reach the pair.
+ATTENTION_SETTINGS = {
+    "sliding_window": {"attention.window": 8},
+    "local": {"attention.block_size": 8},
+    "longformer": {"attention.window": 8, "attention.num_global_tokens": 1},
+    "sparse_transformer": {"attention.block_size": 8, "attention.num_summary": 2},
+    "bigbird": {"attention.block_size": 4, "attention.num_window_blocks": 3,
+                "attention.num_random_blocks": 2},
+    "reformer": {"attention.chunk_len": 8},
+    "sinkhorn": {"attention.block_size": 8},
+}
+
+
+def get_config(arg=None):
+  attention, preset = common.parse_arg(arg or "full,tiny")
+  if preset != "tiny":
+    raise ValueError(f"mqar has one preset, tiny (CPU scale), not {preset!r}; for larger runs "
+                     "override its fields (data.num_pairs, model.max_len, model.emb_dim, ...)")
+  config = common.base_config("mqar", attention, preset)
+  common.set_fields(config, {
+      "data_dir": "",   # generated in memory
+      "data.vocab_size": 512, "data.num_pairs": 8, "data.min_gap": 8,
+      "data.num_train": 20_000, "data.num_validation": 1_000, "data.num_test": 1_000,
+      "model.vocab_size": 512, "model.num_classes": 512, "model.max_len": 64,
+      "model.num_layers": 2, "model.emb_dim": 64, "model.qkv_dim": 64, "model.num_heads": 2,
+      "model.mlp_dim": 128, "model.positions": "rope", "model.dropout_rate": 0.0,
+      "model.attention_dropout_rate": 0.0,
+      "batch_size": 64, "num_train_steps": 1_500, "eval_every": 250, "log_every": 50,
+      "optimizer.weight_decay": 0.1,
+      "schedule.factors": common.COSINE, "schedule.base_learning_rate": 3e-3,
+      "schedule.warmup_steps": 100,
+  })
+  return config
