@@ -56,6 +56,8 @@ class MultiHeadAttention(nnx.Module):
                decode: bool = False):
     """Self-attention over x, or cross-attention from x to `context`. Masks: bool [b, len]."""
     b, n, _ = x.shape
+    if decode and self.cache is None:
+      raise ValueError("decode=True needs init_cache(batch_size, max_len) first")
     kv_input = x if context is None else context
     kv_mask = mask if context is None else context_mask
     q = self.query(x).reshape(b, n, self.num_heads, self.head_dim)
@@ -69,8 +71,6 @@ class MultiHeadAttention(nnx.Module):
       q = positions.rope(q, jnp.arange(n) + offset, self.rope_base)
       k = q if self.shared_qk else positions.rope(k, jnp.arange(k.shape[1]) + offset, self.rope_base)
     if decode:
-      if self.cache is None:
-        raise ValueError("decode=True needs init_cache(batch_size, max_len) first")
       if n != 1 or context is not None:
         raise ValueError(f"decode=True takes one token of self-attention at a time, got length {n}")
       out, new_cache = self.attention.decode(q, k, v, self.cache.get_value(), alibi_slopes=self.alibi_slopes)

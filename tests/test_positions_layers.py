@@ -84,7 +84,8 @@ def test_cross_attention_shapes_and_masks():
   np.testing.assert_allclose(out, changed, atol=1e-6)
 
 
-def test_decode_needs_a_cache():
-  mha = MultiHeadAttention(16, 4, causal=True, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("position_kind", ["none", "rope"])
+def test_decode_needs_a_cache(position_kind):
+  mha = MultiHeadAttention(16, 4, causal=True, position_kind=position_kind, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="init_cache"):
     mha(jnp.zeros((1, 1, 16)), decode=True)
