@@ -11,7 +11,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["attention_zoo*", "lra*", "experiments*", "configs*"]),
+    # The libraries. The harness (experiments/, configs/) runs from a checkout, where its
+    # commands and config paths live: installed as top-level packages named `experiments`
+    # and `configs` it would collide with other projects'.
+    packages=find_packages(include=["attention_zoo*", "lra*"]),
     install_requires=[
         "jax>=0.10",
         "flax>=0.12",
