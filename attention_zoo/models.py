@@ -47,6 +47,8 @@ class TransformerConfig:
   pre_ln: bool = True
   dtype: str = "float32"                   # compute dtype; parameters stay float32
   embed_init_std: float | None = None      # token embeddings ~ N(0, std²); None = 1/sqrt(emb_dim)
+  short_conv: int = 0                      # kernel of a causal depthwise conv branch before
+                                           # attention in every block (Zoology's); 0 = none
   # Switches that recreate the released LRA encoders (off by default; see docs/lra_fidelity.md):
   zero_token_is_padding: bool = False      # attention also masks token id 0 (LRA's `inputs > 0`)
   attention_ignores_padding: bool = False  # attention gets no padding masks (pooling still does)
@@ -66,6 +68,42 @@ class TransformerConfig:
     return DTYPES[self.dtype]
 
 
+class ShortConv(nnx.Module):
+  """A causal depthwise convolution over the last `kernel_size` positions (the short
+  convolution Zoology puts beside attention; Arora et al. 2023):
+
+      y_t = b + Σ_{i < k} w_i ⊙ x_{t-i}          x, y [b, n, emb]; w [k, emb]
+
+  It hands each position its recent neighbours (a key to the value after it), so attention
+  is left with the long-range part. For one-token decoding it keeps the last k - 1 inputs.
+  """
+
+  def __init__(self, features: int, kernel_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    if kernel_size < 1:
+      raise ValueError(f"short_conv must be a kernel size >= 1 (0 = none), got {kernel_size}")
+    self.kernel_size, self.dtype = kernel_size, dtype
+    self.weight = nnx.Param(nnx.initializers.normal(kernel_size ** -0.5)(
+        rngs.params(), (kernel_size, features)))
+    self.bias = nnx.Param(jnp.zeros((features,)))
+    self.state = nnx.data(None)   # [b, k - 1, emb] in decoding, set by init_cache
+
+  def init_cache(self, batch_size: int, dtype=jnp.float32):
+    self.state = nnx.Cache(jnp.zeros((batch_size, self.kernel_size - 1, self.weight.shape[1]),
+                                     dtype))
+
+  def __call__(self, x, *, decode: bool = False):
+    k, n = self.kernel_size, x.shape[1]
+    if decode:
+      window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)   # [b, k - 1 + n, emb]
+      self.state[...] = window[:, n:]
+    else:
+      window = jnp.pad(x, ((0, 0), (k - 1, 0), (0, 0)))
+    weight = self.weight[...].astype(self.dtype)
+    # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
+    out = sum(weight[i] * window[:, k - 1 - i:k - 1 - i + n] for i in range(k))
+    return out + self.bias[...].astype(self.dtype)
+
+
 class Block(nnx.Module):
   """Self-attention, optional cross-attention, MLP; each a residual branch (pre- or post-LN)."""
 
@@ -80,6 +118,9 @@ class Block(nnx.Module):
     norm = lambda: nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs)
     attention_positions = config.positions if config.positions in ("rope", "alibi") else "none"
     self.pre_ln = config.pre_ln
+    self.short_conv = (ShortConv(config.emb_dim, config.short_conv, dtype=dtype, rngs=rngs)
+                       if config.short_conv else None)
+    self.conv_norm = norm() if config.short_conv else None
     self.self_attention = mha(attention=config.attention, attention_options=attention_options,
                               causal=causal, position_kind=attention_positions)
     self.self_norm = norm()
@@ -90,6 +131,9 @@ class Block(nnx.Module):
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
   def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False):
+    if self.short_conv is not None:
+      x = self._residual(self.conv_norm, x, deterministic,
+                         lambda h: self.short_conv(h, decode=decode))
     x = self._residual(self.self_norm, x, deterministic,
                        lambda h: self.self_attention(h, mask=mask, deterministic=deterministic, decode=decode))
     if self.cross_attention is not None:
@@ -149,6 +193,8 @@ class Stack(nnx.Module):
   def init_cache(self, batch_size: int, max_len: int):
     for block in self.blocks:
       block.self_attention.init_cache(batch_size, max_len, self.config.compute_dtype)
+      if block.short_conv is not None:
+        block.short_conv.init_cache(batch_size, self.config.compute_dtype)
     self.decode_position = nnx.Cache(jnp.zeros((), jnp.int32))
 
   def decode_step(self, token, *, context=None, context_mask=None):

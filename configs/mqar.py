@@ -7,7 +7,10 @@ COMMAND: python -m experiments.reproduce --preset=tiny --tasks=mqar --attentions
 
 One preset, `tiny`: vocabulary 512, sequences of 64 tokens holding 8 key-value pairs, each key
 queried once at least 8 positions after the last pair (so at least 10 after its pair), a
-2-layer decoder (emb 64, 2 heads, RoPE), 1,500 steps of 64 sequences. Larger settings are
+2-layer decoder (emb 64, 2 heads, RoPE) with Zoology's short convolution (kernel 3) beside
+attention in each block, 800 steps of 64 sequences. Without the convolution a plain 2-layer
+decoder needs far more steps to form the induction circuit (full attention: 12% after 1,500
+steps on this preset). Larger settings are
 overrides of these fields (data.*, model.*). Variants that cannot be causal are not applicable.
 """
 from configs.lra import common
@@ -38,9 +41,9 @@ def get_config(arg=None):
       "data.num_train": 20_000, "data.num_validation": 1_000, "data.num_test": 1_000,
       "model.vocab_size": 512, "model.num_classes": 512, "model.max_len": 64,
       "model.num_layers": 2, "model.emb_dim": 64, "model.qkv_dim": 64, "model.num_heads": 2,
-      "model.mlp_dim": 128, "model.positions": "rope", "model.dropout_rate": 0.0,
-      "model.attention_dropout_rate": 0.0,
-      "batch_size": 64, "num_train_steps": 1_500, "eval_every": 250, "log_every": 50,
+      "model.mlp_dim": 128, "model.positions": "rope", "model.short_conv": 3,
+      "model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
+      "batch_size": 64, "num_train_steps": 800, "eval_every": 200, "log_every": 50,
       "optimizer.weight_decay": 0.1,
       "schedule.factors": common.COSINE, "schedule.base_learning_rate": 3e-3,
       "schedule.warmup_steps": 100,

@@ -160,3 +160,23 @@ def test_embed_init_std():
   default, unit = _pair(embed_init_std=1.0)
   assert float(jnp.std(unit.encoder.embed.embedding[...])) == pytest.approx(1.0, rel=0.15)
   assert float(jnp.std(default.encoder.embed.embedding[...])) < 0.5   # ~ 1 / sqrt(16)
+
+
+def test_short_conv_is_a_causal_depthwise_convolution():
+  from attention_zoo.models import ShortConv
+
+  conv = ShortConv(4, 3, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 7, 4))
+  w, b = np.asarray(conv.weight[...]), np.asarray(conv.bias[...])
+  xs = np.asarray(x)
+  expected = np.stack([b + sum(w[i] * xs[:, t - i] for i in range(3) if t - i >= 0)
+                       for t in range(7)], axis=1)
+  np.testing.assert_allclose(conv(x), expected, atol=1e-6)
+  conv.init_cache(2)
+  stepped = jnp.concatenate([conv(x[:, t:t + 1], decode=True) for t in range(7)], axis=1)
+  np.testing.assert_allclose(stepped, expected, atol=1e-6)   # one token at a time, same result
+  config = dataclasses.replace(TINY, short_conv=3, positions="rope")
+  lm = DecoderLM(config, rngs=nnx.Rngs(0))
+  prompt = _tokens((1, 4))
+  np.testing.assert_array_equal(lm.generate(prompt, 6, use_cache=True),
+                                lm.generate(prompt, 6, use_cache=False))
