@@ -11,6 +11,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import reference
+from attention_zoo.models import Classifier, TransformerConfig
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -226,6 +227,31 @@ def test_bigbird_random_blocks_fixed_by_seed_and_drawn_from_whole_sequence():
   small = build("bigbird", block_size=4, num_random_blocks=2)
   first, again = (jax.jit(lambda q, k, v: small(q, k, v))(q, k, v) for _ in range(2))   # two compilations
   np.testing.assert_array_equal(first, again)                             # same every call
+
+
+def bigbird_layer_patterns(model_seed, n=40, **options):
+  """The pattern of each self-attention layer of a 2-layer bigbird Classifier."""
+  config = TransformerConfig(vocab_size=8, max_len=n - 1, num_layers=2, emb_dim=16, num_heads=2,
+                             mlp_dim=16, attention="bigbird", num_classes=2,
+                             attention_options={"block_size": 2, "num_random_blocks": 2, **options})
+  model = Classifier(config, rngs=nnx.Rngs(model_seed))   # n - 1 tokens + CLS = n positions
+  return [block.self_attention.attention.pattern(n, n) for block in model.encoder.blocks]
+
+
+def test_bigbird_layers_draw_their_own_random_blocks_from_the_model_seed():
+  """seed=None (default): each layer's table comes from the params stream, so the layers of one
+  model differ and the same model seed rebuilds the same tables; an int seed is shared."""
+  first, second = bigbird_layer_patterns(0)
+  assert not np.array_equal(first, second)
+  again = bigbird_layer_patterns(0)
+  np.testing.assert_array_equal(again[0], first)
+  np.testing.assert_array_equal(again[1], second)
+  assert not np.array_equal(bigbird_layer_patterns(1)[0], first)
+  fixed = bigbird_layer_patterns(0, seed=7)
+  np.testing.assert_array_equal(fixed[0], fixed[1])
+  abstract = nnx.eval_shape(lambda: build("bigbird"))       # shapes only: the table is unknown
+  with pytest.raises(ValueError, match="abstractly"):
+    abstract.pattern(8, 8)
 
 
 # -- options and refusals --------------------------------------------------------------------
