@@ -10,8 +10,9 @@ and `sinkhorn_iters` rounds of Sinkhorn normalisation turn exp((R + ε) / temper
 soft permutation P (rows, then columns, normalised in log space). ε is the Gumbel noise of
 Gumbel-Sinkhorn: in training (deterministic=False) ε_ij = -log(-log U_ij), U_ij ~ U(0, 1),
 drawn from the `dropout` RNG stream at each call; in evaluation ε = 0, so evaluation is
-deterministic. `gumbel_noise=False` leaves the noise out in training too. Query block i attends, with one
-softmax, to its own block and to the soft-sorted block Σ_j P_ij K_j (values likewise):
+deterministic. `gumbel_noise=False` leaves the noise out in training too. Query block i
+attends, with one softmax, to its own block and to the soft-sorted block Σ_j P_ij K_j (values
+likewise):
 
     o = softmax([Q_i K_iᵀ ; Q_i (P K)_iᵀ] / sqrt(d)) [V_i ; (P V)_i]
 
@@ -57,7 +58,8 @@ class SinkhornAttention(Attention):
     if not (isinstance(temperature, (int, float)) and temperature > 0):
       raise ValueError(f"sinkhorn: temperature must be a positive number, got {temperature!r}")
     if not isinstance(self.options["gumbel_noise"], bool):
-      raise ValueError(f"sinkhorn: gumbel_noise must be True or False, got {self.options['gumbel_noise']!r}")
+      raise ValueError(f"sinkhorn: gumbel_noise must be True or False, "
+                       f"got {self.options['gumbel_noise']!r}")
     self.block_size, self.sinkhorn_iters, self.temperature = block_size, iters, float(temperature)
     init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
     shape = (self.num_heads, self.head_dim, self.head_dim)
