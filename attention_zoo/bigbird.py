@@ -8,9 +8,12 @@ With query block a(i) = ⌊i/B⌋, key block a(j) = ⌊j/B⌋ and N = ⌈n/B⌉ 
          ∪ { j : a(j) ∈ R_h(a(i)) }                    r random blocks per query block and head
     out_i = Σ_{j ∈ A(i)} softmax_j(q_i·k_j / sqrt(d)) v_j
 
-R_h(a) is drawn once from the `seed` with numpy, per head, as a table that depends only on N:
+R_h(a) is drawn with numpy, per head, as a table that depends only on N and the layer's seed:
 r distinct blocks from the whole sequence (not only the first 1024 tokens, as in the LRA code),
-none already in the window or global. Causal: window and random blocks only from the past,
+none already in the window or global. With `seed=None` (the default) the seed is drawn once at
+construction from the `params` RNG stream, so each layer of a model gets its own table (as in
+the reference encoder) and the model seed reproduces them all; an int seed fixes the table
+(every layer built with it shares it). Causal: window and random blocks only from the past,
 only the first block global, then ∩ { j <= i }. The global rows are a separate O(B·n) pass;
 everything else is O(n·(W + 2 + r)·B). Self-attention only (N counts one sequence's blocks).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import numpy as np
 
 from attention_zoo import blockwise, reference
@@ -43,12 +47,21 @@ def random_blocks(seed: int, num_blocks: int, num_heads: int, num_random: int, h
   return np.sort(np.where(np.take_along_axis(draw, order, -1) < np.inf, order, -1), axis=-1)
 
 
+def _draw_seed(key) -> int | None:
+  """A table seed from a params key: a Python int (the table is static), or None when the key
+  is abstract (construction under tracing, where only shapes are needed)."""
+  try:
+    return int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+    return None
+
+
 @register("bigbird", exact=True, supports_causal=True, supports_cross=False, complexity="O(n·(w + r + 2)·b)",
           paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences (arXiv:2007.14062)",
           supports_alibi=True)
 class BigBirdAttention(Attention):
-  OPTIONS = {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 3, "seed": 0}
-  TEST_OPTIONS = {"block_size": 2, "num_window_blocks": 3, "num_random_blocks": 2, "seed": 0}
+  OPTIONS = {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 3, "seed": None}
+  TEST_OPTIONS = {"block_size": 2, "num_window_blocks": 3, "num_random_blocks": 2}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -60,10 +73,16 @@ class BigBirdAttention(Attention):
                        f"got {window_blocks}")
     self.half_window = window_blocks // 2
     self.num_random = blockwise.check_int(name, "num_random_blocks", self.options["num_random_blocks"], 0)
-    self.seed = blockwise.check_int(name, "seed", self.options["seed"], 0)
+    seed = self.options["seed"]
+    self.seed = (_draw_seed(self.rngs.params()) if seed is None
+                 else blockwise.check_int(name, "seed", seed, 0))
 
   def random_table(self, length: int) -> np.ndarray:
     """int [num_heads, num_blocks, num_random_blocks] for a sequence of `length`."""
+    if self.seed is None:
+      raise ValueError("bigbird: this layer was built abstractly (under nnx.eval_shape or jit), "
+                       "so its random blocks, drawn from the params key, are unknown; build it "
+                       "eagerly or pass an int seed")
     return random_blocks(self.seed, ceil_div(length, self.block_size), self.num_heads, self.num_random,
                          self.half_window, self.causal)
 

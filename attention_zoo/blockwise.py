@@ -358,19 +358,22 @@ class _Plan(_ByValue):
 
 def blockwise_attention(q, k, v, frame: Frame, segments, *, kv_mask, causal: bool, scale: float,
                         alibi_slopes=None, dropout_rate: float = 0.0, dropout_rng=None,
-                        global_rows=None, query_blocks_per_step: int | None = None):
+                        global_rows=None, global_qkv=None,
+                        query_blocks_per_step: int | None = None):
   """Block-sparse attention over `segments`; q [b, q_len, h, d], k, v [b, kv_len, kvh, d],
   kv_mask bool [b, kv_len] -> [b, q_len, h, d] (f32).
 
   global_rows: query indices (numpy) that attend to every key instead (O(G·n) pass).
+  global_qkv: optional (queries [b, G, h, d], k, v) that pass uses in place of q[:, global_rows],
+  k and v (Longformer's separate global projections).
   """
   rows = np.asarray([] if global_rows is None else global_rows, int)
   plan = _Plan(frame, tuple(segments), bool(causal), float(scale), float(dropout_rate), rows, query_blocks_per_step)
-  return _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, plan=plan)
+  return _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, global_qkv, plan=plan)
 
 
 @functools.partial(jax.jit, static_argnames="plan")
-def _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, *, plan: _Plan):
+def _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, global_qkv, *, plan: _Plan):
   frame = plan.frame
   b, q_len, num_heads, head_dim = q.shape
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
@@ -403,8 +406,9 @@ def _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, *, plan: _Plan):
 
   rows = plan.global_rows
   if len(rows):
-    q_rows = _place(q, rows).reshape(b, 1, len(rows), num_kv_heads, group, head_dim)
-    everything = _Keys("shared", k, v, kv_mask, jnp.arange(kv_len), None)
+    q_rows, k_all, v_all = (_place(q, rows), k, v) if global_qkv is None else global_qkv
+    q_rows = q_rows.reshape(b, 1, len(rows), num_kv_heads, group, head_dim)
+    everything = _Keys("shared", k_all, v_all, kv_mask, jnp.arange(kv_len), None)
     rows_out = _attend_blocks(jnp.swapaxes(q_rows, 0, 1), (rows + kv_len - q_len)[None], [everything],
                               dropout_rng=rngs[1], **common)                          # [1, b, G, kvh, g, d]
     out = out.at[:, rows].set(rows_out[0].reshape(b, len(rows), num_heads, head_dim))

@@ -8,8 +8,9 @@ with the measured error, and exits non-zero on any failure. The pytest suite
 (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
-dropout, exact (spec.exact: output and gradients equal `reference.dense_attention` over the
-variant's `pattern()`), decode (spec.can_decode: one-token steps equal the causal forward).
+dropout, exact (spec.exact: output and gradients of a freshly built module equal
+`reference.dense_attention` over the variant's `pattern()`), decode (spec.can_decode:
+one-token steps equal the causal forward).
 """
 from __future__ import annotations
 

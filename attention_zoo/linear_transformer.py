@@ -35,5 +35,6 @@ class LinearTransformerAttention(kernelized.KernelizedAttention):
     return self.head_dim
 
   def feature_maps(self, q, k, *, deterministic: bool):
-    phi = lambda x: jax.nn.elu(x) + 1.0
-    return phi(q), phi(k), jnp.zeros(k.shape[:-1], jnp.float32)   # elu + 1 never overflows
+    # log(elu(x) + 1): log(1 + x) for x > 0, x otherwise (never the log of an underflowed exp)
+    log_phi = lambda x: jnp.log1p(jax.nn.relu(x)) + jnp.minimum(x, 0.0)
+    return log_phi(q), log_phi(k)

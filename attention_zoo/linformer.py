@@ -1,11 +1,18 @@
 """Linformer (Wang et al. 2020): softmax attention over k learned projections of the sequence.
 
-    Attention(Q, K, V) = softmax(Q (Eᵀ K)ᵀ · s) (Fᵀ V),   E, F [n, k]
+    head_i = softmax(Q_i (E_iᵀ K_i)ᵀ · s) (F_iᵀ V_i),   E_i, F_i [n, k]
 
-E and F are learned, stored at [max_len, k] and sliced to the first n rows for shorter inputs;
-`share="kv"` uses one matrix for both (E = F, the LRA setting), `share="none"` two. They are
-shared across heads. Padded keys and values are zeroed before the projection, so padding adds
-nothing to the k projected keys. Cost O(n·k·d) per head instead of O(n²·d).
+E and F are learned, stored at [max_len, k] and sliced to the first n rows for shorter inputs.
+`share` chooses how they are shared (the paper's parameter-sharing options):
+
+    "none"      each head its own E_i and F_i (the paper's default)
+    "headwise"  one E and one F for all heads
+    "kv"        one E = F for all heads (key-value sharing, what the LRA code ran)
+
+Heads here are K/V heads: with GQA the query heads of a group share their K/V head and its
+projections. The paper's layerwise sharing (one matrix across layers) is not offered: a layer
+holds only its own parameters. Padded keys and values are zeroed before the projection, so
+padding adds nothing to the k projected keys. Cost O(n·k·d) per head instead of O(n²·d).
 
 Every projected key mixes the whole sequence, so a query would see the future: no causal form.
 Cross-attention works for kv_len <= max_len (queries are never projected).
@@ -19,6 +26,8 @@ from flax import nnx
 from attention_zoo import reference
 from attention_zoo.base import Attention
 from attention_zoo.registry import register
+
+SHARING = ("none", "headwise", "kv")
 
 
 @register("linformer", exact=False, supports_causal=False, supports_cross=True,
@@ -36,26 +45,30 @@ class LinformerAttention(Attention):
     rank, share = self.options["k"], self.options["share"]
     if not isinstance(rank, int) or rank <= 0:
       raise ValueError(f"linformer: k (the projected length) must be a positive int, got {rank!r}")
-    if share not in ("none", "kv"):
-      raise ValueError(f"linformer: share must be 'none' (separate E, F) or 'kv' (E = F), got {share!r}")
-    init = nnx.initializers.xavier_normal()
-    self.key_projection = nnx.Param(init(self.rngs.params(), (self.max_len, rank)))  # E [max_len, k]
-    self.value_projection = (None if share == "kv" else
-                             nnx.Param(init(self.rngs.params(), (self.max_len, rank))))  # F
+    if share not in SHARING:
+      raise ValueError(f"linformer: share must be 'none' (E_i, F_i per head), 'headwise' (one E, "
+                       f"one F) or 'kv' (one E = F), got {share!r}")
+    # [kvh or 1, max_len, k]: the leading axis is the head (1 = shared by all heads)
+    shape = (self.num_kv_heads if share == "none" else 1, self.max_len, rank)
+    init = nnx.initializers.xavier_normal(batch_axis=(0,))
+    self.key_projection = nnx.Param(init(self.rngs.params(), shape))              # E
+    self.value_projection = (None if share == "kv"
+                             else nnx.Param(init(self.rngs.params(), shape)))     # F
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
-    kv_len = k.shape[1]
+    kv_len, kvh = k.shape[1], self.num_kv_heads
     if kv_len > self.max_len:
       raise ValueError(f"linformer: kv_len {kv_len} exceeds max_len {self.max_len}, the length its "
                        f"projections were sized for; build it with max_len >= {kv_len}")
-    e = self.key_projection[...][:kv_len]                                  # [n, k]
-    f = e if self.value_projection is None else self.value_projection[...][:kv_len]
+    per_head = lambda p: jnp.broadcast_to(p[...][:, :kv_len], (kvh, kv_len, p.shape[-1]))
+    e = per_head(self.key_projection)                                       # [kvh, n, k]
+    f = e if self.value_projection is None else per_head(self.value_projection)
     real = kv_mask[:, :, None, None]
     k = jnp.where(real, k.astype(jnp.float32), 0.0)
     v = jnp.where(real, v.astype(jnp.float32), 0.0)
-    k_proj = jnp.einsum("bnhd,nr->brhd", k, e)                             # [b, k, kvh, d]
-    v_proj = jnp.einsum("bnhd,nr->brhd", v, f)                             # [b, k, kvh, d]
-    grouped = reference.group_heads(q.astype(jnp.float32), self.num_kv_heads)  # [b, q, kvh, g, d]
+    k_proj = jnp.einsum("bnhd,hnr->brhd", k, e)                             # [b, k, kvh, d]
+    v_proj = jnp.einsum("bnhd,hnr->brhd", v, f)                             # [b, k, kvh, d]
+    grouped = reference.group_heads(q.astype(jnp.float32), kvh)            # [b, q, kvh, g, d]
     scores = jnp.einsum("bqhgd,brhd->bhgqr", grouped, k_proj) * self.scale  # [b, kvh, g, q, k]
     weights = self.dropout(jax.nn.softmax(scores, axis=-1), deterministic)
     out = jnp.einsum("bhgqr,brhd->bqhgd", weights, v_proj)                 # [b, q, kvh, g, d]

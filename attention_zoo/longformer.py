@@ -2,18 +2,30 @@
 
     window(i) = { j : |i - j| <= w·δ and (i - j) mod δ = 0 }        (δ = dilation)
     A(i) = window(i) ∪ { j < g } ∪ { all j if i < g }                 (causal: ∩ { j <= i })
-    out_i = Σ_{j ∈ A(i)} softmax_j(q_i·k_j / sqrt(d)) v_j
+    out_i = Σ_{j ∈ A(i)} softmax_j(q_i·k_j / sqrt(d)) v_j                        (i >= g)
+    out_i = Σ_{j ∈ A(i)} softmax_j(q_i W_qg · k_j W_kg / sqrt(d)) v_j W_vg       (i < g)
 
 The first g positions (g = num_global_tokens, e.g. a CLS token) attend to every key and are
-attended by every query. Non-global rows take one softmax over [global keys ∪ window keys],
-the window part never counting a global key twice; global rows are a separate O(g·n) pass.
-The window is computed by blocks: positions are regrouped by residue mod δ, where the dilated
-window is a plain band, so time and memory are O(n·(w + g)). LRA's "window 512" is w = 256.
-Self-attention only (global tokens are positions of one sequence).
+attended by every query. Global attention has its own projections (the paper's section 3.1,
+Q_g, K_g, V_g initialised to the local ones). Here q, k, v arrive projected, so the variant
+learns per-head maps W_qg [h, d, d] and W_kg, W_vg [kvh, d, d] on top of them, initialised to
+the identity; they serve the global rows only (a global query against every key). All other
+queries, also where they attend to a global key, use the ordinary q, k, v, as the reference
+implementation does. `global_projections=False` leaves the maps out. Hence `exact`: equal to
+dense attention over `pattern()` while the maps are the identity (at initialisation, or
+without them); trained, the global rows are dense attention of the mapped q, k, v.
+
+Non-global rows take one softmax over [global keys ∪ window keys], the window part never
+counting a global key twice; global rows are a separate O(g·n) pass. The window is computed
+by blocks: positions are regrouped by residue mod δ, where the dilated window is a plain band,
+so time and memory are O(n·(w + g)). LRA's "window 512" is w = 256. Self-attention only
+(global tokens are positions of one sequence).
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from attention_zoo import blockwise, reference
 from attention_zoo.base import Attention, ceil_div
@@ -24,7 +36,7 @@ from attention_zoo.registry import register
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150)",
           supports_alibi=True)
 class LongformerAttention(Attention):
-  OPTIONS = {"window": 256, "dilation": 1, "num_global_tokens": 1}
+  OPTIONS = {"window": 256, "dilation": 1, "num_global_tokens": 1, "global_projections": True}
   TEST_OPTIONS = {"window": 2, "dilation": 2, "num_global_tokens": 2}
 
   def __init__(self, **kwargs):
@@ -32,6 +44,16 @@ class LongformerAttention(Attention):
     self.window = blockwise.check_int("longformer", "window", self.options["window"], 0)
     self.dilation = blockwise.check_int("longformer", "dilation", self.options["dilation"], 1)
     self.num_global = blockwise.check_int("longformer", "num_global_tokens", self.options["num_global_tokens"], 0)
+    if not isinstance(self.options["global_projections"], bool):
+      raise ValueError(f"longformer: global_projections must be True or False, "
+                       f"got {self.options['global_projections']!r}")
+    with_maps = self.options["global_projections"] and self.num_global > 0
+    d = self.head_dim
+    identity = lambda heads: (nnx.Param(jnp.broadcast_to(jnp.eye(d), (heads, d, d)))
+                              if with_maps else None)
+    self.global_query = identity(self.num_heads)       # W_qg [h, d, d]
+    self.global_key = identity(self.num_kv_heads)      # W_kg [kvh, d, d]
+    self.global_value = identity(self.num_kv_heads)    # W_vg [kvh, d, d]
 
   def pattern(self, q_len: int, kv_len: int):
     if q_len != kv_len:
@@ -43,6 +65,13 @@ class LongformerAttention(Attention):
       allowed &= reference.causal_allowed(i, j, 0, 0)
     return allowed[None]
 
+  def global_inputs(self, q_rows, k, v):
+    """The global rows' queries q_rows [b, g, h, d] and all k, v through W_qg, W_kg, W_vg."""
+    mapped = lambda x, w, spec: jnp.einsum(spec, x, w[...].astype(x.dtype))
+    return (mapped(q_rows, self.global_query, "bihd,hde->bihe"),   # [b, g, h, d]
+            mapped(k, self.global_key, "bjhd,hde->bjhe"),          # [b, n, kvh, d]
+            mapped(v, self.global_value, "bjhd,hde->bjhe"))
+
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
     length, window, dilation, num_global = q.shape[1], self.window, self.dilation, self.num_global
     # Each residue class mod δ holds ceil(n/δ) positions; blocks of w of them reach w on each side.
@@ -53,9 +82,12 @@ class LongformerAttention(Attention):
     # global keys are left to the global segment, so none counts twice
     in_window = blockwise.Band(window * dilation, stride=dilation, first_key=num_global)
     global_tokens = np.arange(min(num_global, length))
+    global_qkv = (None if self.global_query is None
+                  else self.global_inputs(q[:, :len(global_tokens)], k, v))
+    # global rows: a query i < g sees every key (causal: every j <= i) in their own pass
     return blockwise.blockwise_attention(
         q, k, v, blockwise.Frame.interleaved(length, block, dilation),
         [blockwise.Neighbours(offsets, in_window), blockwise.SharedKeys(global_tokens)],
         kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
         dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic),
-        global_rows=None if self.causal else global_tokens)   # causal global rows see only global keys
+        global_rows=global_tokens, global_qkv=global_qkv)

@@ -8,17 +8,22 @@ each row is marginally N(0, I_d) and rows within a block are orthogonal (lower v
 i.i.d. rows). One Ω per K/V head. The estimator's variance grows like exp(|q̂ + k̂|²): it is
 accurate when q·k·s is moderate and needs many features when queries and keys have large norms.
 `kernel="relu"` is generalized attention, φ(x) = relu(Ωx̂) + ε, which defines its own attention
-rather than approximating softmax.
+rather than approximating softmax. With `features="deterministic"` (relu only) there is no
+random projection: φ(x) = relu(x̂) + ε on the m = d coordinates of the head. That is what
+LRA's released code ran by default (its "generalized" attention, deterministic features,
+ε = 1e-3); it applied no d^(-1/4) normaliser there, i.e. scale=1.0 here.
 
-Ω is drawn once at construction from the `params` stream and stored (not trainable): it is
-used whenever `deterministic=True`, so evaluation is reproducible. With `redraw=True`, every
-training call (`deterministic=False`) draws a fresh Ω from the `dropout` stream.
+Random features: Ω is drawn once at construction from the `params` stream and stored (not
+trainable): it is used whenever `deterministic=True`, so evaluation is reproducible. With
+`redraw=True`, every training call (`deterministic=False`) draws a fresh Ω from the `dropout`
+stream.
 
-Numerics (f32 whatever the input dtype): per query the max exponent is subtracted (a per-query
-constant cancels in D⁻¹); per key the max exponent is carried as a log scale and
-`kernelized.linear_attention` rescales keys by the max over the keys each query sees — real
-keys only, and only the past when causal — so nothing overflows at bf16 or 16K tokens and
-neither padding nor the future leaks in. The 1/sqrt(m) cancels in D⁻¹ and is omitted.
+Numerics (f32 whatever the input dtype): the feature maps return log φ and
+`kernelized.linear_attention` stabilises each feature by its own max over the keys a query
+sees (real keys only, and only the past when causal), then each query by its own max, so
+nothing overflows or underflows to an all-zero row at large input norms, in bf16 or at 16K
+tokens, and neither padding nor the future leaks in. The 1/sqrt(m) cancels in D⁻¹ and is
+omitted.
 """
 from __future__ import annotations
 
@@ -62,25 +67,40 @@ def orthogonal_gaussian(key, num_kv_heads: int, nb_features: int, head_dim: int)
           paper="Choromanski et al. 2021, Rethinking Attention with Performers (arXiv:2009.14794)",
           can_decode=True, supports_dropout=False)
 class PerformerAttention(kernelized.KernelizedAttention):
-  OPTIONS = {"kernel": "softmax", "nb_features": 256, "redraw": True,
+  OPTIONS = {"kernel": "softmax", "features": "random", "nb_features": 256, "redraw": True,
              **kernelized.KernelizedAttention.OPTIONS}
   TEST_OPTIONS = {"nb_features": 64, "chunk_size": 4}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    kernel, nb_features, redraw = (self.options[k] for k in ("kernel", "nb_features", "redraw"))
+    kernel, features, nb_features, redraw = (
+        self.options[k] for k in ("kernel", "features", "nb_features", "redraw"))
     if kernel not in ("softmax", "relu"):
       raise ValueError(f"performer: kernel must be 'softmax' (FAVOR+) or 'relu' (generalized "
                        f"attention), got {kernel!r}")
+    if features not in ("random", "deterministic"):
+      raise ValueError(f"performer: features must be 'random' (a random projection Ω) or "
+                       f"'deterministic' (none), got {features!r}")
+    if features == "deterministic":
+      if kernel != "relu":
+        raise ValueError("performer: features='deterministic' needs kernel='relu': the softmax "
+                         "kernel is estimated from random projections")
+      given = sorted({"nb_features", "redraw"} & set(kwargs))
+      if given:
+        raise ValueError(f"performer: features='deterministic' has no random projection, so "
+                         f"{' and '.join(given)} cannot apply (its features are the head_dim "
+                         f"coordinates); leave {' and '.join(given)} out")
     if not isinstance(nb_features, int) or nb_features <= 0:
       raise ValueError(f"performer: nb_features must be a positive int, got {nb_features!r}")
     if not isinstance(redraw, bool):
       raise ValueError(f"performer: redraw must be True or False, got {redraw!r}")
-    self.features = RandomFeatures(self._draw(self.rngs.params()))   # [kvh, m, d]
+    self.features = (RandomFeatures(self._draw(self.rngs.params())) if features == "random"
+                     else None)                                      # Ω [kvh, m, d]
 
   @property
   def nb_features(self) -> int:
-    return self.options["nb_features"]
+    deterministic = self.options["features"] == "deterministic"
+    return self.head_dim if deterministic else self.options["nb_features"]
 
   def _draw(self, key):
     return orthogonal_gaussian(key, self.num_kv_heads, self.nb_features, self.head_dim)
@@ -92,15 +112,16 @@ class PerformerAttention(kernelized.KernelizedAttention):
     return self.features[...]
 
   def feature_maps(self, q, k, *, deterministic: bool):
-    omega = self.projection(deterministic)
+    """log φ: Ωx̂ - |x̂|²/2 (softmax; the query's |q̂|²/2 is a per-query constant, dropped) or
+    log(relu(Ωx̂) + ε) (relu); deterministic features: x̂ in place of Ωx̂."""
     root_scale = self.scale ** 0.5
-    q_proj = jnp.einsum("bnhgd,hmd->bnhgm", q * root_scale, omega)   # [b, n, kvh, g, m]
-    k_proj = jnp.einsum("bnhd,hmd->bnhm", k * root_scale, omega)     # [b, n, kvh, m]
+    q, k = q * root_scale, k * root_scale
+    q_proj, k_proj = q, k
+    if self.features is not None:
+      omega = self.projection(deterministic)
+      q_proj = jnp.einsum("bnhgd,hmd->bnhgm", q, omega)              # [b, n, kvh, g, m]
+      k_proj = jnp.einsum("bnhd,hmd->bnhm", k, omega)                # [b, n, kvh, m]
     if self.options["kernel"] == "relu":
-      return (jax.nn.relu(q_proj) + RELU_EPSILON, jax.nn.relu(k_proj) + RELU_EPSILON,
-              jnp.zeros(k_proj.shape[:-1], jnp.float32))
-    # Per query, -|q̂|²/2 is a constant like the max: both cancel in D⁻¹.
-    q_feat = jnp.exp(q_proj - jax.lax.stop_gradient(q_proj.max(axis=-1, keepdims=True)))
-    k_exponent = k_proj - 0.5 * jnp.sum((k * root_scale) ** 2, axis=-1, keepdims=True)
-    log_scale = jax.lax.stop_gradient(k_exponent.max(axis=-1))       # [b, n, kvh]
-    return q_feat, jnp.exp(k_exponent - log_scale[..., None]), log_scale
+      log_phi = lambda x: jnp.log(jax.nn.relu(x) + RELU_EPSILON)
+      return log_phi(q_proj), log_phi(k_proj)
+    return q_proj, k_proj - 0.5 * jnp.sum(k ** 2, axis=-1, keepdims=True)

@@ -10,8 +10,10 @@ Each of `n_hashes` rounds r draws a random rotation R_r [d, n_buckets/2] and has
     h_r(x) = argmax([x R_r ; -x R_r])          (x = q / ||q||)
 
 sorts the tokens by (bucket, position), cuts the sorted order into chunks of `chunk_len`, and
-lets each chunk see itself and the previous chunk (no wrap-around). Query i attends to the
-union of what it sees over the rounds, P_i = ∪_r P_i^(r), without itself:
+lets each chunk see itself and the previous chunk (no wrap-around). `num_chunks` (instead of
+chunk_len) cuts a sequence of n into that many chunks of ceil(n / num_chunks), as the released
+LRA code did (n_buckets = 10 chunks per hash round, whatever the length). Query i attends to
+the union of what it sees over the rounds, P_i = ∪_r P_i^(r), without itself:
 
     o_i = Σ_{j ∈ P_i} exp(s_ij) v_j / Σ_{j ∈ P_i} exp(s_ij),     s_ij = q_i·k_j / sqrt(d)
 
@@ -19,9 +21,9 @@ computed round by round with the paper's duplicate correction s_ij - log N_ij (N
 in which j ∈ P_i^(r)) and combined by the rounds' log-sum-exp. A query attends to itself only
 when P_i is empty. Causal: j ≤ i by original position. Padding: tokens that are neither a real
 query nor a real key go to an extra bucket sorted after every real one, so they never move a
-real token's chunk; padded keys are masked. `n_buckets=None` uses 2·max(1, n // chunk_len)
-for the padded length n; `n_buckets=1` skips hashing, so chunks are contiguous blocks of the
-real tokens in position order.
+real token's chunk; padded keys are masked. `n_buckets=None` uses twice the number of chunks,
+2·max(1, n // chunk length), for the padded length n; `n_buckets=1` skips hashing, so chunks
+are contiguous blocks of the real tokens in position order.
 
 Rotations are drawn from a key fixed at construction in evaluation (deterministic=True) and
 fresh from `rngs.dropout()` at each training call. Dropout acts on the chunk weights.
@@ -56,32 +58,45 @@ class RotationKey(nnx.Variable):
           paper="Kitaev, Kaiser & Levskaya 2020, Reformer: The Efficient Transformer (arXiv:2001.04451)",
           shared_qk=True)
 class ReformerAttention(Attention):
-  OPTIONS = {"chunk_len": 64, "n_buckets": None, "n_hashes": 1}
+  OPTIONS = {"chunk_len": 64, "num_chunks": None, "n_buckets": None, "n_hashes": 1}
   # Fixed n_buckets so lengths 20 and 25 (appended padding) hash the same way.
   TEST_OPTIONS = {"chunk_len": 4, "n_buckets": 4}
   CONTENT_ROUTING = True
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    chunk_len, n_buckets, n_hashes = (self.options[k] for k in ("chunk_len", "n_buckets", "n_hashes"))
+    chunk_len, num_chunks, n_buckets, n_hashes = (
+        self.options[k] for k in ("chunk_len", "num_chunks", "n_buckets", "n_hashes"))
     if not (isinstance(chunk_len, int) and chunk_len > 0):
       raise ValueError(f"reformer: chunk_len must be a positive int, got {chunk_len!r}")
+    if num_chunks is not None and not (isinstance(num_chunks, int) and num_chunks > 0):
+      raise ValueError(f"reformer: num_chunks must be None (use chunk_len) or a positive int, "
+                       f"got {num_chunks!r}")
+    if num_chunks is not None and "chunk_len" in kwargs:
+      raise ValueError(f"reformer: give chunk_len ({chunk_len}) or num_chunks ({num_chunks}), "
+                       f"not both")
     if n_buckets is not None and not (isinstance(n_buckets, int) and
                                       (n_buckets == 1 or (n_buckets >= 2 and n_buckets % 2 == 0))):
       raise ValueError(f"reformer: n_buckets must be None (derived from the length), 1, or an even int "
                        f">= 2 (random-rotation hashing splits buckets into ± pairs), got {n_buckets!r}")
     if not (isinstance(n_hashes, int) and n_hashes > 0):
       raise ValueError(f"reformer: n_hashes must be a positive int, got {n_hashes!r}")
-    self.chunk_len, self.n_hashes = chunk_len, n_hashes
+    self.n_hashes = n_hashes
     self.rotation_key = RotationKey(jax.random.key_data(self.rngs.params()))
 
+  def chunk_length(self, length: int) -> int:
+    """Chunk length for a sequence of `length` (the same before and after padding to it)."""
+    num_chunks = self.options["num_chunks"]
+    return self.options["chunk_len"] if num_chunks is None else -(-length // num_chunks)
+
   def num_buckets(self, padded_len: int) -> int:
-    """The bucket count used for a sequence padded to `padded_len` (a chunk_len multiple)."""
-    n_buckets = self.options["n_buckets"]
-    return 2 * max(1, padded_len // self.chunk_len) if n_buckets is None else n_buckets
+    """The bucket count used for a sequence padded to `padded_len` (a chunk-length multiple)."""
+    if self.options["n_buckets"] is None:
+      return 2 * max(1, padded_len // self.chunk_length(padded_len))
+    return self.options["n_buckets"]
 
   def hash_buckets(self, q, in_use, n_buckets: int, deterministic: bool):
-    """q [b, n, h, d] (n a multiple of chunk_len), in_use bool [b, n] -> buckets int32 [b, h, n_hashes, n].
+    """q [b, n, h, d] (n a chunk-length multiple), in_use bool [b, n] -> buckets [b, h, r, n].
 
     Tokens not in use get bucket `n_buckets`, sorted after every real one.
     """
@@ -102,15 +117,16 @@ class ReformerAttention(Attention):
 
       # Hash _HASH_BLOCK positions at a time: the rotated vectors grow with n_buckets (∝ n by
       # default), so hashing everything at once would take O(n²/chunk_len) memory.
-      blocks = jnp.moveaxis(q.reshape(b, n // self.chunk_len, self.chunk_len, h, d), 1, 0)
-      buckets = jax.lax.map(hash_block, blocks, batch_size=max(1, _HASH_BLOCK // self.chunk_len))
+      cl = self.chunk_length(n)
+      blocks = jnp.moveaxis(q.reshape(b, n // cl, cl, h, d), 1, 0)
+      buckets = jax.lax.map(hash_block, blocks, batch_size=max(1, _HASH_BLOCK // cl))
       buckets = jnp.moveaxis(buckets, 0, 3).reshape(b, h, self.n_hashes, n)  # [b, h, r, n]
     return jnp.where(in_use[:, None, None, :], buckets, n_buckets)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
     del k  # shared QK: the keys are the unit-normalised queries
     b, q_len, h, d = q.shape
-    kvh, cl, rounds = self.num_kv_heads, self.chunk_len, self.n_hashes
+    kvh, cl, rounds = self.num_kv_heads, self.chunk_length(q_len), self.n_hashes
     q, v = pad_to_multiple(q, cl), pad_to_multiple(v, cl)
     q_mask, kv_mask = pad_to_multiple(q_mask, cl, value=False), pad_to_multiple(kv_mask, cl, value=False)
     n = q.shape[1]
@@ -143,7 +159,7 @@ class ReformerAttention(Attention):
     scores = jnp.einsum("bhrcqd,bhrckd->bhrcqk", cq, ck,
                         preferred_element_type=jnp.float32) * self.scale
     if rounds > 1:
-      scores = scores - jnp.log(self._duplicate_counts(undo, order).astype(jnp.float32))
+      scores = scores - jnp.log(_duplicate_counts(undo, order, cl).astype(jnp.float32))
     weights = self.dropout(reference.masked_softmax(scores, allowed), deterministic)
     out = jnp.einsum("bhrcqk,bhrckd->bhrcqd", weights.astype(cv.dtype), cv,
                      preferred_element_type=jnp.float32)           # [b, h, r, c, cl, d]
@@ -162,20 +178,21 @@ class ReformerAttention(Attention):
     out = jnp.where(group(jnp.any(sees, axis=2))[..., None], group(out), self_value)  # [b, kvh, g, n, d]
     return jnp.swapaxes(out.reshape(b, h, n, d), 1, 2)[:, :q_len]  # [b, q, h, d]
 
-  def _duplicate_counts(self, undo, order):
-    """N_ij: in how many rounds key j falls in query i's window (its chunk or the previous one).
 
-    undo, order [b, h, r, n] -> counts [b, h, r, c, cl, 2cl] (>= 1), laid out like the scores.
-    """
-    b, h, rounds, n = order.shape
-    cl = self.chunk_len
-    chunk_of = jnp.swapaxes(undo // cl, 2, 3)[:, :, None]          # [b, h, 1, n, r']
-    # for each sorted slot of round r, the chunk its token falls in in every round r'
-    chunks = jnp.take_along_axis(chunk_of, order[..., None], axis=3)  # [b, h, r, n, r']
-    chunks = chunks.reshape(b, h, rounds, n // cl, cl, rounds)
-    key_chunks = jnp.concatenate([_previous_chunk(chunks, -2), chunks], axis=4)  # [b, h, r, c, 2cl, r']
-    q_c, k_c = chunks[..., :, None, :], key_chunks[..., None, :, :]
-    return jnp.maximum(jnp.sum((k_c == q_c) | (k_c == q_c - 1), axis=-1), 1)
+def _duplicate_counts(undo, order, cl: int):
+  """N_ij: in how many rounds key j falls in query i's window (its chunk or the previous one).
+
+  undo, order [b, h, r, n], chunk length cl -> counts [b, h, r, c, cl, 2cl] (>= 1), laid out
+  like the scores.
+  """
+  b, h, rounds, n = order.shape
+  chunk_of = jnp.swapaxes(undo // cl, 2, 3)[:, :, None]          # [b, h, 1, n, r']
+  # for each sorted slot of round r, the chunk its token falls in in every round r'
+  chunks = jnp.take_along_axis(chunk_of, order[..., None], axis=3)  # [b, h, r, n, r']
+  chunks = chunks.reshape(b, h, rounds, n // cl, cl, rounds)
+  key_chunks = jnp.concatenate([_previous_chunk(chunks, -2), chunks], axis=4)  # [b,h,r,c,2cl,r']
+  q_c, k_c = chunks[..., :, None, :], key_chunks[..., None, :, :]
+  return jnp.maximum(jnp.sum((k_c == q_c) | (k_c == q_c - 1), axis=-1), 1)
 
 
 def _unit(x):

@@ -18,6 +18,7 @@ class AttentionSpec:
   """What a registered variant is and can do."""
   name: str
   exact: bool                 # softmax over a fixed pattern: equals reference.dense_attention
+                              # (as built: longformer's learned global maps start as the identity)
   supports_causal: bool
   supports_cross: bool        # q_len != kv_len
   complexity: str             # e.g. "O(n·w)"

@@ -6,9 +6,13 @@ per query head:
 
     R_ij = (s^q_i W_q) · (s^k_j W_k) / sqrt(d)          # W_q, W_k [d, d]: nnx.Params
 
-and `sinkhorn_iters` rounds of Sinkhorn normalisation turn exp(R / temperature) into a soft
-permutation P (rows, then columns, normalised in log space). Query block i attends, with one
-softmax, to its own block and to the soft-sorted block Σ_j P_ij K_j (values likewise):
+and `sinkhorn_iters` rounds of Sinkhorn normalisation turn exp((R + ε) / temperature) into a
+soft permutation P (rows, then columns, normalised in log space). ε is the Gumbel noise of
+Gumbel-Sinkhorn: in training (deterministic=False) ε_ij = -log(-log U_ij), U_ij ~ U(0, 1),
+drawn from the `dropout` RNG stream at each call; in evaluation ε = 0, so evaluation is
+deterministic. `gumbel_noise=False` leaves the noise out in training too. Query block i
+attends, with one softmax, to its own block and to the soft-sorted block Σ_j P_ij K_j (values
+likewise):
 
     o = softmax([Q_i K_iᵀ ; Q_i (P K)_iᵀ] / sqrt(d)) [V_i ; (P V)_i]
 
@@ -41,7 +45,7 @@ _MASKED = -1e30  # log-weight of a block pair outside the sort (finite: keeps gr
           complexity="O(n·b + (n/b)²)",
           paper="Tay, Bahri, Yang, Metzler & Juan 2020, Sparse Sinkhorn Attention (arXiv:2002.11296)")
 class SinkhornAttention(Attention):
-  OPTIONS = {"block_size": 50, "sinkhorn_iters": 5, "temperature": 0.75}
+  OPTIONS = {"block_size": 50, "sinkhorn_iters": 5, "temperature": 0.75, "gumbel_noise": True}
   TEST_OPTIONS = {"block_size": 4}
 
   def __init__(self, **kwargs):
@@ -53,6 +57,9 @@ class SinkhornAttention(Attention):
       raise ValueError(f"sinkhorn: sinkhorn_iters must be a positive int, got {iters!r}")
     if not (isinstance(temperature, (int, float)) and temperature > 0):
       raise ValueError(f"sinkhorn: temperature must be a positive number, got {temperature!r}")
+    if not isinstance(self.options["gumbel_noise"], bool):
+      raise ValueError(f"sinkhorn: gumbel_noise must be True or False, "
+                       f"got {self.options['gumbel_noise']!r}")
     self.block_size, self.sinkhorn_iters, self.temperature = block_size, iters, float(temperature)
     init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
     shape = (self.num_heads, self.head_dim, self.head_dim)
@@ -63,14 +70,15 @@ class SinkhornAttention(Attention):
     q_len = q.shape[1]
     q, k, v = (pad_to_multiple(x, self.block_size) for x in (q, k, v))
     q_mask, kv_mask = (pad_to_multiple(m, self.block_size, value=False) for m in (q_mask, kv_mask))
-    sort = self.sort_matrix(q, k, q_mask=q_mask, kv_mask=kv_mask)
+    sort = self.sort_matrix(q, k, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic)
     return self.attend_sorted(q, k, v, sort, q_mask=q_mask, kv_mask=kv_mask,
                               deterministic=deterministic)[:, :q_len]
 
-  def sort_matrix(self, q, k, *, q_mask, kv_mask):
+  def sort_matrix(self, q, k, *, q_mask, kv_mask, deterministic: bool = True):
     """The soft permutation P [b, kvh, g, nb, nb] (row i: which blocks block i is sorted onto).
 
-    q [b, n, h, d], k [b, n, kvh, d], masks [b, n]; n a multiple of block_size.
+    q [b, n, h, d], k [b, n, kvh, d], masks [b, n]; n a multiple of block_size. Gumbel noise
+    is added to the logits only when deterministic=False (and gumbel_noise=True).
     """
     b, n, h, d = q.shape
     kvh, bs, nb = self.num_kv_heads, self.block_size, n // self.block_size
@@ -94,6 +102,8 @@ class SinkhornAttention(Attention):
     rows = jnp.einsum("bikgd,kgde->bkgie", q_summary, w_q)        # [b, kvh, g, nb, d]
     cols = jnp.einsum("bjkd,kgde->bkgje", k_summary, w_k)         # [b, kvh, g, nb, d]
     logits = jnp.einsum("bkgie,bkgje->bkgij", rows, cols) * d ** -0.5  # [b, kvh, g, nb, nb]
+    if self.options["gumbel_noise"] and not deterministic:
+      logits = logits + jax.random.gumbel(self.rngs.dropout(), logits.shape, logits.dtype)
 
     valid = (k_count > 0)[:, None, :]                              # [b, 1, nb]: real key blocks
     if self.causal:

@@ -6,9 +6,13 @@ The attention logits over positions are produced without (only) token-token inte
     random:             B = R                                      (a learned [max_len, max_len] per head)
     factorized_random:  B = R_1 R_2                                (R_1 [max_len, k], R_2 [k, max_len])
 
-    Y = softmax(B[:n, :n] + [Q Kᵀ / sqrt(d) if mix_dot_product]) V
+    Y = softmax(B[:n, :n]) V                                   (mix_dot_product=False)
+    Y = softmax(α_1 B[:n, :n] + α_2 Q Kᵀ / sqrt(d)) V          (mix_dot_product=True)
 
-with causal and padding masks applied to the summed logits before the softmax. Parameters are
+with causal and padding masks applied to the logits before the softmax. The mixture weights
+are the paper's learned α (Σ α = 1): α = softmax(a) over two learnable logits a, initialised
+equal (α = 1/2 each), shared by the heads. `mixture="sum"` uses α = (1, 1) instead, a plain
+sum with no parameter; without the dot product `mixture` has nothing to mix. Parameters are
 sized by `max_len` and sliced to the input length, so self-attention only (the logits index
 positions of one sequence). O(n²) time and memory by nature; `random` also holds O(max_len²)
 parameters per head (at max_len = 16K: 268M per head), `factorized_random` O(max_len·k).
@@ -24,6 +28,7 @@ from attention_zoo.base import Attention
 from attention_zoo.registry import register
 
 MODES = ("dense", "random", "factorized_random")
+MIXTURES = ("learned", "sum")
 
 
 @register("synthesizer", exact=False, supports_causal=True, supports_cross=False, complexity="O(n²)",
@@ -31,7 +36,7 @@ MODES = ("dense", "random", "factorized_random")
                 "in Transformer Models (arXiv:2005.00743)",
           needs_max_len=True)
 class SynthesizerAttention(Attention):
-  OPTIONS = {"mode": "random", "mix_dot_product": True, "k": 32}
+  OPTIONS = {"mode": "random", "mix_dot_product": True, "mixture": "learned", "k": 32}
   TEST_OPTIONS = {"k": 4}
 
   def __init__(self, **kwargs):
@@ -43,7 +48,13 @@ class SynthesizerAttention(Attention):
       raise ValueError(f"synthesizer: k (the rank of factorized_random) must be a positive int, got {rank!r}")
     if not (isinstance(self.max_len, int) and self.max_len > 0):
       raise ValueError(f"synthesizer: max_len must be a positive int, got {self.max_len!r}")
+    if self.options["mixture"] not in MIXTURES:
+      raise ValueError(f"synthesizer: mixture must be 'learned' (softmax-normalised weights) or "
+                       f"'sum' (a plain sum), got {self.options['mixture']!r}")
     self.mode, self.mix_dot_product = mode, bool(self.options["mix_dot_product"])
+    learned = self.mix_dot_product and self.options["mixture"] == "learned"
+    # logits of α = (synthesized, dot product); zeros: equal weights
+    self.mixture_logits = nnx.Param(jnp.zeros((2,))) if learned else None
     h, d, length = self.num_heads, self.head_dim, self.max_len
     init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
     key = self.rngs.params
@@ -80,8 +91,13 @@ class SynthesizerAttention(Attention):
     logits = self.synthesized_logits(q)
     scores = logits.reshape(logits.shape[0], kvh, h // kvh, n, n)      # [b, kvh, g, q, k]
     if self.mix_dot_product:
-      scores = scores + jnp.einsum("bqkgd,bskd->bkgqs", reference.group_heads(q, kvh), k,
-                                   preferred_element_type=jnp.float32) * self.scale
+      dot = jnp.einsum("bqkgd,bskd->bkgqs", reference.group_heads(q, kvh), k,
+                       preferred_element_type=jnp.float32) * self.scale  # [b, kvh, g, q, k]
+      if self.mixture_logits is None:
+        scores = scores + dot
+      else:
+        alpha = jax.nn.softmax(self.mixture_logits[...])
+        scores = alpha[0] * scores + alpha[1] * dot
     allowed = kv_mask[:, None, None, None, :]
     if self.causal:
       allowed = allowed & reference.causal_allowed(jnp.arange(n)[:, None], jnp.arange(n)[None, :], n, n)

@@ -91,6 +91,13 @@ def test_refusals():
     build("linear_transformer", scale=0.5)
   with pytest.raises(ValueError, match="dropout"):
     build("performer", dropout_rate=0.1)
+  with pytest.raises(ValueError, match="features"):
+    build("performer", kernel="relu", features="orthogonal")
+  with pytest.raises(ValueError, match="kernel='relu'"):
+    build("performer", features="deterministic")                 # softmax needs random features
+  for option in (dict(nb_features=64), dict(redraw=False)):
+    with pytest.raises(ValueError, match=f"{next(iter(option))} cannot apply"):
+      build("performer", kernel="relu", features="deterministic", **option)
 
 
 # -- performer: the estimator, and its convergence to softmax ------------------------------------
@@ -115,6 +122,24 @@ def test_performer_equals_its_explicit_estimator(kernel, causal):
     phi_q, phi_k = np.maximum(q_proj, 0) + 1e-3, np.maximum(k_proj, 0) + 1e-3
   expected = explicit_kernel_attention(jnp.asarray(phi_q), jnp.asarray(phi_k), v, kv_mask, causal)
   assert rel_err(call(attn, q, k, v, kv_mask=kv_mask), expected) < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_deterministic_features_are_relu_of_the_head_coordinates(causal, scale):
+  """features="deterministic": φ(x) = relu(x · sqrt(scale)) + 1e-3 on the head_dim coordinates,
+  no projection; scale=1.0 is LRA's φ(x) = relu(x) + 1e-3. Nothing random: training = evaluation."""
+  attn = build("performer", causal=causal, kernel="relu", features="deterministic", scale=scale,
+               chunk_size=4)
+  assert attn.nb_features == 8 and attn.features is None                 # no Ω stored
+  q, k, v = make_inputs(8, q_len=14, kv_len=14)
+  kv_mask = holes_mask(2, 14)
+  root_scale = 8 ** -0.25 if scale is None else 1.0
+  phi = lambda x: jnp.maximum(x * root_scale, 0) + 1e-3
+  expected = explicit_kernel_attention(phi(q), phi(k), v, kv_mask, causal)
+  out = call(attn, q, k, v, kv_mask=kv_mask)
+  assert rel_err(out, expected) < 1e-5
+  np.testing.assert_array_equal(call(attn, q, k, v, kv_mask=kv_mask, deterministic=False), out)
 
 
 def _softmax_errors(nb_features, causal):
@@ -221,6 +246,47 @@ def test_causal_padding_invariance(name):
   changed = call(attn, *(jnp.where(pad, x + 30 * e, x) for x, e in zip((q, k, v), noise)),
                  q_mask=mask, kv_mask=mask)
   assert rel_err(changed, out) < 1e-5
+
+
+def log_space_estimator(q_log, k_log, v, mask, causal):
+  """D⁻¹ A V with A_ij = Σ_m exp(q_log_im + k_log_jm), in float64 log space (no weight under- or
+  overflows at any input norm); q_log [b, n, h, m], k_log [b, n, h, m], v [b, n, h, d] numpy."""
+  def logsumexp(x, axis):
+    top = np.max(x, axis=axis, keepdims=True)
+    return np.squeeze(top, axis) + np.log(np.sum(np.exp(x - top), axis=axis))
+
+  n = q_log.shape[1]
+  pair = logsumexp(q_log[:, :, None] + k_log[:, None], axis=-1)           # [b, q, k, h]
+  allowed = np.asarray(mask)[:, None, :, None]
+  if causal:
+    allowed = allowed & np.tril(np.ones((n, n), bool))[None, :, :, None]
+  pair = np.where(allowed, pair, -np.inf)
+  weights = np.exp(pair - pair.max(axis=2, keepdims=True))
+  return np.einsum("bqkh,bkhd->bqhd", weights / weights.sum(axis=2, keepdims=True), v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_keeps_every_row_at_large_input_norms(causal):
+  """q, k ~ N(0, 16²), head_dim 64: the key feature exponents spread over ~2000 e-folds, so a
+  single stabiliser per key (the previous code) underflowed whole rows to zero here (measured:
+  100 of the 504 real rows, causal 86). Per-feature stabilisers keep every real row: finite,
+  non-zero, and equal to the estimator D⁻¹ φ(Q̂)(φ(K̂)ᵀV) with the module's Ω evaluated in
+  float64 log space (its weights are far beyond float64's range too)."""
+  n, d = 128, 64
+  attn = build("performer", num_heads=2, num_kv_heads=1, head_dim=d, causal=causal, nb_features=64,
+               chunk_size=16)
+  q, k, v = make_inputs(9, q_len=n, kv_len=n, num_heads=2, num_kv_heads=1, head_dim=d, std=16.0)
+  mask = holes_mask(2, n)
+  out = np.asarray(call(attn, q, k, v, q_mask=mask, kv_mask=mask), np.float64)
+  real_rows = np.broadcast_to(np.asarray(mask)[:, :, None], out.shape[:3])
+  assert np.isfinite(out).all()
+  assert (np.abs(out).max(-1) > 0)[real_rows].all()
+  omega = np.asarray(attn.features[...], np.float64)[0]                    # [m, d], K/V head 0
+  q_hat, k_hat = (np.asarray(x, np.float64) * d ** -0.25 for x in (q, k))
+  log_phi = lambda x: np.einsum("bnhd,md->bnhm", x, omega) - 0.5 * np.sum(x ** 2, -1, keepdims=True)
+  expected = log_space_estimator(log_phi(q_hat), np.repeat(log_phi(k_hat), 2, axis=2),
+                                 np.repeat(np.asarray(v, np.float64), 2, axis=2), mask, causal)
+  np.testing.assert_allclose(out, expected * real_rows[..., None], atol=1e-3)
 
 
 # -- recurrent decoding ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Oracles for `linformer`: identity projections with k = n give full attention; the rest of its
-contract (padding zeroed before the projection, slicing, refusals; long inputs and memory: test_scaling.py)."""
+"""Oracles for `linformer`: identity projections with k = n give full attention; each sharing
+mode against its projections applied head by head; the rest of its contract (padding zeroed
+before the projection, slicing, refusals; long inputs and memory: test_scaling.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,6 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import reference
 from attention_zoo.conformance import apply
 
 
@@ -27,14 +27,17 @@ def rel_err(a, b):
   return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("share", ["none", "kv"])
+SHARING = ["none", "headwise", "kv"]
+
+
+@pytest.mark.parametrize("share", SHARING)
 def test_identity_projections_with_k_equal_n_give_full_attention(share):
   """E = F = I (k = n = max_len): softmax(Q Kᵀ s) V exactly, output and gradients, with GQA."""
   n = 12
   attn = build(max_len=n, k=n, share=share)
-  attn.key_projection[...] = jnp.eye(n)
-  if share == "none":
-    attn.value_projection[...] = jnp.eye(n)
+  for projection in (attn.key_projection, attn.value_projection):
+    if projection is not None:
+      projection[...] = jnp.broadcast_to(jnp.eye(n), projection.shape)
   full = az.create("full", num_heads=4, head_dim=8, num_kv_heads=2, rngs=nnx.Rngs(0))
   q, k, v = make_inputs(0, q_len=n, kv_len=n)
   cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
@@ -53,25 +56,48 @@ def test_identity_projections_with_k_equal_n_give_full_attention(share):
     assert rel_err(g, e) < 1e-5
 
 
-def test_padding_is_zeroed_before_the_projection():
-  """Linformer attends over the k projections of the zero-padded K and V, written out here."""
-  attn = build(max_len=16, k=5, share="none")
-  q, k, v = make_inputs(2, q_len=7, kv_len=12)                   # cross-attention, kv_len < max_len
+def explicit_linformer(q, k, v, kv_mask, e, f):
+  """Each query head h (K/V head h // 2) attends over E_hᵀ K and F_hᵀ V of its K/V head, with
+  padded keys and values zeroed first; e, f [kv heads, kv_len, k], numpy float64."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  real = np.asarray(kv_mask)[:, :, None]
+  out = np.zeros(q.shape)
+  for h in range(q.shape[2]):
+    kv_head = h // (q.shape[2] // k.shape[2])
+    k_proj = np.einsum("bnd,nr->brd", np.where(real, k[:, :, kv_head], 0), e[kv_head])   # [b, k, d]
+    v_proj = np.einsum("bnd,nr->brd", np.where(real, v[:, :, kv_head], 0), f[kv_head])
+    scores = np.einsum("bqd,brd->bqr", q[:, :, h], k_proj) / np.sqrt(q.shape[-1])
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    out[:, :, h] = np.einsum("bqr,brd->bqd", weights / weights.sum(-1, keepdims=True), v_proj)
+  return out
+
+
+@pytest.mark.parametrize("share", SHARING)
+def test_each_sharing_mode_equals_its_projections_applied_explicitly(share):
+  """With the drawn projections (sliced to kv_len < max_len), padding and cross-attention: "none"
+  projects each K/V head with its own E_h, F_h, "headwise" all heads with one E and one F,
+  "kv" with one E = F."""
+  attn = build(max_len=16, k=5, share=share)
+  q, k, v = make_inputs(2, q_len=7, kv_len=12)
   kv_mask = np.ones((2, 12), bool)
   kv_mask[1, 8:] = kv_mask[1, 3] = False
-  e = np.asarray(attn.key_projection[...])[:12]                   # the first kv_len rows
-  f = np.asarray(attn.value_projection[...])[:12]
-  real = kv_mask[:, :, None, None]
-  k_proj = np.einsum("bnhd,nr->brhd", np.where(real, k, 0), e)   # [b, k, kvh, d]
-  v_proj = np.einsum("bnhd,nr->brhd", np.where(real, v, 0), f)
-  expected = reference.dense_attention(q, jnp.asarray(k_proj), jnp.asarray(v_proj), True)
+  e = np.asarray(attn.key_projection[...], np.float64)[:, :12]             # the first kv_len rows
+  f = e if share == "kv" else np.asarray(attn.value_projection[...], np.float64)[:, :12]
+  heads = 2 if share == "none" else 1
+  assert e.shape == f.shape == (heads, 12, 5)
+  if share == "none":
+    assert not np.allclose(e[0], e[1]) and not np.allclose(f[0], f[1])
+  e, f = (np.broadcast_to(x, (2, 12, 5)) for x in (e, f))
+  expected = explicit_linformer(q, k, v, kv_mask, e, f)
   assert rel_err(apply(attn, q, k, v, kv_mask=jnp.asarray(kv_mask)), expected) < 1e-5
 
 
-def test_share_kv_uses_one_matrix():
-  shared, separate = build(k=4, share="kv"), build(k=4, share="none")
+def test_parameter_counts_follow_the_sharing():
   count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
-  assert count(shared) == 12 * 4 and count(separate) == 2 * 12 * 4
+  per_matrix = 12 * 4
+  assert count(build(k=4, share="none")) == 2 * 2 * per_matrix    # E_h and F_h for 2 K/V heads
+  assert count(build(k=4, share="headwise")) == 2 * per_matrix
+  assert count(build(k=4, share="kv")) == per_matrix
 
 
 def test_refusals():

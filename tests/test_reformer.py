@@ -217,6 +217,22 @@ def test_hashing_groups_similar_tokens():
   assert mass[None] > 1.3 * mass[1], mass
 
 
+def test_num_chunks_cuts_the_sorted_order_into_that_many_chunks():
+  """num_chunks=3: chunks of ceil(n / 3), the same attention as chunk_len = ceil(n / 3), and equal
+  to dense softmax over the union of those chunks (the released LRA code cut into 10 chunks)."""
+  n = 24
+  attn = make(num_chunks=3, n_buckets=4, n_hashes=2)
+  assert attn.chunk_length(n) == 8 and attn.chunk_length(22) == 8
+  assert make(num_chunks=3).num_buckets(n) == 6                    # default: 2 per chunk
+  q, v = qkv(n, seed=9)
+  mask = padding(n)
+  check_against(attn, q, v, mask, lambda buckets: union_pattern(buckets, 8, mask, False))
+  q, v, mask = q[:, :22], v[:, :22], mask[:, :22]                  # 22 = 3 chunks of 8, padded
+  run = nnx.jit(lambda m, q, v, mask: m(q, v, v, q_mask=mask, kv_mask=mask))
+  by_length = make(chunk_len=8, n_buckets=4, n_hashes=2)
+  np.testing.assert_allclose(run(attn, q, v, mask), run(by_length, q, v, mask), atol=1e-6)
+
+
 def test_rotations_fixed_in_evaluation_fresh_in_training():
   n = 32
   q, v = qkv(n, seed=8)
@@ -234,7 +250,9 @@ def test_rotations_fixed_in_evaluation_fresh_in_training():
 
 def test_bad_options():
   for options, what in [(dict(n_buckets=3), "n_buckets"), (dict(n_buckets=0), "n_buckets"),
-                        (dict(chunk_len=0), "chunk_len"), (dict(n_hashes=0), "n_hashes")]:
+                        (dict(chunk_len=0), "chunk_len"), (dict(n_hashes=0), "n_hashes"),
+                        (dict(num_chunks=0), "num_chunks"),
+                        (dict(chunk_len=8, num_chunks=2), "not both")]:
     with pytest.raises(ValueError, match=what):
       make(**options)
   q, v = qkv(8)

@@ -201,9 +201,52 @@ def test_causal_sort_uses_only_the_past():
   assert float(jnp.abs(out2[:, cut:] - out[:, cut:]).max()) > 1e-3
 
 
+@nnx.jit(static_argnames=("deterministic",))
+def run(attn, q, k, v, mask, deterministic):
+  return attn(q, k, v, q_mask=mask, kv_mask=mask, deterministic=deterministic)
+
+
+def max_diff(a, b):
+  return float(jnp.abs(a - b).max())
+
+
+def test_gumbel_noise_only_in_training():
+  """Gumbel-Sinkhorn: evaluation is deterministic and the same with the noise switched off;
+  each training call draws fresh noise (outputs differ from call to call and from evaluation);
+  without the noise a training call equals evaluation (no dropout here)."""
+  n = 24
+  q, k, v = qkv(n, seed=9)
+  mask = padding(n)
+  noisy, plain = make(seed=9), make(seed=9, gumbel_noise=False)
+  evaluation = run(noisy, q, k, v, mask, True)
+  np.testing.assert_array_equal(run(noisy, q, k, v, mask, True), evaluation)
+  np.testing.assert_array_equal(run(plain, q, k, v, mask, True), evaluation)
+  train_a, train_b = run(noisy, q, k, v, mask, False), run(noisy, q, k, v, mask, False)
+  assert max_diff(train_a, train_b) > 1e-3 and max_diff(train_a, evaluation) > 1e-3
+  np.testing.assert_allclose(run(plain, q, k, v, mask, False), evaluation, atol=1e-6)
+  noisy_sort = lambda: noisy.sort_matrix(q, k, q_mask=mask, kv_mask=mask, deterministic=False)
+  assert max_diff(noisy_sort(), noisy_sort()) > 1e-2           # the noise reaches the sort
+
+
+def test_causal_sort_with_noise_uses_only_the_past():
+  """Training noise is drawn per block pair, independently of the tokens: with the same draw
+  (two modules from one seed), changing later tokens changes no earlier output."""
+  n, cut = 24, 10
+  q, k, v = qkv(n, seed=7)
+  mask = jnp.ones((B, n), bool)
+  later = jnp.arange(n)[None, :, None, None] >= cut
+  changed = [jnp.where(later, x + 2 * e, x) for x, e in zip((q, k, v), qkv(n, seed=8))]
+  out = run(make(causal=True, seed=7), q, k, v, mask, False)
+  out2 = run(make(causal=True, seed=7), *changed, mask, False)
+  np.testing.assert_allclose(out2[:, :cut], out[:, :cut], atol=1e-6)
+  assert max_diff(out2[:, cut:], out[:, cut:]) > 1e-3
+  assert max_diff(out, run(make(causal=True, seed=7), q, k, v, mask, True)) > 1e-3   # noise is on
+
+
 def test_bad_options():
   for options, what in [(dict(block_size=0), "block_size"), (dict(sinkhorn_iters=0), "sinkhorn_iters"),
-                        (dict(temperature=0.0), "temperature")]:
+                        (dict(temperature=0.0), "temperature"),
+                        (dict(gumbel_noise=1), "gumbel_noise")]:
     with pytest.raises(ValueError, match=what):
       make(**options)
   q, k, v = qkv(8)

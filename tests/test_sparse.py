@@ -11,6 +11,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import reference
+from attention_zoo.models import Classifier, TransformerConfig
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -37,6 +38,11 @@ def padding(length, seed):
   return jnp.asarray(mask)
 
 
+def vjp_of(f):
+  """Compiled (q, k, v, cotangent) -> (f(q, k, v), its vjp for q, k, v)."""
+  return jax.jit(lambda q, k, v, ct: (lambda out, back: (out, back(ct)))(*jax.vjp(f, q, k, v)))
+
+
 # name, options, q_len, kv_len, num_kv_heads, causal: lengths mostly not multiples of the block
 ORACLE_CASES = [
     ("local", dict(block_size=5), 23, 23, 2, False),
@@ -55,6 +61,7 @@ ORACLE_CASES = [
     ("longformer", dict(window=3, dilation=1, num_global_tokens=1), 23, 23, 2, True),
     ("longformer", dict(window=2, dilation=3, num_global_tokens=2), 29, 29, 1, False),
     ("longformer", dict(window=4, dilation=2, num_global_tokens=0), 17, 17, 4, True),
+    ("longformer", dict(window=2, num_global_tokens=2, global_projections=False), 19, 19, 2, True),
     ("bigbird", dict(block_size=3, num_window_blocks=3, num_random_blocks=2, seed=1), 35, 35, 2, False),
     ("bigbird", dict(block_size=4, num_window_blocks=1, num_random_blocks=3, seed=2), 30, 30, 1, True),
     ("bigbird", dict(block_size=2, num_window_blocks=5, num_random_blocks=4, seed=3), 13, 13, 4, False),  # few to draw
@@ -85,7 +92,6 @@ def test_equals_dense_oracle_over_own_pattern(name, options, q_len, kv_len, num_
     return jnp.where(q_mask[:, :, None, None], out, 0)
 
   cotangent = normal(seed + 3, q.shape)
-  vjp_of = lambda f: jax.jit(lambda q, k, v, ct: (lambda o, back: (o, back(ct)))(*jax.vjp(f, q, k, v)))
   out, grads = vjp_of(ours)(q, k, v, cotangent)
   expected, expected_grads = vjp_of(oracle)(q, k, v, cotangent)
   np.testing.assert_allclose(out, expected, atol=1e-5, rtol=0)
@@ -168,6 +174,65 @@ def test_longformer_pattern(window, dilation, num_global, causal):
     assert attn.pattern(n, n)[0, n // 2].sum() == 2 * window + 1
 
 
+def dense_over_pattern(attn, q, k, v, mask, slopes):
+  """reference.dense_attention over attn.pattern() and the padding mask (self-attention)."""
+  n = q.shape[1]
+  real = np.asarray(mask)
+  allowed = attn.pattern(n, n)[None] & real[:, None, :, None] & real[:, None, None, :]
+  bias = None if slopes is None else reference.alibi_bias(
+      slopes, jnp.arange(n)[:, None], jnp.arange(n)[None, :], n, n)[None]
+  out = reference.dense_attention(q, k, v, allowed, scale=attn.scale, bias=bias)
+  return jnp.where(mask[:, :, None, None], out, 0)
+
+
+def longformer_oracle(attn, q, k, v, mask, slopes):
+  """Rows i >= g: dense attention of the given q, k, v; the global rows i < g: of q W_qg,
+  k W_kg, v W_vg (per head / per K/V head)."""
+  mapped = lambda x, w: jnp.einsum("bnhd,hde->bnhe", x, w[...], precision="highest")
+  global_rows = dense_over_pattern(attn, mapped(q, attn.global_query), mapped(k, attn.global_key),
+                                   mapped(v, attn.global_value), mask, slopes)
+  is_global = (jnp.arange(q.shape[1]) < attn.num_global)[None, :, None, None]
+  return jnp.where(is_global, global_rows, dense_over_pattern(attn, q, k, v, mask, slopes))
+
+
+@pytest.mark.parametrize("causal, num_kv_heads, alibi",
+                         [(False, 2, True), (True, 1, False), (False, 4, False)])
+def test_longformer_global_rows_use_their_own_projections(causal, num_kv_heads, alibi):
+  """With W_qg, W_kg, W_vg moved away from the identity: the global rows equal dense attention of
+  the mapped q, k, v, every other row (also where it sees a global key) the ordinary one;
+  output and gradients, and the maps receive gradients."""
+  n, g = 21, 3
+  attn = build("longformer", causal=causal, num_kv_heads=num_kv_heads, window=2, dilation=2,
+               num_global_tokens=g)
+  for i, w in enumerate((attn.global_query, attn.global_key, attn.global_value)):
+    np.testing.assert_array_equal(w[...], np.broadcast_to(np.eye(HEAD_DIM), w.shape))  # at init: I
+    w[...] = w[...] + 0.3 * normal(50 + i, w.shape)
+  q, k, v = qkv(51, n, n, num_kv_heads)
+  mask = padding(n, 2)
+  slopes = jnp.linspace(0.3, 0.05, HEADS) if alibi else None
+  ours = lambda q, k, v: attn(q, k, v, q_mask=mask, kv_mask=mask, alibi_slopes=slopes)
+  oracle = lambda q, k, v: longformer_oracle(attn, q, k, v, mask, slopes)
+  cotangent = normal(52, q.shape)
+  out, grads = vjp_of(ours)(q, k, v, cotangent)
+  expected, expected_grads = vjp_of(oracle)(q, k, v, cotangent)
+  np.testing.assert_allclose(out, expected, atol=1e-5, rtol=0)
+  for what, grad, expected_grad in zip("qkv", grads, expected_grads):
+    np.testing.assert_allclose(grad, expected_grad, atol=1e-5, rtol=0, err_msg=f"d{what}")
+  unmapped = dense_over_pattern(attn, q, k, v, mask, slopes)
+  assert float(jnp.abs(out[:, :g] - unmapped[:, :g]).max()) > 1e-2     # the maps act on global rows
+  loss = lambda m: jnp.sum(m(q, k, v, q_mask=mask, kv_mask=mask, alibi_slopes=slopes) * cotangent)
+  param_grads = nnx.grad(loss)(attn)
+  for w in (param_grads.global_query, param_grads.global_key, param_grads.global_value):
+    assert float(jnp.abs(w[...]).sum()) > 0
+
+
+def test_longformer_global_projections_switched_off_or_without_global_tokens():
+  count = lambda m: len(jax.tree.leaves(nnx.state(m, nnx.Param)))
+  assert count(build("longformer", num_global_tokens=2)) == 3
+  assert count(build("longformer", num_global_tokens=2, global_projections=False)) == 0
+  assert count(build("longformer", num_global_tokens=0)) == 0
+
+
 def bigbird_blocks_seen(pattern, block):
   """{(head, query block): set of key blocks with any visible entry}; a block is all or nothing."""
   heads, n, _ = pattern.shape
@@ -228,6 +293,31 @@ def test_bigbird_random_blocks_fixed_by_seed_and_drawn_from_whole_sequence():
   np.testing.assert_array_equal(first, again)                             # same every call
 
 
+def bigbird_layer_patterns(model_seed, n=40, **options):
+  """The pattern of each self-attention layer of a 2-layer bigbird Classifier."""
+  config = TransformerConfig(vocab_size=8, max_len=n - 1, num_layers=2, emb_dim=16, num_heads=2,
+                             mlp_dim=16, attention="bigbird", num_classes=2,
+                             attention_options={"block_size": 2, "num_random_blocks": 2, **options})
+  model = Classifier(config, rngs=nnx.Rngs(model_seed))   # n - 1 tokens + CLS = n positions
+  return [block.self_attention.attention.pattern(n, n) for block in model.encoder.blocks]
+
+
+def test_bigbird_layers_draw_their_own_random_blocks_from_the_model_seed():
+  """seed=None (default): each layer's table comes from the params stream, so the layers of one
+  model differ and the same model seed rebuilds the same tables; an int seed is shared."""
+  first, second = bigbird_layer_patterns(0)
+  assert not np.array_equal(first, second)
+  again = bigbird_layer_patterns(0)
+  np.testing.assert_array_equal(again[0], first)
+  np.testing.assert_array_equal(again[1], second)
+  assert not np.array_equal(bigbird_layer_patterns(1)[0], first)
+  fixed = bigbird_layer_patterns(0, seed=7)
+  np.testing.assert_array_equal(fixed[0], fixed[1])
+  abstract = nnx.eval_shape(lambda: build("bigbird"))       # shapes only: the table is unknown
+  with pytest.raises(ValueError, match="abstractly"):
+    abstract.pattern(8, 8)
+
+
 # -- options and refusals --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, options, fragment", [
@@ -238,6 +328,7 @@ def test_bigbird_random_blocks_fixed_by_seed_and_drawn_from_whole_sequence():
     ("sparse_transformer", dict(query_chunk=0), "query_chunk"),
     ("longformer", dict(dilation=0), "dilation"),
     ("longformer", dict(num_global_tokens=-1), "num_global_tokens"),
+    ("longformer", dict(global_projections="yes"), "global_projections"),
     ("bigbird", dict(num_window_blocks=2), "num_window_blocks"),
     ("bigbird", dict(num_random_blocks=-1), "num_random_blocks"),
     ("bigbird", dict(seed=-3), "seed"),

@@ -37,9 +37,18 @@ def forward(attn, q, k, v, mask):
   return attn(q, k, v, q_mask=mask, kv_mask=mask)
 
 
-def formula(attn, q, k, v, mask):
-  """The synthesizer written out: logits from the parameters (sliced to N), + QKᵀ/sqrt(d) if
-  mixed, masked, softmax, times the values of each head's K/V group."""
+def mixture_weights(attn):
+  """α for (synthesized, dot product): softmax of the learned logits, or (1, 1) for a plain sum."""
+  if attn.mixture_logits is None:
+    return 1.0, 1.0
+  a = np.asarray(attn.mixture_logits[...], np.float64)
+  return tuple(np.exp(a) / np.exp(a).sum())
+
+
+def formula(attn, q, k, v, mask, weights=None):
+  """The synthesizer written out: logits from the parameters (sliced to N), mixed with
+  QKᵀ/sqrt(d) by `weights` (default: the module's α) if mixed, masked, softmax, times the
+  values of each head's K/V group."""
   q, k, v, mask = (np.asarray(x, np.float64) for x in (q, k, v, mask))
   p = {name: np.asarray(value, np.float64) for name, value in params(attn).items()}
   n = q.shape[1]
@@ -54,7 +63,9 @@ def formula(attn, q, k, v, mask):
       logits[:, h] = hidden @ p["logit_kernel"][h][:, :n] + p["logit_bias"][h][:n]
   k_h, v_h = np.repeat(k, H // KVH, axis=2), np.repeat(v, H // KVH, axis=2)
   if attn.mix_dot_product:
-    logits = logits + np.einsum("bqhd,bkhd->bhqk", q, k_h) / np.sqrt(D)
+    synthesized_weight, dot_weight = mixture_weights(attn) if weights is None else weights
+    dot = np.einsum("bqhd,bkhd->bhqk", q, k_h) / np.sqrt(D)
+    logits = synthesized_weight * logits + dot_weight * dot
   allowed = np.broadcast_to(mask[:, None, None, :] > 0, logits.shape)
   if attn.causal:
     allowed = allowed & np.tril(np.ones((n, n), bool))
@@ -91,11 +102,52 @@ def test_padding_and_causal_mask_the_synthesized_logits(mode):
   assert float(jnp.abs(changed[:, 7:] - out[:, 7:]).max()) > 1e-3
 
 
+def test_learned_mixture_starts_as_an_equal_average():
+  """At initialisation α = (1/2, 1/2): half the synthesized plus half the dot-product logits."""
+  attn = make("random", True)
+  q, k, v = qkv(4)
+  mask = padding()
+  out = forward(attn, q, k, v, mask)
+  np.testing.assert_allclose(out, formula(attn, q, k, v, mask, (0.5, 0.5)), atol=1e-5)
+  assert float(np.abs(out - formula(attn, q, k, v, mask, (1.0, 1.0))).max()) > 1e-2
+
+
+@nnx.jit
+def mixture_gradient(attn, q, k, v, mask):
+  grads = nnx.grad(lambda m: jnp.sum(m(q, k, v, q_mask=mask, kv_mask=mask) ** 2))(attn)
+  return grads.mixture_logits[...]
+
+
+@pytest.mark.parametrize("mode", ["dense", "factorized_random"])
+def test_learned_mixture_weights_train_and_follow_the_softmax(mode):
+  attn = make(mode, True, causal=True)
+  q, k, v = qkv(5)
+  mask = padding()
+  assert float(jnp.abs(mixture_gradient(attn, q, k, v, mask)).sum()) > 0
+  attn.mixture_logits[...] = jnp.array([1.0, -0.5])
+  weights = np.exp([1.0, -0.5]) / np.exp([1.0, -0.5]).sum()
+  expected = formula(attn, q, k, v, mask, tuple(weights))
+  np.testing.assert_allclose(forward(attn, q, k, v, mask), expected, atol=1e-5)
+
+
+def test_sum_mixture_is_the_plain_sum():
+  """mixture="sum": softmax(B + QKᵀ/sqrt(d)) with no mixture parameter (the behaviour before
+  learned weights); the other parameters are drawn as with the learned mixture."""
+  summed, learned = make("random", True, mixture="sum"), make("random", True)
+  assert summed.mixture_logits is None and set(params(summed)) == {"random"}
+  np.testing.assert_array_equal(summed.random[...], learned.random[...])
+  q, k, v = qkv(6)
+  mask = padding()
+  expected = formula(summed, q, k, v, mask, (1.0, 1.0))
+  np.testing.assert_allclose(forward(summed, q, k, v, mask), expected, atol=1e-5)
+
+
 def test_parameters_are_sized_by_max_len():
   shapes = {m: {name: p.shape for name, p in params(make(m, True)).items()}
             for m in ("random", "factorized_random", "dense")}
-  assert shapes["random"] == {"random": (H, MAX_LEN, MAX_LEN)}
-  assert shapes["factorized_random"] == {"random_left": (H, MAX_LEN, 3), "random_right": (H, 3, MAX_LEN)}
+  assert shapes["random"] == {"random": (H, MAX_LEN, MAX_LEN), "mixture_logits": (2,)}
+  assert shapes["factorized_random"] == {"random_left": (H, MAX_LEN, 3),
+                                         "random_right": (H, 3, MAX_LEN), "mixture_logits": (2,)}
   assert shapes["dense"]["logit_kernel"] == (H, D, MAX_LEN)
 
 
@@ -104,6 +156,8 @@ def test_bad_configuration():
     az.create("synthesizer", num_heads=H, head_dim=D, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="mode"):
     make("sparse", True)
+  with pytest.raises(ValueError, match="mixture"):
+    make("random", True, mixture="average")
   with pytest.raises(ValueError, match="k "):
     az.create("synthesizer", num_heads=H, head_dim=D, max_len=MAX_LEN, rngs=nnx.Rngs(0), k=0)
   q, k, v = qkv(0, n=MAX_LEN + 4)
