@@ -56,6 +56,9 @@ REASONS = {
     ("performer", "attention.features"):
         "quirk fixed in `fair`: random orthogonal features; the released ReLU kernel used none "
         "(φ(x) = relu(x) + 0.001)",
+    ("performer", "attention.scale"):
+        "quirk fixed in `fair`: the released ReLU kernel read the unscaled q and k (the "
+        "d^-1/4 normaliser was never passed); `fair` scales them as FAVOR+ does",
     ("performer", "attention.nb_features"):
         "quirk fixed in `fair`: 256 random features (the Performer paper's default); the released "
         "ListOps config used 2",
@@ -76,6 +79,9 @@ NOTES = {
         "the released file sets `low_rank_features = 32` where train.py never reads it: 16 ran",
     ("image", "sinkhorn", "model.emb_dim"):
         "the released file keeps the base dimensions (emb 32, 1 head)",
+    **{(task, "performer", "attention.nb_features"):
+       "unused by `paper`'s deterministic features: there is no projection"
+       for task in ("text", "retrieval", "image", "pathfinder", "pathx")},
 }
 
 # Differences that are not config values: what the released code did, what both presets do,

@@ -77,8 +77,9 @@ RELEASED_ATTENTION = {
     "reformer": {"attention.n_hashes": 1, "attention.n_buckets": 10, "attention.num_chunks": 10,
                  "attention.scale": SQRT_HEAD_DIM, "attention.dropout_rate": 0.0,
                  "model.attention_ignores_padding": True},
+    # "generalized" attention: relu(x) + 0.001 on the unscaled q and k, no random features.
     "performer": {"attention.kernel": "relu", "attention.features": "deterministic",
-                  "model.attention_ignores_padding": True},
+                  "attention.scale": 1.0, "model.attention_ignores_padding": True},
     "sinkhorn": {"attention.block_size": 50},
     "synthesizer": {"attention.mode": "random", "attention.mixture": "sum"},
     "linear_transformer": {"model.attention_ignores_padding": True},

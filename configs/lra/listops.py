@@ -19,9 +19,9 @@ RELEASED = {
         "schedule.factors": common.RSQRT, "schedule.base_learning_rate": 0.05,
         "schedule.warmup_steps": 1_000,
     },
-    # FAVOR+ softmax with 2 random features, redrawn at every call.
-    "performer": {"attention.kernel": "softmax", "attention.nb_features": 2,
-                  "attention.redraw": True},
+    # FAVOR+ softmax with 2 random features, redrawn at every call (q, k scaled by d^-1/4).
+    "performer": {"attention.kernel": "softmax", "attention.features": "random",
+                  "attention.nb_features": 2, "attention.redraw": True, "attention.scale": None},
     # The released Sinkhorn encoder pools by MEAN (its only pooling; ListOps passes none).
     "sinkhorn": {"model.pooling": "mean"},
 }
