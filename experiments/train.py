@@ -13,11 +13,6 @@ from ml_collections import config_flags
 from experiments import cli
 
 FLAGS = flags.FLAGS
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/lra/<task>.py:<attention>[,<preset>]",
-                                          lock_config=True)
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.json.")
-flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
@@ -26,7 +21,7 @@ def main(argv):
   from experiments import trainer  # after flag parsing: errors there stay one line
 
   trainer.initialize_distributed()
-  results = trainer.train_and_evaluate(_CONFIG.value, FLAGS.workdir)
+  results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   print(f"{results['task']} / {results['attention']}: test accuracy "
         f"{results['test_accuracy_final']:.4f} at the final step {results['steps']}, "
         f"{results['test_accuracy_best_validation']:.4f} at the best validation step "
@@ -34,4 +29,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  config_flags.DEFINE_config_file("config", None, "configs/lra/<task>.py:<attention>[,<preset>] "
+                                  "(or configs/mqar.py:<attention>,tiny)", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.json.")
+  flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
+  flags.mark_flags_as_required(["config", "workdir"])
   cli.run(main)

@@ -1,71 +1,70 @@
 """Generate LRA data in the official layout under a data_dir root.
 
-    python -m lra.generate listops --out DIR [--num_train 96000 --num_val 2000 --num_test 2000]
-        [--seed S] [--workers W]
-    python -m lra.generate pathfinder --resolution 32|64|128|256 --difficulty easy|intermediate|hard
-        --num N --out DIR [--seed S] [--workers W]
+    python -m lra.generate listops --out DIR [--num_train=96000 --num_val=2000 --num_test=2000]
+    python -m lra.generate pathfinder --resolution=32|64|128|256 \
+        --difficulty=easy|intermediate|hard --num=N --out=DIR
+    (both: [--seed=S] [--workers=W] [--noprogress])
 
-Afterwards `lra.load(task, split, data_dir=DIR)` reads what was written.
+Afterwards `lra.load(task, split, data_dir=DIR)` reads what was written. Like the harness's
+entry points, an absl app: a bad option prints one line `error: ...` and exits with status 1.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import sys
+
+from absl import app, flags
 
 from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS
 
-
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="python -m lra.generate", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  tasks = parser.add_subparsers(dest="task", required=True)
-
-  def common(sub):
-    sub.add_argument("--out", required=True, help="data_dir root to write into")
-    sub.add_argument("--seed", type=int, default=0)
-    sub.add_argument("--workers", type=int, default=1, help="processes to use")
-    sub.add_argument("--no_progress", action="store_true", help="hide the progress bar")
-
-  listops = tasks.add_parser("listops", help="ListOps: listops-1000/basic_{train,val,test}.tsv")
-  common(listops)
-  listops.add_argument("--num_train", type=int, default=96_000)
-  listops.add_argument("--num_val", type=int, default=2_000)
-  listops.add_argument("--num_test", type=int, default=2_000)
-
-  pathfinder = tasks.add_parser(
-      "pathfinder", help="Pathfinder: pathfinder{R}/<difficulty folder>/{imgs,metadata}")
-  common(pathfinder)
-  pathfinder.add_argument("--resolution", type=int, default=32, choices=PATHFINDER_RESOLUTIONS)
-  pathfinder.add_argument("--difficulty", default="hard", choices=tuple(PATHFINDER_DIFFICULTIES))
-  pathfinder.add_argument("--num", type=int, required=True, help="number of images")
-  return parser
+FLAGS = flags.FLAGS
+TASKS = ("listops", "pathfinder")
 
 
-def main(argv: list[str] | None = None) -> int:
-  parser = _parser()
-  args = parser.parse_args(argv)
+def generate(task: str) -> str:
+  """Writes the data of `task` with the flags' settings; returns the folder written."""
+  if task == "listops":
+    from lra.listops import generate_listops
+
+    return generate_listops(FLAGS.out, num_train=FLAGS.num_train, num_val=FLAGS.num_val,
+                            num_test=FLAGS.num_test, seed=FLAGS.seed, workers=FLAGS.workers,
+                            progress=FLAGS.progress)
+  from lra.pathfinder_generator import generate_pathfinder
+
+  if FLAGS.num is None:
+    raise ValueError("pathfinder needs --num, the number of images (LRA: 200000)")
+  return generate_pathfinder(FLAGS.out, resolution=int(FLAGS.resolution),
+                             difficulty=FLAGS.difficulty, num=FLAGS.num, seed=FLAGS.seed,
+                             workers=FLAGS.workers, progress=FLAGS.progress)
+
+
+def main(argv):
+  if len(argv) != 2 or argv[1] not in TASKS:
+    return _fail(f"expected one task, {' or '.join(TASKS)}: python -m lra.generate TASK "
+                 f"--out=DIR ...; got {' '.join(argv[1:]) or 'none'}")
   try:
-    written = _generate(args)
+    print(f"wrote {generate(argv[1])}")
   except ValueError as e:  # bad sizes or options: a usage error, not a traceback
-    parser.error(str(e))
-  print(f"wrote {written}")
+    return _fail(str(e))
   return 0
 
 
-def _generate(args) -> str:
-  progress = not args.no_progress
-  if args.task == "listops":
-    from lra.listops import generate_listops
-
-    return generate_listops(args.out, num_train=args.num_train, num_val=args.num_val,
-                            num_test=args.num_test, seed=args.seed, workers=args.workers,
-                            progress=progress)
-  from lra.pathfinder_generator import generate_pathfinder
-
-  return generate_pathfinder(args.out, resolution=args.resolution, difficulty=args.difficulty,
-                             num=args.num, seed=args.seed, workers=args.workers,
-                             progress=progress)
+def _fail(message: str) -> int:
+  print(f"error: {' '.join(message.split())}", file=sys.stderr)
+  return 1
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  flags.DEFINE_string("out", None, "data_dir root to write into.", required=True)
+  flags.DEFINE_integer("seed", 0, "Random seed: the same seed writes the same files.")
+  flags.DEFINE_integer("workers", os.cpu_count() or 1, "Processes to use.")
+  flags.DEFINE_boolean("progress", True, "Show a progress bar.")
+  flags.DEFINE_integer("num_train", 96_000, "listops: training expressions.")
+  flags.DEFINE_integer("num_val", 2_000, "listops: validation expressions.")
+  flags.DEFINE_integer("num_test", 2_000, "listops: test expressions.")
+  flags.DEFINE_enum("resolution", "32", [str(r) for r in PATHFINDER_RESOLUTIONS],
+                    "pathfinder: image side in pixels.")
+  flags.DEFINE_enum("difficulty", "hard", list(PATHFINDER_DIFFICULTIES),
+                    "pathfinder: contour length (LRA: hard).")
+  flags.DEFINE_integer("num", None, "pathfinder: number of images (LRA: 200000).")
+  app.run(main)

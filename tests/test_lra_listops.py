@@ -172,3 +172,19 @@ def test_cli_usage_errors(tmp_path):
                         str(tmp_path), "--num", "4", "--resolution", "48"],
                        capture_output=True, text=True)
   assert run.returncode == 2 and "invalid choice" in run.stderr
+
+
+def test_generate_command_writes_the_official_layout_and_refuses_bad_input(tmp_path):
+  import subprocess
+  import sys
+
+  run = lambda *args: subprocess.run([sys.executable, "-m", "lra.generate", *args],
+                                     capture_output=True, text=True, timeout=300)
+  done = run("listops", f"--out={tmp_path}", "--num_train=3", "--num_val=1", "--num_test=1",
+             "--noprogress", "--workers=1")
+  assert done.returncode == 0, done.stderr
+  assert (tmp_path / "listops-1000" / "basic_train.tsv").exists()
+  for args, message in ((["cifar", f"--out={tmp_path}"], "expected one task"),
+                        (["pathfinder", f"--out={tmp_path}"], "pathfinder needs --num")):
+    failed = run(*args)
+    assert failed.returncode == 1 and failed.stderr.strip().startswith(f"error: {message}")
