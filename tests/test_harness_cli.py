@@ -107,6 +107,10 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   process = start(["experiments.train", "--config=configs/lra/listops.py:harness_cli_plugin,tiny",
                    f"--workdir={tmp_path / 'two'}", "--plugins=harness_cli_plugin",
                    *overrides("--config.", settings)], plugin_dir=plugin_dir, devices=2)
+  # Alongside: the attention overridden on the command line gets its own settings.
+  swapped = start(["experiments.train", "--config=configs/lra/listops.py:performer,tiny",
+                   "--config.model.attention=local", f"--workdir={tmp_path / 'swapped'}",
+                   *overrides("--config.", settings)])
   one = trainer.Trainer(reproduce.task_config(
       "listops", "full", "tiny", 0, overrides("", settings)), tmp_path / "one").run()
   code, stdout, stderr = finish(process)
@@ -119,6 +123,10 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   losses = [[e["train_loss"] for e in read_metrics(tmp_path / name) if "train_loss" in e]
             for name in ("one", "two")]
   assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+  code, _, stderr = finish(swapped)
+  assert code == 0, stderr
+  model = json.loads((tmp_path / "swapped" / "results.json").read_text())["model"]
+  assert model["attention"] == "local" and model["attention_options"] == {"block_size": 4}
 
 
 def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path, monkeypatch):
