@@ -1,37 +1,39 @@
 """The `Attention` base class of the extension contract, and helpers shared by the variants.
 
-A variant subclasses `Attention`, declares its options and their defaults in `OPTIONS`, and
-implements `attend`. The base class validates construction (heads, causal support, max_len,
-option names) and every call (shapes, GQA, masks), turns missing masks into all-True ones,
-and zeroes the output rows of masked queries.
+A variant subclasses `Attention`, declares its options in `OPTIONS` (typed, with defaults:
+`attention_zoo.options`), and implements `attend` (and `pattern`, when registered exact). The
+base class validates construction (heads, causal support, max_len, every option's name and
+value) and every call (shapes, GQA, masks), turns missing masks into all-True ones, and zeroes
+the output rows of masked queries.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_zoo import options as options_lib
 from attention_zoo import reference
+from attention_zoo.options import Float, Int
 
-# Options every variant accepts.
-COMMON_OPTIONS = {"scale": None, "dropout_rate": 0.0}
+# Options every variant accepts. scale None: 1/sqrt(head_dim).
+COMMON_OPTIONS = {"scale": Float(None, above=0, optional=True),
+                  "dropout_rate": Float(0.0, minimum=0, below=1)}
+_MAX_LEN = Int(None, minimum=1, optional=True)
 
 
 class Attention(nnx.Module):
-  """Base class: `attn(q, k, v, *, q_mask=None, kv_mask=None, deterministic=True) -> out`.
+  """Base class: `attn(q, k, v, *, q_mask=None, kv_mask=None, deterministic=True,
+  alibi_slopes=None) -> out`.
 
   q [batch, q_len, num_heads, head_dim]; k, v [batch, kv_len, num_kv_heads, head_dim];
-  masks bool [batch, len] (True = real token). Output like q.
+  masks bool [batch, len] (True = real token); alibi_slopes [num_heads] (spec.supports_alibi).
+  Output like q.
   """
-  OPTIONS: ClassVar[dict[str, Any]] = {}   # the variant's own options with their defaults
-  # Options the conformance suite uses so small test shapes exercise the variant's structure
-  # (e.g. a block size smaller than the test length).
-  TEST_OPTIONS: ClassVar[dict[str, Any]] = {}
-  # True when which keys a query sees is chosen from token contents across the whole sequence
-  # (e.g. LSH buckets): causality is then checked by changing future values only.
-  CONTENT_ROUTING: ClassVar[bool] = False
+  # The variant's own options: name -> attention_zoo.options.Int / Float / Bool / Choice.
+  OPTIONS: ClassVar[dict[str, options_lib.Option]] = {}
   # Why causal=True is refused (for variants whose spec says supports_causal=False).
   WHY_NOT_CAUSAL: ClassVar[str] = "its formulation has no causal form"
   # Why dropout_rate > 0 is refused (for variants whose spec says supports_dropout=False).
@@ -42,38 +44,42 @@ class Attention(nnx.Module):
                causal: bool = False, max_len: int | None = None, rngs: nnx.Rngs, **options):
     cls = type(self)
     if "spec" not in cls.__dict__:
-      raise TypeError(f"{cls.__qualname__} is not registered: decorate it with @attention_zoo.register(...)")
+      raise TypeError(f"{cls.__qualname__} is not registered: decorate it with "
+                      f"@attention_zoo.register(...)")
     name = cls.spec.name
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_heads <= 0 or head_dim <= 0 or num_kv_heads <= 0:
       raise ValueError(f"{name}: num_heads, head_dim and num_kv_heads must be positive, got "
                        f"{num_heads}, {head_dim}, {num_kv_heads}")
     if num_heads % num_kv_heads:
-      raise ValueError(f"{name}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+      raise ValueError(f"{name}: num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                       f"({num_kv_heads})")
     if causal and not cls.spec.supports_causal:
       raise ValueError(f"{name} cannot be causal: {cls.WHY_NOT_CAUSAL}")
+    if not _MAX_LEN.allows(max_len):
+      raise ValueError(f"{name}: max_len must be a positive integer or None, got {max_len!r}")
     if cls.spec.needs_max_len and max_len is None:
       raise ValueError(f"{name} needs max_len: its parameters are sized by the longest sequence")
-    accepted = cls.default_options()
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-      raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; accepted: "
-                       + ", ".join(f"{k}={v!r}" for k, v in sorted(accepted.items())))
-    merged = {**accepted, **options}
+    self.options = options_lib.validate(name, cls.spec.option_specs, options)
     self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
-    self.causal, self.max_len = bool(causal), max_len
-    self.options = {k: tuple(v) if isinstance(v, list) else v for k, v in merged.items()}
-    self.scale = head_dim ** -0.5 if merged["scale"] is None else float(merged["scale"])
-    self.dropout_rate = float(merged["dropout_rate"])
-    if not 0.0 <= self.dropout_rate < 1.0:
-      raise ValueError(f"{name}: dropout_rate must be in [0, 1), got {self.dropout_rate}")
+    self.causal, self.max_len = bool(causal), None if max_len is None else int(max_len)
+    scale = self.options["scale"]
+    self.scale = head_dim ** -0.5 if scale is None else scale
+    self.dropout_rate = self.options["dropout_rate"]
     if self.dropout_rate and not cls.spec.supports_dropout:
-      raise ValueError(f"{name} cannot apply attention dropout: {cls.WHY_NO_DROPOUT}; use dropout_rate=0")
+      raise self.option_error("dropout_rate", f"0 ({name} cannot apply attention dropout: "
+                                              f"{cls.WHY_NO_DROPOUT})")
     self.rngs = rngs
 
   @classmethod
-  def default_options(cls) -> dict[str, Any]:
+  def declared_options(cls) -> dict[str, options_lib.Option]:
+    """Every option the class accepts: the common ones, then its own."""
     return {**COMMON_OPTIONS, **cls.OPTIONS}
+
+  def option_error(self, name: str, expected: str) -> ValueError:
+    """The error for a rule a variant checks itself (e.g. one relating two options), in the
+    same shape as a value its declaration rejects: `raise self.option_error(name, expected)`."""
+    return options_lib.invalid(self.spec.name, name, self.options[name], expected)
 
   # -- the call ---------------------------------------------------------------------------
 
@@ -89,11 +95,14 @@ class Attention(nnx.Module):
     want_kv = (self.num_kv_heads, self.head_dim)
     if q.shape[2:] != want_q or k.shape[2:] != want_kv or v.shape[2:] != want_kv:
       raise ValueError(f"{name}: expected q [..., {self.num_heads}, {self.head_dim}] and k, v "
-                       f"[..., {self.num_kv_heads}, {self.head_dim}]; got {q.shape}, {k.shape}, {v.shape}")
+                       f"[..., {self.num_kv_heads}, {self.head_dim}]; got {q.shape}, {k.shape}, "
+                       f"{v.shape}")
     if k.shape[:2] != v.shape[:2] or k.shape[0] != b:
-      raise ValueError(f"{name}: batch and length of q {q.shape}, k {k.shape}, v {v.shape} disagree")
+      raise ValueError(f"{name}: batch and length of q {q.shape}, k {k.shape}, v {v.shape} "
+                       f"disagree")
     if q_len != kv_len and not self.spec.supports_cross:
-      raise ValueError(f"{name} supports self-attention only (q_len == kv_len); got q_len={q_len}, kv_len={kv_len}")
+      raise ValueError(f"{name} supports self-attention only (q_len == kv_len); got "
+                       f"q_len={q_len}, kv_len={kv_len}")
     if alibi_slopes is not None and not self.spec.supports_alibi:
       raise ValueError(f"{name} does not accept a score bias (ALiBi); variants that do: "
                        f"{', '.join(_alibi_variants())}")
@@ -103,8 +112,17 @@ class Attention(nnx.Module):
     out = self.attend(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic, **extra)
     return jnp.where(q_mask[:, :, None, None], out, 0).astype(q.dtype)
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
-    raise NotImplementedError
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+    """The variant's attention: q [b, q_len, h, d], k, v [b, kv_len, kvh, d], masks bool
+    [b, len] (never None), alibi_slopes f32 [h] (passed only when given, and only to variants
+    registered with supports_alibi=True) -> [b, q_len, h, d]."""
+    raise NotImplementedError(f"{type(self).__qualname__} does not implement attend()")
+
+  def pattern(self, q_len: int, kv_len: int):
+    """Exact variants (spec.exact): bool [heads or 1, q_len, kv_len], the keys each query's
+    softmax runs over before masks; `reference.dense_attention` over it is the oracle."""
+    raise NotImplementedError(
+        f"{self.spec.name} is not exact (spec.exact is False): it has no fixed attention pattern")
 
   # -- helpers for the variants ------------------------------------------------------------
 
@@ -139,7 +157,8 @@ class Attention(nnx.Module):
 
   def _require_decode(self):
     if not self.spec.can_decode:
-      raise ValueError(f"{self.spec.name} cannot decode one token at a time (spec.can_decode is False)")
+      raise ValueError(f"{self.spec.name} cannot decode one token at a time "
+                       f"(spec.can_decode is False)")
     if not self.causal:
       raise ValueError(f"{self.spec.name}: decoding needs causal=True")
 
@@ -149,7 +168,8 @@ def _normalise_mask(mask, batch: int, length: int, what: str, name: str):
     return jnp.ones((batch, length), bool)
   mask = jnp.asarray(mask)
   if mask.shape != (batch, length):
-    raise ValueError(f"{name}: {what} must be bool [batch, len] = {(batch, length)}, got {mask.shape}")
+    raise ValueError(f"{name}: {what} must be bool [batch, len] = {(batch, length)}, "
+                     f"got {mask.shape}")
   return mask.astype(bool)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from attention_zoo import blockwise, reference
 from attention_zoo.base import Attention, ceil_div
+from attention_zoo.options import Int
 from attention_zoo.registry import register
 
 
@@ -56,26 +57,26 @@ def _draw_seed(key) -> int | None:
     return None
 
 
-@register("bigbird", exact=True, supports_causal=True, supports_cross=False, complexity="O(n·(w + r + 2)·b)",
-          paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences (arXiv:2007.14062)",
+@register("bigbird", exact=True, supports_causal=True, supports_cross=False,
+          complexity="O(n·(w + r + 2)·b)",
+          paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences "
+                "(arXiv:2007.14062)",
           supports_alibi=True)
 class BigBirdAttention(Attention):
-  OPTIONS = {"block_size": 64, "num_window_blocks": 3, "num_random_blocks": 3, "seed": None}
-  TEST_OPTIONS = {"block_size": 2, "num_window_blocks": 3, "num_random_blocks": 2}
+  # seed None: drawn from the params stream at construction.
+  OPTIONS = {"block_size": Int(64, minimum=1),
+             "num_window_blocks": Int(3, minimum=1, where=(
+                 "odd (the own block and as many on each side)", lambda n: n % 2 == 1)),
+             "num_random_blocks": Int(3, minimum=0),
+             "seed": Int(None, minimum=0, optional=True)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    name = "bigbird"
-    self.block_size = blockwise.check_int(name, "block_size", self.options["block_size"], 1)
-    window_blocks = blockwise.check_int(name, "num_window_blocks", self.options["num_window_blocks"], 1)
-    if window_blocks % 2 == 0:
-      raise ValueError(f"{name}: num_window_blocks must be odd (the own block and as many on each side), "
-                       f"got {window_blocks}")
-    self.half_window = window_blocks // 2
-    self.num_random = blockwise.check_int(name, "num_random_blocks", self.options["num_random_blocks"], 0)
+    self.block_size = self.options["block_size"]
+    self.half_window = self.options["num_window_blocks"] // 2
+    self.num_random = self.options["num_random_blocks"]
     seed = self.options["seed"]
-    self.seed = (_draw_seed(self.rngs.params()) if seed is None
-                 else blockwise.check_int(name, "seed", seed, 0))
+    self.seed = _draw_seed(self.rngs.params()) if seed is None else seed
 
   def random_table(self, length: int) -> np.ndarray:
     """int [num_heads, num_blocks, num_random_blocks] for a sequence of `length`."""
@@ -83,8 +84,8 @@ class BigBirdAttention(Attention):
       raise ValueError("bigbird: this layer was built abstractly (under nnx.eval_shape or jit), "
                        "so its random blocks, drawn from the params key, are unknown; build it "
                        "eagerly or pass an int seed")
-    return random_blocks(self.seed, ceil_div(length, self.block_size), self.num_heads, self.num_random,
-                         self.half_window, self.causal)
+    return random_blocks(self.seed, ceil_div(length, self.block_size), self.num_heads,
+                         self.num_random, self.half_window, self.causal)
 
   def pattern(self, q_len: int, kv_len: int):
     if q_len != kv_len:
@@ -110,10 +111,12 @@ class BigBirdAttention(Attention):
       global_blocks = (0, last) if last else (0,)
       offsets = tuple(range(-self.half_window, self.half_window + 1))
     global_positions = np.flatnonzero(np.isin(np.arange(length) // block, global_blocks))
-    segments = [blockwise.Neighbours(offsets, blockwise.KeyBlockNotIn(block, global_blocks)),  # window
-                blockwise.SharedKeys(global_positions),                                       # global columns
-                blockwise.BlockTable(self.random_table(length))]                              # random blocks
+    segments = [
+        blockwise.Neighbours(offsets, blockwise.KeyBlockNotIn(block, global_blocks)),  # window
+        blockwise.SharedKeys(global_positions),                                # global columns
+        blockwise.BlockTable(self.random_table(length))]                       # random blocks
     return blockwise.blockwise_attention(
         q, k, v, blockwise.Frame.aligned(length, length, block), segments, kv_mask=kv_mask,
-        causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes, dropout_rate=self.dropout_rate,
-        dropout_rng=self.dropout_rng(deterministic), global_rows=None if self.causal else global_positions)
+        causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
+        dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic),
+        global_rows=None if self.causal else global_positions)

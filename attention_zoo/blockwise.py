@@ -56,13 +56,6 @@ class _ByValue:
     return hash((type(self), self._key()))
 
 
-def check_int(variant: str, option: str, value, minimum: int) -> int:
-  """A variant option that must be an integer >= minimum; ValueError naming it otherwise."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{variant}: {option} must be an integer >= {minimum}, got {value!r}")
-  return int(value)
-
-
 def aligned_positions(q_len: int, kv_len: int):
   """For `pattern()`: numpy aligned query positions [q_len, 1] and key positions [1, kv_len]."""
   return np.arange(q_len)[:, None] + (kv_len - q_len), np.arange(kv_len)[None, :]
@@ -90,13 +83,15 @@ class Frame(_ByValue):
     key_pad = ceil_div(max(0, -offset), block_size) * block_size
     positions = np.arange(ceil_div(key_pad + kv_len, block_size) * block_size) - key_pad
     key_index = np.where((positions >= 0) & (positions < kv_len), positions, -1)
-    query_index = np.where((positions >= offset) & (positions < offset + q_len), positions - offset, -1)
+    query_index = np.where((positions >= offset) & (positions < offset + q_len),
+                           positions - offset, -1)
     return cls(block_size, positions, key_index, query_index)
 
   @classmethod
   def interleaved(cls, length: int, block_size: int, stride: int) -> "Frame":
     """Self-attention slots grouped by position mod stride (0, s, 2s, ..., 1, 1+s, ...): a band
-    dilated by `stride` becomes a plain band inside each group. Groups are padded to whole blocks."""
+    dilated by `stride` becomes a plain band inside each group. Groups are padded to whole
+    blocks."""
     per_group = ceil_div(ceil_div(length, stride), block_size) * block_size
     positions = (np.arange(stride)[:, None] + stride * np.arange(per_group)[None, :]).reshape(-1)
     index = np.where(positions < length, positions, -1)
@@ -111,7 +106,9 @@ def _place(x, index: np.ndarray):
   valid = index >= 0
   taken = index[valid]
   start = int(np.argmax(valid))
-  if taken.size and np.array_equal(index[start:start + taken.size], np.arange(taken[0], taken[0] + taken.size)):
+  contiguous = np.array_equal(index[start:start + taken.size],
+                              np.arange(taken[0], taken[0] + taken.size)) if taken.size else False
+  if contiguous:
     widths = [(0, 0)] * x.ndim
     widths[1] = (start, len(index) - start - taken.size)
     return jnp.pad(x[:, taken[0]:taken[0] + taken.size], widths)
@@ -194,7 +191,8 @@ class _Keys:
   rule: Rule | None
 
   def layout(self):
-    """pos [1|h, n|1, 1, 1, K] and mask [1|h, n|1, b, 1, K], broadcastable to scores [h, n, b, B, K]."""
+    """pos [1|h, n|1, 1, 1, K] and mask [1|h, n|1, b, 1, K], broadcastable to scores
+    [h, n, b, B, K]."""
     if self.kind == "blocks":
       return self.pos[None, :, None, None, :], self.mask[None, :, :, None, :]
     if self.kind == "shared":
@@ -215,14 +213,17 @@ class Neighbours(_ByValue):
   def prepare(self, ctx: _Context) -> _Keys | None:
     num_blocks, block = ctx.frame.num_blocks, ctx.frame.block_size
     first, stop = int(ctx.blocks[0]), int(ctx.blocks[-1]) + 1
-    offsets = [o for o in self.offsets if first + o < num_blocks and stop + o > 0]   # skip empty ones
+    # Offsets that reach no block are skipped.
+    offsets = [o for o in self.offsets if first + o < num_blocks and stop + o > 0]
     if not offsets:
       return None
     cut = lambda x: jnp.concatenate([_shift(x, first + o, stop + o) for o in offsets], axis=2)
-    slots = (ctx.blocks[:, None, None] + np.asarray(offsets)[None, :, None]) * block + np.arange(block)
-    pos = ctx.frame.positions[np.clip(slots, 0, len(ctx.frame.positions) - 1)].reshape(len(ctx.blocks), -1)
+    slots = ((ctx.blocks[:, None, None] + np.asarray(offsets)[None, :, None]) * block
+             + np.arange(block))
+    pos = ctx.frame.positions[np.clip(slots, 0, len(ctx.frame.positions) - 1)]
     # [n, b, K, kvh, d] twice, [n, b, K], [n, K]
-    return _Keys("blocks", cut(ctx.k_blocks), cut(ctx.v_blocks), cut(ctx.mask_blocks), jnp.asarray(pos), self.rule)
+    return _Keys("blocks", cut(ctx.k_blocks), cut(ctx.v_blocks), cut(ctx.mask_blocks),
+                 jnp.asarray(pos.reshape(len(ctx.blocks), -1)), self.rule)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -236,8 +237,8 @@ class SharedKeys(_ByValue):
     if not indices.size:
       return None
     # [b, K, kvh, d] twice, [b, K], [K]
-    return _Keys("shared", _place(ctx.k, indices), _place(ctx.v, indices), _place(ctx.kv_mask, indices),
-                 jnp.asarray(indices), self.rule)
+    return _Keys("shared", _place(ctx.k, indices), _place(ctx.v, indices),
+                 _place(ctx.kv_mask, indices), jnp.asarray(indices), self.rule)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -262,12 +263,14 @@ class BlockTable(_ByValue):
 
     def gather(x):   # [N, b, B, kvh, d] -> [n, kvh, g, b, r·B, d]: each query head's own blocks
       x = jnp.moveaxis(x, 3, 1)[picked, kv_head]           # [n, kvh, g, r, b, B, d]
-      return jnp.moveaxis(x, 4, 3).reshape(n, kvh, group, x.shape[4], per_block * block, x.shape[-1])
+      return jnp.moveaxis(x, 4, 3).reshape(n, kvh, group, x.shape[4], per_block * block,
+                                           x.shape[-1])
 
     mask = ctx.mask_blocks[picked] & (table >= 0)[..., None, None]       # [n, kvh, g, r, b, B]
     mask = jnp.moveaxis(mask, 4, 3).reshape(n, heads, -1, per_block * block)
     pos = ctx.frame.positions[picked[..., None] * block + np.arange(block)].reshape(n, heads, -1)
-    return _Keys("heads", gather(ctx.k_blocks), gather(ctx.v_blocks), mask, jnp.asarray(pos), self.rule)
+    return _Keys("heads", gather(ctx.k_blocks), gather(ctx.v_blocks), mask, jnp.asarray(pos),
+                 self.rule)
 
 
 # -- the computation ------------------------------------------------------------------------
@@ -280,7 +283,8 @@ def _alibi(slopes, q_pos, k_pos):
   """
   per_head = k_pos.shape[0] > 1
   one_head = lambda slope, k: reference.alibi_bias(slope[None], q_pos[0], k, 0, 0)[0]
-  return jax.vmap(one_head, in_axes=(0, 0 if per_head else None))(slopes, k_pos if per_head else k_pos[0])
+  return jax.vmap(one_head, in_axes=(0, 0 if per_head else None))(
+      slopes, k_pos if per_head else k_pos[0])
 
 
 def _attend_blocks(q_blocks, q_pos, segments, *, causal, scale, slopes, dropout_rate, dropout_rng):
@@ -293,7 +297,7 @@ def _attend_blocks(q_blocks, q_pos, segments, *, causal, scale, slopes, dropout_
   scores, allowed = [], []
   for seg in segments:
     s = jnp.einsum(f"nbqhgd,{_K_SPEC[seg.kind]}->hgnbqk", q_blocks, seg.k,
-                   preferred_element_type=jnp.float32)                            # [kvh, g, n, b, B, K]
+                   preferred_element_type=jnp.float32)                  # [kvh, g, n, b, B, K]
     s = s.reshape((kvh * group,) + s.shape[2:]) * scale                           # [h, n, b, B, K]
     k_pos, ok = seg.layout()
     if seg.rule is not None:
@@ -309,10 +313,11 @@ def _attend_blocks(q_blocks, q_pos, segments, *, causal, scale, slopes, dropout_
     weights = reference.dropout(weights, dropout_rate, dropout_rng)
   out, start = 0.0, 0
   for seg, s in zip(segments, scores):
-    w = weights[..., start:start + s.shape[-1]].reshape((kvh, group) + s.shape[1:])   # [kvh, g, n, b, B, K]
+    w = weights[..., start:start + s.shape[-1]].reshape(
+        (kvh, group) + s.shape[1:])                                         # [kvh, g, n, b, B, K]
     start += s.shape[-1]
     out = out + jnp.einsum(f"hgnbqk,{_K_SPEC[seg.kind]}->nbqhgd", w.astype(seg.v.dtype), seg.v,
-                           preferred_element_type=jnp.float32)                    # [n, b, B, kvh, g, d]
+                           preferred_element_type=jnp.float32)      # [n, b, B, kvh, g, d]
   return out
 
 
@@ -334,7 +339,8 @@ def _map_blocks(q_blocks, q_pos, segments, per_step, rng, **kwargs):
   def step(xs):
     i, q_chunk, pos_chunk, chunks = xs
     chunks = iter(chunks)
-    segs = [s if s.kind == "shared" else dataclasses.replace(s, **dict(zip(("k", "v", "mask", "pos"), next(chunks))))
+    segs = [s if s.kind == "shared"
+            else dataclasses.replace(s, **dict(zip(("k", "v", "mask", "pos"), next(chunks))))
             for s in segments]
     step_rng = None if rng is None else jax.random.fold_in(rng, i)
     return _attend_blocks(q_chunk, pos_chunk, segs, dropout_rng=step_rng, **kwargs)
@@ -368,7 +374,8 @@ def blockwise_attention(q, k, v, frame: Frame, segments, *, kv_mask, causal: boo
   k and v (Longformer's separate global projections).
   """
   rows = np.asarray([] if global_rows is None else global_rows, int)
-  plan = _Plan(frame, tuple(segments), bool(causal), float(scale), float(dropout_rate), rows, query_blocks_per_step)
+  plan = _Plan(frame, tuple(segments), bool(causal), float(scale), float(dropout_rate), rows,
+               query_blocks_per_step)
   return _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, global_qkv, plan=plan)
 
 
@@ -380,36 +387,41 @@ def _compute(q, k, v, kv_mask, alibi_slopes, dropout_rng, global_qkv, *, plan: _
   block, num_blocks = frame.block_size, frame.num_blocks
   group = num_heads // num_kv_heads
   has_query = (frame.query_index >= 0).reshape(num_blocks, block).any(1)
-  blocks = np.arange(np.argmax(has_query), num_blocks - np.argmax(has_query[::-1]))  # blocks holding queries
+  # The blocks holding queries.
+  blocks = np.arange(np.argmax(has_query), num_blocks - np.argmax(has_query[::-1]))
   slots = slice(blocks[0] * block, (blocks[-1] + 1) * block)
 
   to_blocks = lambda x: jnp.swapaxes(x.reshape((b, num_blocks, block) + x.shape[2:]), 0, 1)
   ctx = _Context(frame, blocks, k, v, kv_mask,
-                 to_blocks(_place(k, frame.key_index)), to_blocks(_place(v, frame.key_index)),  # [N, b, B, kvh, d]
-                 to_blocks(_place(kv_mask, frame.key_index)), num_heads)                       # [N, b, B]
+                 to_blocks(_place(k, frame.key_index)),           # [N, b, B, kvh, d]
+                 to_blocks(_place(v, frame.key_index)),           # [N, b, B, kvh, d]
+                 to_blocks(_place(kv_mask, frame.key_index)),     # [N, b, B]
+                 num_heads)
   keys = [s for s in (seg.prepare(ctx) for seg in plan.segments) if s is not None]
-  q_blocks = _place(q, frame.query_index[slots]).reshape(b, len(blocks), block, num_kv_heads, group, head_dim)
-  q_blocks = jnp.swapaxes(q_blocks, 0, 1)                                            # [n, b, B, kvh, g, d]
-  q_pos = frame.positions[slots].reshape(len(blocks), block)                         # [n, B]
+  q_blocks = _place(q, frame.query_index[slots]).reshape(b, len(blocks), block, num_kv_heads,
+                                                         group, head_dim)
+  q_blocks = jnp.swapaxes(q_blocks, 0, 1)                               # [n, b, B, kvh, g, d]
+  q_pos = frame.positions[slots].reshape(len(blocks), block)            # [n, B]
 
   rngs = (None, None) if dropout_rng is None else jax.random.split(dropout_rng)
-  common = dict(causal=plan.causal, scale=plan.scale, slopes=alibi_slopes, dropout_rate=plan.dropout_rate)
+  common = dict(causal=plan.causal, scale=plan.scale, slopes=alibi_slopes,
+                dropout_rate=plan.dropout_rate)
   if keys:
     out = _map_blocks(q_blocks, q_pos, keys, plan.query_blocks_per_step, rngs[0], **common)
   else:   # no key lies in any segment (e.g. q_len > kv_len and only the own block)
     out = jnp.zeros(q_blocks.shape, jnp.float32)
-  out = jnp.swapaxes(out, 0, 1).reshape(b, -1, num_heads, head_dim)                  # [b, slots, h, d]
+  out = jnp.swapaxes(out, 0, 1).reshape(b, -1, num_heads, head_dim)     # [b, slots, h, d]
   slot_of_query = np.empty(q_len, int)
   in_range = frame.query_index[slots]
   slot_of_query[in_range[in_range >= 0]] = np.flatnonzero(in_range >= 0)
-  out = _place(out, slot_of_query)                                                   # [b, q_len, h, d]
+  out = _place(out, slot_of_query)                                      # [b, q_len, h, d]
 
   rows = plan.global_rows
   if len(rows):
     q_rows, k_all, v_all = (_place(q, rows), k, v) if global_qkv is None else global_qkv
     q_rows = q_rows.reshape(b, 1, len(rows), num_kv_heads, group, head_dim)
     everything = _Keys("shared", k_all, v_all, kv_mask, jnp.arange(kv_len), None)
-    rows_out = _attend_blocks(jnp.swapaxes(q_rows, 0, 1), (rows + kv_len - q_len)[None], [everything],
-                              dropout_rng=rngs[1], **common)                          # [1, b, G, kvh, g, d]
+    rows_out = _attend_blocks(jnp.swapaxes(q_rows, 0, 1), (rows + kv_len - q_len)[None],
+                              [everything], dropout_rng=rngs[1], **common)  # [1, b, G, kvh, g, d]
     out = out.at[:, rows].set(rows_out[0].reshape(b, len(rows), num_heads, head_dim))
   return out

@@ -2,10 +2,15 @@
 
     python -m attention_zoo.conformance MODULE [MODULE ...] [--checks=NAME[,NAME...]]
 
-imports the modules (dotted names, or paths to .py files), finds the variants they register,
-checks each property below on each (or only those --checks names), prints a pass/fail report
-with the measured error, and exits non-zero on any failure. The pytest suite
-(tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
+imports the modules (dotted names, or paths to .py files: `attention_zoo.plugins`), finds the
+variants they register, checks each property below on each (or only those --checks names),
+prints a pass/fail report with the measured error, and exits non-zero on any failure. The
+pytest suite (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
+
+The suite builds every module at small shapes (length 20, cross q_len 12, 4 heads, 2 kv heads,
+head_dim 8). `configure(name, options=..., content_routing=...)` says how to build and check a
+variant there (e.g. a block size below 20, so several blocks exist); a plug-in calls it next
+to its class, and the built-in variants' settings are below.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
 dropout, exact (spec.exact: output and gradients of a freshly built module equal
@@ -15,16 +20,16 @@ one-token steps equal the causal forward).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import os
 import sys
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_zoo import reference, registry
+from attention_zoo import options as options_lib
+from attention_zoo import plugins, reference, registry
 
 BATCH, LEN, CROSS_Q_LEN, APPEND = 2, 20, 12, 5
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, MAX_LEN = 4, 2, 8, 32
@@ -34,7 +39,8 @@ TOL = 1e-5
 @nnx.jit(static_argnames=("deterministic",))
 def apply(attn, q, k, v, q_mask=None, kv_mask=None, deterministic=True, alibi_slopes=None):
   """One compiled call (compiling once beats op-by-op dispatch for blockwise variants)."""
-  return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic, alibi_slopes=alibi_slopes)
+  return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic,
+              alibi_slopes=alibi_slopes)
 
 
 @dataclasses.dataclass
@@ -77,11 +83,66 @@ def run_check(prop: str, name: str) -> CheckResult:
   return CheckResult(name, prop, "pass", outcome)
 
 
+# -- how each variant is built and checked --------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """options: passed to every module the suite builds of the variant, so the small shapes
+  exercise its structure. content_routing: which keys a query sees is chosen from token contents
+  across the whole sequence (e.g. LSH buckets), so causality is checked by changing future
+  values only."""
+  options: dict
+  content_routing: bool = False
+
+
+# Keyed by the registered class: a name registered again (a plug-in reloaded) starts afresh.
+_SETTINGS: weakref.WeakKeyDictionary[type, Settings] = weakref.WeakKeyDictionary()
+
+
+def configure(name: str, *, options: dict | None = None, content_routing: bool = False):
+  """How the suite builds and checks the registered variant `name`; call it after registering.
+
+  The options are validated now (ValueError naming the bad one).
+  """
+  cls = registry.get(name)
+  options = dict(options or {})
+  options_lib.validate(name, cls.spec.option_specs, options)
+  _SETTINGS[cls] = Settings(options, bool(content_routing))
+
+
+def settings(name: str) -> Settings:
+  """What `configure` declared for `name`; no options and no content routing otherwise."""
+  return _SETTINGS.get(registry.get(name), Settings({}))
+
+
+_BUILTIN_OPTIONS = {
+    "bigbird": dict(block_size=2, num_window_blocks=3, num_random_blocks=2),
+    # The Pallas kernels (interpreted on CPU) with tiles smaller than the lengths: several tiles,
+    # padding to the block and causal tile skipping happen.
+    "flash": dict(impl="pallas", block_q=8, block_k=8, block_q_bwd=8, block_k_bwd=4),
+    "linear_transformer": dict(chunk_size=4),
+    "linformer": dict(k=8),
+    "local": dict(block_size=6),
+    "longformer": dict(window=2, dilation=2, num_global_tokens=2),
+    # 6 landmarks at length 20: uneven segments; with padding some rows have fewer real tokens.
+    "nystromformer": dict(num_landmarks=6, conv_kernel_size=5),
+    "performer": dict(nb_features=64, chunk_size=4),
+    # A fixed n_buckets, so lengths 20 and 25 (appended padding) hash the same way.
+    "reformer": dict(chunk_len=4, n_buckets=4),
+    "sinkhorn": dict(block_size=4),
+    "sliding_window": dict(window=3),
+    "sparse_transformer": dict(block_size=6, num_summary=2, query_chunk=12),
+    "synthesizer": dict(k=4),
+}
+for _name, _options in _BUILTIN_OPTIONS.items():
+  if _name in registry.available():
+    configure(_name, options=_options, content_routing=_name == "reformer")
+
+
 # -- building blocks ------------------------------------------------------------------------
 
 def build(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, **options):
-  cls = registry.get(name)
-  options = {**cls.TEST_OPTIONS, **options}
+  options = {**settings(name).options, **options}
   return registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
                          causal=causal, max_len=MAX_LEN, rngs=nnx.Rngs(seed), **options)
 
@@ -134,7 +195,8 @@ def check_shapes(name):
     q, k, v = inputs(0, num_kv_heads=num_kv_heads)
     out = apply(build(name, num_kv_heads=num_kv_heads), q, k, v)
     expect(out.shape == q.shape and out.dtype == q.dtype,
-           f"self-attention with {num_kv_heads} kv heads gave {out.shape} {out.dtype}, want {q.shape} {q.dtype}")
+           f"self-attention with {num_kv_heads} kv heads gave {out.shape} {out.dtype}, "
+           f"want {q.shape} {q.dtype}")
   q, k, v = inputs(1, q_len=CROSS_Q_LEN, kv_len=LEN)
   if spec.supports_cross:
     out = apply(build(name), q, k, v)
@@ -151,7 +213,8 @@ def check_shapes(name):
 @_check
 def check_options(name):
   spec = registry.spec(name)
-  expect({"scale", "dropout_rate"} <= set(spec.options), f"spec.options {sorted(spec.options)} lacks scale/dropout_rate")
+  expect({"scale", "dropout_rate"} <= set(spec.options),
+         f"spec.options {sorted(spec.options)} lacks scale/dropout_rate")
   try:
     build(name, not_an_option=1)
   except ValueError as e:
@@ -173,7 +236,8 @@ def check_jit(name):
   q, k, v = inputs(2)
   mask = padding_mask(LEN)
   eager = attn(q, k, v, q_mask=mask, kv_mask=mask)
-  jitted = nnx.jit(lambda m, q, k, v, mask: m(q, k, v, q_mask=mask, kv_mask=mask))(attn, q, k, v, mask)
+  call = lambda m, q, k, v, mask: m(q, k, v, q_mask=mask, kv_mask=mask)
+  jitted = nnx.jit(call)(attn, q, k, v, mask)
   return expect_close(jitted, eager, "jit vs eager", tol=1e-4)
 
 
@@ -217,7 +281,8 @@ def check_gqa(name):
   k2 = k.at[:, :, 0].add(1.0)
   v2 = v.at[:, :, 0].add(1.0)
   out2 = apply(attn, q, k2, v2)
-  other = expect_close(out2[:, :, group:], out[:, :, group:], "heads outside group 0 after changing kv head 0")
+  other = expect_close(out2[:, :, group:], out[:, :, group:],
+                       "heads outside group 0 after changing kv head 0")
   expect(max_err(out2[:, :, :group], out[:, :, :group]) > 1e-3,
          "changing kv head 0 did not change the heads of group 0")
   return other
@@ -232,27 +297,29 @@ def check_padding(name):
   out = apply(attn, q, k, v, q_mask=mask, kv_mask=mask)
   noise = inputs(7)
   pad = ~mask[:, :, None, None]
-  changed = apply(attn, *(jnp.where(pad, x + 3 * n, x) for x, n in zip((q, k, v), noise)), q_mask=mask, kv_mask=mask)
+  changed = apply(attn, *(jnp.where(pad, x + 3 * n, x) for x, n in zip((q, k, v), noise)),
+                  q_mask=mask, kv_mask=mask)
   err = expect_close(changed, out, "real outputs after changing padded q/k/v")
   expect(float(jnp.abs(jnp.where(pad, out, 0)).max()) == 0.0, "padded query rows are not zero")
 
   spec = registry.spec(name)
-  if spec.exact and hasattr(attn, "pattern"):
+  if spec.exact:
     longer = attn.pattern(LEN + APPEND, LEN + APPEND)[:, :LEN, :LEN]
     if not np.array_equal(np.broadcast_to(longer, (NUM_HEADS, LEN, LEN)),
                           np.broadcast_to(attn.pattern(LEN, LEN), (NUM_HEADS, LEN, LEN))):
-      return err   # its pattern itself depends on the length (e.g. random blocks): nothing more to check
+      return err   # its pattern depends on the length (e.g. random blocks): nothing more to check
   short = apply(attn, q, k, v)
   extra = inputs(8, q_len=APPEND)
   appended = [jnp.concatenate([x, e], axis=1) for x, e in zip((q, k, v), extra)]
   longer_mask = jnp.arange(LEN + APPEND)[None, :].repeat(BATCH, 0) < LEN
   out_long = apply(attn, *appended, q_mask=longer_mask, kv_mask=longer_mask)
-  return max(err, expect_close(out_long[:, :LEN], short, f"real outputs after appending {APPEND} padded positions"))
+  return max(err, expect_close(out_long[:, :LEN], short,
+                               f"real outputs after appending {APPEND} padded positions"))
 
 
 @_check
 def check_causal(name):
-  spec, cls = registry.spec(name), registry.get(name)
+  spec = registry.spec(name)
   if not spec.supports_causal:
     return "spec says supports_causal=False (create refuses causal=True: see options)"
   attn = build(name, causal=True)
@@ -261,12 +328,14 @@ def check_causal(name):
   cut = LEN // 2 + 1
   future = jnp.arange(LEN)[None, :, None, None] >= cut
   noise = inputs(11)
-  if cls.CONTENT_ROUTING:
+  if settings(name).content_routing:
     changed = apply(attn, q, k, jnp.where(future, v + 3 * noise[2], v))
   else:
     changed = apply(attn, *(jnp.where(future, x + 3 * n, x) for x, n in zip((q, k, v), noise)))
-  err = expect_close(changed[:, :cut], out[:, :cut], f"outputs before position {cut} after changing later tokens")
-  expect(max_err(changed[:, cut:], out[:, cut:]) > 1e-3, "changing later tokens changed no later output")
+  err = expect_close(changed[:, :cut], out[:, :cut],
+                     f"outputs before position {cut} after changing later tokens")
+  expect(max_err(changed[:, cut:], out[:, cut:]) > 1e-3,
+         "changing later tokens changed no later output")
   return err
 
 
@@ -279,14 +348,16 @@ def check_masked_rows(name):
   kv_mask = jnp.ones((BATCH, LEN), bool).at[1].set(False)   # batch row 1 sees no key at all
   for causal in (False, True) if spec.supports_causal else (False,):
     attn = build(name, causal=causal)
-    mask = kv_mask.at[0, :3].set(False) if causal else kv_mask  # causal: early rows of row 0 see nothing
+    # causal: the early rows of batch row 0 see nothing
+    mask = kv_mask.at[0, :3].set(False) if causal else kv_mask
 
     def loss(q, k, v):
       out = attn(q, k, v, q_mask=q_mask, kv_mask=mask)
       return jnp.sum(out), out
 
     (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
-    expect(all_finite(out) and all_finite(grads), f"NaN/Inf in output or gradients (causal={causal})")
+    expect(all_finite(out) and all_finite(grads),
+           f"NaN/Inf in output or gradients (causal={causal})")
     expect(float(jnp.abs(out[0, :4]).max()) == 0.0, "masked query rows are not zero")
     if spec.exact:
       expect(float(jnp.abs(out[1]).max()) == 0.0, "rows that see no key are not zero")
@@ -317,7 +388,8 @@ def check_dropout(name):
     raise
   q, k, v = inputs(14)
   reference_out = apply(build(name, seed=5), q, k, v)
-  err = expect_close(apply(attn, q, k, v), reference_out, "dropout_rate > 0 with deterministic=True vs no dropout")
+  err = expect_close(apply(attn, q, k, v), reference_out,
+                     "dropout_rate > 0 with deterministic=True vs no dropout")
   train = apply(attn, q, k, v, deterministic=False)
   expect(all_finite(train), "dropout output has NaN or Inf")
   expect(max_err(train, reference_out) > 1e-3, "dropout with deterministic=False changed nothing")
@@ -343,21 +415,23 @@ def check_exact(name):
   worst = 0.0
   for i, case in enumerate(_exact_cases(spec)):
     attn = build(name, causal=case["causal"])
-    q, k, v = inputs(20 + i, q_len=case["q_len"], kv_len=case["kv_len"])
-    q_mask, kv_mask = padding_mask(case["q_len"]), padding_mask(case["kv_len"])
-    pattern = np.asarray(attn.pattern(case["q_len"], case["kv_len"]))
-    expect(pattern.dtype == bool and pattern.ndim == 3 and pattern.shape[1:] == (case["q_len"], case["kv_len"])
-           and pattern.shape[0] in (1, NUM_HEADS), f"pattern() gave {pattern.dtype} {pattern.shape}")
+    q_len, kv_len = case["q_len"], case["kv_len"]
+    q, k, v = inputs(20 + i, q_len=q_len, kv_len=kv_len)
+    q_mask, kv_mask = padding_mask(q_len), padding_mask(kv_len)
+    pattern = np.asarray(attn.pattern(q_len, kv_len))
+    expect(pattern.dtype == bool and pattern.ndim == 3 and pattern.shape[1:] == (q_len, kv_len)
+           and pattern.shape[0] in (1, NUM_HEADS),
+           f"pattern() gave {pattern.dtype} {pattern.shape}")
+    q_pos, k_pos = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     if case["causal"]:
-      future = ~np.asarray(reference.causal_allowed(np.arange(case["q_len"])[:, None],
-                                                    np.arange(case["kv_len"])[None, :], *pattern.shape[1:]))
+      future = ~np.asarray(reference.causal_allowed(q_pos, k_pos, q_len, kv_len))
       expect(not (pattern & future).any(), f"causal pattern() lets a query see the future ({case})")
     slopes = jnp.linspace(0.5, 0.0625, NUM_HEADS) if spec.supports_alibi else None
     bias = None
     if slopes is not None:
-      bias = reference.alibi_bias(slopes, jnp.arange(case["q_len"])[:, None], jnp.arange(case["kv_len"])[None, :],
-                                  case["q_len"], case["kv_len"])[None]
-    allowed = pattern[None] & np.asarray(q_mask)[:, None, :, None] & np.asarray(kv_mask)[:, None, None, :]
+      bias = reference.alibi_bias(slopes, q_pos, k_pos, q_len, kv_len)[None]
+    allowed = (pattern[None] & np.asarray(q_mask)[:, None, :, None]
+               & np.asarray(kv_mask)[:, None, None, :])
     ct = jax.random.normal(jax.random.key(40 + i), q.shape)
 
     def variant(q, k, v):
@@ -400,36 +474,10 @@ def run(names, props=None) -> list[CheckResult]:
   return [run_check(p, n) for n in names for p in (props or CHECKS)]
 
 
-def variants_of(module_name: str) -> list[str]:
-  return [n for n in registry.available()
-          if registry.get(n).__module__ in (module_name,) or registry.get(n).__module__.startswith(module_name + ".")]
-
-
-def import_plugin(target: str) -> str:
-  """Imports a module given as a dotted name or as a path to a .py file; returns its module name.
-
-  A file under the current directory is imported by its dotted path from there
-  (`examples/cosine_attention.py` -> `examples.cosine_attention`), any other file (or one whose
-  folders are not valid module names) from its own folder.
-  """
-  if target.endswith(".py") or os.sep in target:
-    path = os.path.abspath(target)
-    if not os.path.isfile(path):
-      raise ImportError(f"no such file: {path}")
-    root = os.getcwd()
-    parts = os.path.splitext(os.path.relpath(path, root))[0].split(os.sep)
-    if os.path.commonpath([root, path]) != root or not all(p.isidentifier() for p in parts):
-      root, parts = os.path.dirname(path), [os.path.splitext(os.path.basename(path))[0]]
-    target = ".".join(parts)
-    if root not in sys.path:
-      sys.path.insert(0, root)
-  importlib.import_module(target)
-  return target
-
-
 def _claims(spec) -> str:
   claims = ["exact" if spec.exact else "approximate", spec.complexity]
-  claims += [what for what, has in (("causal", spec.supports_causal), ("cross", spec.supports_cross),
+  claims += [what for what, has in (("causal", spec.supports_causal),
+                                    ("cross", spec.supports_cross),
                                     ("decode", spec.can_decode)) if has]
   return ", ".join(claims)
 
@@ -472,18 +520,14 @@ def main(argv=None) -> int:
   except ValueError as e:
     print(f"{e}\n\n{USAGE}", file=sys.stderr)
     return 2
-  # `python -m` puts the current directory on sys.path; do the same when main() is called directly.
-  if os.getcwd() not in sys.path and "" not in sys.path:
-    sys.path.insert(0, os.getcwd())
-  import attention_zoo  # noqa: F401  (registers the built-in variants)
   names = []
   for target in targets:
     try:
-      module_name = import_plugin(target)
-    except Exception as e:  # ImportError, or the module itself failing (e.g. a name already registered)
-      print(f"cannot import {target!r}: {type(e).__name__}: {e}", file=sys.stderr)
+      module_name = plugins.import_plugin(target)
+    except plugins.PluginError as e:
+      print(f"cannot import {target!r}: {e}", file=sys.stderr)
       return 2
-    found = variants_of(module_name)
+    found = plugins.registered_by(module_name)
     if not found:
       print(f"{module_name!r} registers no attention variant (decorate an attention_zoo.Attention "
             f"subclass with @attention_zoo.register)", file=sys.stderr)
@@ -491,7 +535,8 @@ def main(argv=None) -> int:
     names += [n for n in found if n not in names]
   failed, counts = [], {"pass": 0, "n/a": 0, "fail": 0}
   for name in names:
-    print(f"{name}  ({_claims(registry.spec(name))})")
+    options = ", ".join(f"{k}={v!r}" for k, v in settings(name).options.items())
+    print(f"{name}  ({_claims(registry.spec(name))})" + (f" with {options}" if options else ""))
     for result in run([name], props):
       counts[result.status] += 1
       if result.status == "fail":
@@ -504,4 +549,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  # Run the imported module, not this __main__ copy: plug-ins call `configure` on the former.
+  from attention_zoo import conformance
+  sys.exit(conformance.main())

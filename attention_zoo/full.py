@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from attention_zoo import reference
 from attention_zoo.base import Attention
+from attention_zoo.options import Choice
 from attention_zoo.registry import register
 
 
@@ -21,16 +22,13 @@ from attention_zoo.registry import register
           paper="Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)",
           can_decode=True, supports_alibi=True)
 class FullAttention(Attention):
-  OPTIONS = {"impl": "xla"}
+  OPTIONS = {"impl": Choice("xla", ("xla", "cudnn"))}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    impl = self.options["impl"]
-    if impl not in ("xla", "cudnn"):
-      raise ValueError(f"full: impl must be 'xla' or 'cudnn', got {impl!r}")
-    if impl == "cudnn" and jax.default_backend() != "gpu":
-      raise ValueError(f"full: impl='cudnn' needs an NVIDIA GPU, but the JAX backend is "
-                       f"{jax.default_backend()!r}; use impl='xla'")
+    if self.options["impl"] == "cudnn" and jax.default_backend() != "gpu":
+      raise self.option_error("impl", f"'xla' on the {jax.default_backend()!r} backend "
+                                      f"(impl='cudnn' needs an NVIDIA GPU)")
 
   def pattern(self, q_len: int, kv_len: int):
     return reference.causal_pattern(q_len, kv_len, self.causal)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 
 from attention_zoo import reference
 from attention_zoo.base import Attention, ceil_div
+from attention_zoo.options import Int
 
 # Log scale of "no key yet" and log φ of a padded key: finite, so differences never give
 # inf - inf.
@@ -123,15 +124,10 @@ def _causal(q_log, k_log, v, kv_mask, state, chunk_size):
 
 class KernelizedAttention(Attention):
   """Base of the kernelised variants: subclasses define `feature_maps` and `nb_features`."""
-  OPTIONS = {"chunk_size": 16}   # positions per step of the causal prefix-sum scan
+  # chunk_size: positions per step of the causal prefix-sum scan.
+  OPTIONS = {"chunk_size": Int(16, minimum=1)}
   # Subclasses register with supports_dropout=False; the base refuses dropout_rate > 0 with this.
   WHY_NO_DROPOUT = "kernelised attention never forms the attention weights that dropout drops"
-
-  def __init__(self, **kwargs):
-    super().__init__(**kwargs)
-    chunk_size = self.options["chunk_size"]
-    if not isinstance(chunk_size, int) or chunk_size <= 0:
-      raise ValueError(f"{self.spec.name}: chunk_size must be a positive int, got {chunk_size!r}")
 
   @property
   def nb_features(self) -> int:
@@ -161,7 +157,8 @@ class KernelizedAttention(Attention):
     """q [b, 1, h, d], k, v [b, 1, kvh, d] -> (out [b, 1, h, d], new state)."""
     self._require_decode()
     if alibi_slopes is not None:
-      raise ValueError(f"{self.spec.name} does not accept a score bias (ALiBi): it never forms scores")
+      raise ValueError(f"{self.spec.name} does not accept a score bias (ALiBi): it never forms "
+                       f"scores")
     f32 = lambda x: x.astype(jnp.float32)
     q_log, k_log = self.feature_maps(
         reference.group_heads(f32(q), self.num_kv_heads), f32(k), deterministic=True)

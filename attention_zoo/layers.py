@@ -1,4 +1,5 @@
-"""The layers every model shares: multi-head attention around any registered variant, and the MLP."""
+"""The layers every model shares: multi-head attention around any registered variant, and the
+MLP."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -28,11 +29,12 @@ class MultiHeadAttention(nnx.Module):
     positions.check_kind(position_kind)
     spec = registry.spec(attention)
     if position_kind == "alibi" and not spec.supports_alibi:
-      raise ValueError(f"attention {attention!r} does not accept a score bias, so ALiBi cannot be used with it; "
-                       f"variants that do: {', '.join(n for n in registry.available() if registry.spec(n).supports_alibi)}")
+      with_alibi = [n for n in registry.available() if registry.spec(n).supports_alibi]
+      raise ValueError(f"attention {attention!r} does not accept a score bias, so ALiBi cannot "
+                       f"be used with it; variants that do: {', '.join(with_alibi)}")
     if spec.shared_qk and num_kv_heads != num_heads:
-      raise ValueError(f"attention {attention!r} uses the queries as keys (shared QK), so num_kv_heads "
-                       f"({num_kv_heads}) must equal num_heads ({num_heads})")
+      raise ValueError(f"attention {attention!r} uses the queries as keys (shared QK), so "
+                       f"num_kv_heads ({num_kv_heads}) must equal num_heads ({num_heads})")
     self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
     self.head_dim = qkv_dim // num_heads
     self.position_kind, self.rope_base, self.shared_qk = position_kind, rope_base, spec.shared_qk
@@ -69,11 +71,13 @@ class MultiHeadAttention(nnx.Module):
     if self.position_kind == "rope":
       offset = self.cache_index[...] if decode else 0
       q = positions.rope(q, jnp.arange(n) + offset, self.rope_base)
-      k = q if self.shared_qk else positions.rope(k, jnp.arange(k.shape[1]) + offset, self.rope_base)
+      k = q if self.shared_qk else positions.rope(k, jnp.arange(k.shape[1]) + offset,
+                                                  self.rope_base)
     if decode:
       if n != 1 or context is not None:
         raise ValueError(f"decode=True takes one token of self-attention at a time, got length {n}")
-      out, new_cache = self.attention.decode(q, k, v, self.cache.get_value(), alibi_slopes=self.alibi_slopes)
+      out, new_cache = self.attention.decode(q, k, v, self.cache.get_value(),
+                                             alibi_slopes=self.alibi_slopes)
       self.cache.set_value(new_cache)
       self.cache_index[...] += 1
     else:

@@ -22,13 +22,11 @@ from attention_zoo.registry import register
                 "Transformers with Linear Attention (arXiv:2006.16236)",
           can_decode=True, supports_dropout=False)
 class LinearTransformerAttention(kernelized.KernelizedAttention):
-  TEST_OPTIONS = {"chunk_size": 4}
-
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     if self.options["scale"] is not None:
-      raise ValueError("linear_transformer: φ(q)·φ(k) with φ = elu + 1 has no temperature, so "
-                       f"scale={self.options['scale']!r} would be ignored; leave scale=None")
+      raise self.option_error("scale", "None (φ(q)·φ(k) with φ = elu + 1 has no temperature, "
+                                       "so a scale would be ignored)")
 
   @property
   def nb_features(self) -> int:

@@ -25,6 +25,7 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.base import Attention
+from attention_zoo.options import Choice, Int
 from attention_zoo.registry import register
 
 SHARING = ("none", "headwise", "kv")
@@ -32,22 +33,19 @@ SHARING = ("none", "headwise", "kv")
 
 @register("linformer", exact=False, supports_causal=False, supports_cross=True,
           complexity="O(n·k)",
-          paper="Wang et al. 2020, Linformer: Self-Attention with Linear Complexity (arXiv:2006.04768)",
+          paper="Wang et al. 2020, Linformer: Self-Attention with Linear Complexity "
+                "(arXiv:2006.04768)",
           needs_max_len=True)
 class LinformerAttention(Attention):
-  OPTIONS = {"k": 256, "share": "none"}
-  TEST_OPTIONS = {"k": 8}
+  # k: the projected length; share: "none" (E_i, F_i per head), "headwise" (one E, one F) or
+  # "kv" (one E = F).
+  OPTIONS = {"k": Int(256, minimum=1), "share": Choice("none", SHARING)}
   WHY_NOT_CAUSAL = ("each of its k projected keys is a weighted sum over all positions, "
                     "so every query would see future tokens")
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     rank, share = self.options["k"], self.options["share"]
-    if not isinstance(rank, int) or rank <= 0:
-      raise ValueError(f"linformer: k (the projected length) must be a positive int, got {rank!r}")
-    if share not in SHARING:
-      raise ValueError(f"linformer: share must be 'none' (E_i, F_i per head), 'headwise' (one E, "
-                       f"one F) or 'kv' (one E = F), got {share!r}")
     # [kvh or 1, max_len, k]: the leading axis is the head (1 = shared by all heads)
     shape = (self.num_kv_heads if share == "none" else 1, self.max_len, rank)
     init = nnx.initializers.xavier_normal(batch_axis=(0,))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from attention_zoo import blockwise, reference
 from attention_zoo.base import Attention
+from attention_zoo.options import Int
 from attention_zoo.registry import register
 
 
@@ -19,12 +20,11 @@ from attention_zoo.registry import register
                 "as the LRA baseline in Tay et al. 2021 (arXiv:2011.04006)",
           supports_alibi=True)
 class LocalAttention(Attention):
-  OPTIONS = {"block_size": 50}
-  TEST_OPTIONS = {"block_size": 6}
+  OPTIONS = {"block_size": Int(50, minimum=1)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    self.block_size = blockwise.check_int("local", "block_size", self.options["block_size"], 1)
+    self.block_size = self.options["block_size"]
 
   def pattern(self, q_len: int, kv_len: int):
     q_pos, k_pos = blockwise.aligned_positions(q_len, kv_len)

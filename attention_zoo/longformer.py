@@ -29,24 +29,22 @@ from flax import nnx
 
 from attention_zoo import blockwise, reference
 from attention_zoo.base import Attention, ceil_div
+from attention_zoo.options import Bool, Int
 from attention_zoo.registry import register
 
 
-@register("longformer", exact=True, supports_causal=True, supports_cross=False, complexity="O(n·(w + g))",
+@register("longformer", exact=True, supports_causal=True, supports_cross=False,
+          complexity="O(n·(w + g))",
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150)",
           supports_alibi=True)
 class LongformerAttention(Attention):
-  OPTIONS = {"window": 256, "dilation": 1, "num_global_tokens": 1, "global_projections": True}
-  TEST_OPTIONS = {"window": 2, "dilation": 2, "num_global_tokens": 2}
+  OPTIONS = {"window": Int(256, minimum=0), "dilation": Int(1, minimum=1),
+             "num_global_tokens": Int(1, minimum=0), "global_projections": Bool(True)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    self.window = blockwise.check_int("longformer", "window", self.options["window"], 0)
-    self.dilation = blockwise.check_int("longformer", "dilation", self.options["dilation"], 1)
-    self.num_global = blockwise.check_int("longformer", "num_global_tokens", self.options["num_global_tokens"], 0)
-    if not isinstance(self.options["global_projections"], bool):
-      raise ValueError(f"longformer: global_projections must be True or False, "
-                       f"got {self.options['global_projections']!r}")
+    self.window, self.dilation, self.num_global = (
+        self.options[k] for k in ("window", "dilation", "num_global_tokens"))
     with_maps = self.options["global_projections"] and self.num_global > 0
     d = self.head_dim
     identity = lambda heads: (nnx.Param(jnp.broadcast_to(jnp.eye(d), (heads, d, d)))

@@ -20,8 +20,8 @@ divides c, and any length works without padding). When c < m every real token is
 landmark and the other landmarks are empty; empty landmarks are masked out of F, A and B (the
 pseudo-inverse keeps the zero rows and columns of A at zero), and padded keys get no weight in
 B. A padded row therefore gives exactly what the same row without its padding gives, holes
-included (the convolution, when on, sees a hole as a zero value). With m >= c, Q̃ = Q and K̃ = K, so F = A = B = S and S A⁺ S = S: exact up to the
-pseudo-inverse's accuracy.
+included (the convolution, when on, sees a hole as a zero value). With m >= c, Q̃ = Q and
+K̃ = K, so F = A = B = S and S A⁺ S = S: exact up to the pseudo-inverse's accuracy.
 
 `conv_kernel_size` > 0 adds the skip connection of the paper's code, a depthwise convolution of
 V over the sequence (one filter per query head, shared across head_dim, padded values zeroed);
@@ -40,6 +40,7 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.base import Attention
+from attention_zoo.options import Int
 from attention_zoo.registry import register
 
 
@@ -48,31 +49,26 @@ from attention_zoo.registry import register
           paper="Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating "
                 "Self-Attention (arXiv:2102.03902)")
 class NystromformerAttention(Attention):
-  OPTIONS = {"num_landmarks": 64, "pinv_iterations": 6, "conv_kernel_size": 0}
-  # 6 landmarks at length 20: uneven segments; with padding some rows have fewer real tokens.
-  TEST_OPTIONS = {"num_landmarks": 6, "conv_kernel_size": 5}
+  OPTIONS = {"num_landmarks": Int(64, minimum=1), "pinv_iterations": Int(6, minimum=1),
+             "conv_kernel_size": Int(0, minimum=0, where=(
+                 "0 (no skip convolution) or odd (a window centred on each token; the paper's "
+                 "LRA code uses 35)", lambda n: n == 0 or n % 2 == 1))}
   WHY_NOT_CAUSAL = ("each landmark is the mean of a whole segment and every landmark query sees "
                     "every key, so each output depends on later tokens")
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    for option in ("num_landmarks", "pinv_iterations"):
-      value = self.options[option]
-      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"nystromformer: {option} must be a positive int, got {value!r}")
     taps = self.options["conv_kernel_size"]
-    if not isinstance(taps, int) or isinstance(taps, bool) or taps < 0 or (taps and taps % 2 == 0):
-      raise ValueError(f"nystromformer: conv_kernel_size must be 0 (no skip convolution) or a "
-                       f"positive odd int (a window centred on each token; the paper's LRA code "
-                       f"use 35), got {taps!r}")
     # PyTorch's default Conv init, as in the paper's code: U(±1/sqrt(fan_in)).
-    self.conv = None if taps == 0 else nnx.Param(jax.random.uniform(
-        self.rngs.params(), (taps, 1, self.num_heads), minval=-taps ** -0.5, maxval=taps ** -0.5))  # [taps, 1, h]
+    self.conv = None if taps == 0 else nnx.Param(jax.random.uniform(     # [taps, 1, h]
+        self.rngs.params(), (taps, 1, self.num_heads), minval=-taps ** -0.5,
+        maxval=taps ** -0.5))
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
     num_landmarks = self.options["num_landmarks"]
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-    v = jnp.where(kv_mask[:, :, None, None], v.astype(jnp.float32), 0.0)  # a NaN pad cannot reach B V
+    # Padded values zeroed: not even a NaN pad can reach B V.
+    v = jnp.where(kv_mask[:, :, None, None], v.astype(jnp.float32), 0.0)
     # l indexes the query landmarks, m the key landmarks (as many of each: num_landmarks).
     grouped = reference.group_heads(q, self.num_kv_heads)                  # [b, n, kvh, g, d]
     q_segments, q_landmark_real = segments(q_mask, num_landmarks)          # [b, n, l], [b, l]
@@ -83,7 +79,8 @@ class NystromformerAttention(Attention):
     k_real = k_landmark_real[:, None, None, None, :]                       # [b, 1, 1, 1, m]
 
     kernel_f = reference.masked_softmax(
-        jnp.einsum("bnhgd,bmhd->bhgnm", grouped, k_landmarks) * self.scale, k_real)  # F [b, kvh, g, n, m]
+        jnp.einsum("bnhgd,bmhd->bhgnm", grouped, k_landmarks) * self.scale,
+        k_real)                                                            # F [b, kvh, g, n, m]
     kernel_a = reference.masked_softmax(
         jnp.einsum("blhgd,bmhd->bhglm", q_landmarks, k_landmarks) * self.scale,
         q_real & k_real)                                                   # A [b, kvh, g, l, m]
@@ -94,7 +91,8 @@ class NystromformerAttention(Attention):
     kernel_b = self.dropout(kernel_b, deterministic)
 
     landmark_values = jnp.einsum("bhgln,bnhd->bhgld", kernel_b, v)         # B V [b, kvh, g, l, d]
-    landmark_values = pinv(kernel_a, self.options["pinv_iterations"]) @ landmark_values  # A⁺ B V [.., m, d]
+    landmark_values = (pinv(kernel_a, self.options["pinv_iterations"])
+                       @ landmark_values)                                  # A⁺ B V [.., m, d]
     out = jnp.einsum("bhgnm,bhgmd->bnhgd", kernel_f, landmark_values)      # [b, n, kvh, g, d]
     if self.conv is not None:
       out = out + self._skip_conv(v)
@@ -118,7 +116,7 @@ def segments(mask, num_landmarks: int):
   The c real tokens of a row, in order, fill m contiguous segments of ⌊c/m⌋ or ⌈c/m⌉ tokens.
   """
   count = mask.sum(axis=-1, keepdims=True)                                 # [b, 1]
-  rank = jnp.cumsum(mask, axis=-1) - 1                                     # [b, n]: index among real tokens
+  rank = jnp.cumsum(mask, axis=-1) - 1                   # [b, n]: index among real tokens
   segment = rank * num_landmarks // jnp.maximum(count, 1)                  # [b, n], in [0, m)
   one_hot = (segment[..., None] == jnp.arange(num_landmarks)) & mask[..., None]  # [b, n, m]
   return one_hot, one_hot.any(axis=1)
@@ -141,7 +139,8 @@ def pinv(a, iterations: int):
   matmul = partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
   identity = jnp.eye(a.shape[-1], dtype=a.dtype)
   norm = a.sum(axis=-2).max(axis=-1) * a.sum(axis=-1).max(axis=-1)        # ‖A‖₁ ‖A‖∞ [...]
-  z = jnp.swapaxes(a, -1, -2) / jnp.where(norm > 0, norm, 1.0)[..., None, None]  # an all-empty A stays 0
+  # An all-empty A stays 0.
+  z = jnp.swapaxes(a, -1, -2) / jnp.where(norm > 0, norm, 1.0)[..., None, None]
   for _ in range(iterations):
     az = matmul(a, z)
     z = 0.25 * matmul(z, 13 * identity - matmul(az, 15 * identity - matmul(az, 7 * identity - az)))

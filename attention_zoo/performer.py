@@ -36,6 +36,7 @@ from flax import nnx
 
 from attention_zoo import kernelized
 from attention_zoo.base import ceil_div
+from attention_zoo.options import Bool, Choice, Int
 from attention_zoo.registry import register
 
 RELU_EPSILON = 1e-3   # keeps generalized-attention denominators positive
@@ -67,33 +68,26 @@ def orthogonal_gaussian(key, num_kv_heads: int, nb_features: int, head_dim: int)
           paper="Choromanski et al. 2021, Rethinking Attention with Performers (arXiv:2009.14794)",
           can_decode=True, supports_dropout=False)
 class PerformerAttention(kernelized.KernelizedAttention):
-  OPTIONS = {"kernel": "softmax", "features": "random", "nb_features": 256, "redraw": True,
+  # kernel: "softmax" (FAVOR+) or "relu" (generalized attention); features: "random" (a
+  # random projection Ω) or "deterministic" (none: the head_dim coordinates, relu only).
+  OPTIONS = {"kernel": Choice("softmax", ("softmax", "relu")),
+             "features": Choice("random", ("random", "deterministic")),
+             "nb_features": Int(256, minimum=1), "redraw": Bool(True),
              **kernelized.KernelizedAttention.OPTIONS}
-  TEST_OPTIONS = {"nb_features": 64, "chunk_size": 4}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    kernel, features, nb_features, redraw = (
-        self.options[k] for k in ("kernel", "features", "nb_features", "redraw"))
-    if kernel not in ("softmax", "relu"):
-      raise ValueError(f"performer: kernel must be 'softmax' (FAVOR+) or 'relu' (generalized "
-                       f"attention), got {kernel!r}")
-    if features not in ("random", "deterministic"):
-      raise ValueError(f"performer: features must be 'random' (a random projection Ω) or "
-                       f"'deterministic' (none), got {features!r}")
+    features = self.options["features"]
     if features == "deterministic":
-      if kernel != "relu":
-        raise ValueError("performer: features='deterministic' needs kernel='relu': the softmax "
-                         "kernel is estimated from random projections")
+      if self.options["kernel"] != "relu":
+        raise self.option_error("features", "'random' with kernel='softmax' (the softmax kernel "
+                                            "is estimated from random projections; "
+                                            "deterministic features need kernel='relu')")
       given = sorted({"nb_features", "redraw"} & set(kwargs))
       if given:
-        raise ValueError(f"performer: features='deterministic' has no random projection, so "
-                         f"{' and '.join(given)} cannot apply (its features are the head_dim "
-                         f"coordinates); leave {' and '.join(given)} out")
-    if not isinstance(nb_features, int) or nb_features <= 0:
-      raise ValueError(f"performer: nb_features must be a positive int, got {nb_features!r}")
-    if not isinstance(redraw, bool):
-      raise ValueError(f"performer: redraw must be True or False, got {redraw!r}")
+        raise self.option_error(given[0], f"no {given[0]} with features='deterministic' (no "
+                                          f"random projection, so {given[0]} cannot apply: the "
+                                          f"features are the head_dim coordinates)")
     self.features = (RandomFeatures(self._draw(self.rngs.params())) if features == "random"
                      else None)                                      # Ω [kvh, m, d]
 

@@ -19,7 +19,9 @@ def check_kind(kind: str):
 
 
 def sinusoidal(positions, dim: int):
-  """Vaswani et al. 2017: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...). -> [..., dim]"""
+  """Vaswani et al. 2017: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...).
+
+  -> [..., dim]"""
   inv_freq = 1.0 / (10000.0 ** (np.arange(0, dim, 2) / dim))
   angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq  # [..., dim/2]
   table = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*angles.shape[:-1], -1)

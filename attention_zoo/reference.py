@@ -24,7 +24,8 @@ def causal_allowed(q_positions, k_positions, q_len: int, kv_len: int):
 
 
 def causal_pattern(q_len: int, kv_len: int, causal: bool):
-  """`pattern()` of a variant that sees every key (or, causal, the bottom-right triangle): bool [1, q, k]."""
+  """`pattern()` of a variant that sees every key (or, causal, the bottom-right triangle):
+  bool [1, q, k]."""
   allowed = np.ones((1, q_len, kv_len), bool)
   if causal:
     allowed &= causal_allowed(np.arange(q_len)[:, None], np.arange(kv_len)[None, :], q_len, kv_len)
@@ -32,7 +33,7 @@ def causal_pattern(q_len: int, kv_len: int, causal: bool):
 
 
 def alibi_bias(slopes, q_positions, k_positions, q_len: int, kv_len: int):
-  """ALiBi (Press et al. 2022): -slope_h · |i' - j|, with i' the bottom-right aligned query position.
+  """ALiBi (Press et al. 2022): -slope_h · |i' - j|, i' the bottom-right aligned query position.
 
   slopes [h]; q_positions [..., q, 1]-like and k_positions [..., 1, k]-like index arrays.
   Returns f32 broadcast to [h, *position shape].
@@ -75,7 +76,8 @@ def dense_attention(q, k, v, allowed, *, scale=None, bias=None):
 
 
 def group_heads(q, num_kv_heads: int):
-  """[b, q, h, d] -> [b, q, num_kv_heads, group, d]: query heads grouped by the K/V head they share."""
+  """[b, q, h, d] -> [b, q, num_kv_heads, group, d]: query heads grouped by the K/V head they
+  share."""
   b, n, h, d = q.shape
   return q.reshape(b, n, num_kv_heads, h // num_kv_heads, d)
 
@@ -102,7 +104,8 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
   if q_mask is not None:
     allowed &= q_mask[:, None, None, :, None]
   if causal:
-    allowed &= causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len, kv_len)
+    allowed &= causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len,
+                              kv_len)
   weights = masked_softmax(scores, allowed)
   if dropout_rng is not None and dropout_rate > 0:
     weights = dropout(weights, dropout_rate, dropout_rng)

@@ -33,7 +33,7 @@ so its rotated vectors take O(1024·n_buckets), not O(n·n_buckets) (n_buckets g
 Causality with content routing: the chunk boundaries depend on every token's bucket, so a
 future token's query can move which past tokens a query sees (never a future one). The causal
 guarantee is therefore: outputs before position t do not depend on values at positions ≥ t;
-the conformance suite checks it by changing future values (CONTENT_ROUTING = True).
+the conformance suite checks it by changing future values only (its settings for reformer).
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.base import Attention, pad_to_multiple
+from attention_zoo.options import Int
 from attention_zoo.registry import register
 
 
@@ -55,33 +56,24 @@ class RotationKey(nnx.Variable):
 
 @register("reformer", exact=False, supports_causal=True, supports_cross=False,
           complexity="O(n·c·r)",
-          paper="Kitaev, Kaiser & Levskaya 2020, Reformer: The Efficient Transformer (arXiv:2001.04451)",
+          paper="Kitaev, Kaiser & Levskaya 2020, Reformer: The Efficient Transformer "
+                "(arXiv:2001.04451)",
           shared_qk=True)
 class ReformerAttention(Attention):
-  OPTIONS = {"chunk_len": 64, "num_chunks": None, "n_buckets": None, "n_hashes": 1}
-  # Fixed n_buckets so lengths 20 and 25 (appended padding) hash the same way.
-  TEST_OPTIONS = {"chunk_len": 4, "n_buckets": 4}
-  CONTENT_ROUTING = True
+  # num_chunks None: chunks of chunk_len; n_buckets None: derived from the length.
+  OPTIONS = {"chunk_len": Int(64, minimum=1), "num_chunks": Int(None, minimum=1, optional=True),
+             "n_buckets": Int(None, minimum=1, optional=True, where=(
+                 "1 or even (random-rotation hashing splits buckets into ± pairs)",
+                 lambda n: n == 1 or n % 2 == 0)),
+             "n_hashes": Int(1, minimum=1)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    chunk_len, num_chunks, n_buckets, n_hashes = (
-        self.options[k] for k in ("chunk_len", "num_chunks", "n_buckets", "n_hashes"))
-    if not (isinstance(chunk_len, int) and chunk_len > 0):
-      raise ValueError(f"reformer: chunk_len must be a positive int, got {chunk_len!r}")
-    if num_chunks is not None and not (isinstance(num_chunks, int) and num_chunks > 0):
-      raise ValueError(f"reformer: num_chunks must be None (use chunk_len) or a positive int, "
-                       f"got {num_chunks!r}")
-    if num_chunks is not None and "chunk_len" in kwargs:
-      raise ValueError(f"reformer: give chunk_len ({chunk_len}) or num_chunks ({num_chunks}), "
-                       f"not both")
-    if n_buckets is not None and not (isinstance(n_buckets, int) and
-                                      (n_buckets == 1 or (n_buckets >= 2 and n_buckets % 2 == 0))):
-      raise ValueError(f"reformer: n_buckets must be None (derived from the length), 1, or an even int "
-                       f">= 2 (random-rotation hashing splits buckets into ± pairs), got {n_buckets!r}")
-    if not (isinstance(n_hashes, int) and n_hashes > 0):
-      raise ValueError(f"reformer: n_hashes must be a positive int, got {n_hashes!r}")
-    self.n_hashes = n_hashes
+    if self.options["num_chunks"] is not None and "chunk_len" in kwargs:
+      raise self.option_error("num_chunks", f"None when chunk_len is given (chunk_len="
+                                            f"{self.options['chunk_len']}): give chunk_len or "
+                                            f"num_chunks, not both")
+    self.n_hashes = self.options["n_hashes"]
     self.rotation_key = RotationKey(jax.random.key_data(self.rngs.params()))
 
   def chunk_length(self, length: int) -> int:
@@ -128,7 +120,8 @@ class ReformerAttention(Attention):
     b, q_len, h, d = q.shape
     kvh, cl, rounds = self.num_kv_heads, self.chunk_length(q_len), self.n_hashes
     q, v = pad_to_multiple(q, cl), pad_to_multiple(v, cl)
-    q_mask, kv_mask = pad_to_multiple(q_mask, cl, value=False), pad_to_multiple(kv_mask, cl, value=False)
+    q_mask = pad_to_multiple(q_mask, cl, value=False)
+    kv_mask = pad_to_multiple(kv_mask, cl, value=False)
     n = q.shape[1]
     nc = n // cl
 
@@ -138,7 +131,8 @@ class ReformerAttention(Attention):
     undo = jnp.argsort(order, axis=-1)                             # [b, h, r, n]: position -> slot
 
     # Each round's tokens in sorted order (per query head: every head sorts differently).
-    sq = jnp.take_along_axis(jnp.swapaxes(q, 1, 2)[:, :, None], order[..., None], axis=3)  # [b, h, r, n, d]
+    sq = jnp.take_along_axis(jnp.swapaxes(q, 1, 2)[:, :, None], order[..., None],
+                             axis=3)                               # [b, h, r, n, d]
     sv = jnp.take_along_axis(jnp.swapaxes(v, 1, 2), order.reshape(b, kvh, -1, 1), axis=2)
     sv = sv.reshape(b, h, rounds, n, d)                            # [b, h, r, n, d]
     s_real = jnp.take_along_axis(kv_mask[:, None, None, :], order, axis=-1)  # [b, h, r, n]
@@ -153,7 +147,8 @@ class ReformerAttention(Attention):
     k_pos = look_back(q_pos, -1)                                   # [b, h, r, c, 2cl]
     k_real = look_back(chunk(s_real), False)
 
-    allowed = k_real[..., None, :] & (k_pos[..., None, :] != q_pos[..., :, None])  # [b, h, r, c, cl, 2cl]
+    allowed = (k_real[..., None, :]
+               & (k_pos[..., None, :] != q_pos[..., :, None]))     # [b, h, r, c, cl, 2cl]
     if self.causal:
       allowed &= reference.causal_allowed(q_pos[..., :, None], k_pos[..., None, :], n, n)
     scores = jnp.einsum("bhrcqd,bhrckd->bhrcqk", cq, ck,
@@ -175,7 +170,8 @@ class ReformerAttention(Attention):
     # A query that sees nothing but itself attends to itself (when it is a real key).
     group = lambda x: x.reshape(b, kvh, h // kvh, *x.shape[2:])
     self_value = jnp.where(kv_mask[:, None, None, :, None], jnp.swapaxes(v, 1, 2)[:, :, None], 0)
-    out = jnp.where(group(jnp.any(sees, axis=2))[..., None], group(out), self_value)  # [b, kvh, g, n, d]
+    out = jnp.where(group(jnp.any(sees, axis=2))[..., None], group(out),
+                    self_value)                                    # [b, kvh, g, n, d]
     return jnp.swapaxes(out.reshape(b, h, n, d), 1, 2)[:, :q_len]  # [b, q, h, d]
 
 
@@ -212,8 +208,10 @@ def _masked_logsumexp(scores, allowed):
 
   Rows with nothing allowed give a finite placeholder (0) and finite gradients.
   """
-  row_max = jax.lax.stop_gradient(jnp.max(jnp.where(allowed, scores, -jnp.inf), axis=-1, keepdims=True))
+  row_max = jax.lax.stop_gradient(
+      jnp.max(jnp.where(allowed, scores, -jnp.inf), axis=-1, keepdims=True))
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  total = jnp.sum(jnp.where(allowed, jnp.exp(jnp.where(allowed, scores - row_max, 0.0)), 0.0), axis=-1)
+  total = jnp.sum(jnp.where(allowed, jnp.exp(jnp.where(allowed, scores - row_max, 0.0)), 0.0),
+                  axis=-1)
   sees = total > 0
   return row_max[..., 0] + jnp.log(jnp.where(sees, total, 1.0)), sees

@@ -36,6 +36,7 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.base import Attention, pad_to_multiple
+from attention_zoo.options import Bool, Float, Int
 from attention_zoo.registry import register
 
 _MASKED = -1e30  # log-weight of a block pair outside the sort (finite: keeps gradients finite)
@@ -43,24 +44,16 @@ _MASKED = -1e30  # log-weight of a block pair outside the sort (finite: keeps gr
 
 @register("sinkhorn", exact=False, supports_causal=True, supports_cross=False,
           complexity="O(n·b + (n/b)²)",
-          paper="Tay, Bahri, Yang, Metzler & Juan 2020, Sparse Sinkhorn Attention (arXiv:2002.11296)")
+          paper="Tay, Bahri, Yang, Metzler & Juan 2020, Sparse Sinkhorn Attention "
+                "(arXiv:2002.11296)")
 class SinkhornAttention(Attention):
-  OPTIONS = {"block_size": 50, "sinkhorn_iters": 5, "temperature": 0.75, "gumbel_noise": True}
-  TEST_OPTIONS = {"block_size": 4}
+  OPTIONS = {"block_size": Int(50, minimum=1), "sinkhorn_iters": Int(5, minimum=1),
+             "temperature": Float(0.75, above=0), "gumbel_noise": Bool(True)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    block_size, iters, temperature = (self.options[k] for k in ("block_size", "sinkhorn_iters", "temperature"))
-    if not (isinstance(block_size, int) and block_size > 0):
-      raise ValueError(f"sinkhorn: block_size must be a positive int, got {block_size!r}")
-    if not (isinstance(iters, int) and iters > 0):
-      raise ValueError(f"sinkhorn: sinkhorn_iters must be a positive int, got {iters!r}")
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
-      raise ValueError(f"sinkhorn: temperature must be a positive number, got {temperature!r}")
-    if not isinstance(self.options["gumbel_noise"], bool):
-      raise ValueError(f"sinkhorn: gumbel_noise must be True or False, "
-                       f"got {self.options['gumbel_noise']!r}")
-    self.block_size, self.sinkhorn_iters, self.temperature = block_size, iters, float(temperature)
+    self.block_size, self.sinkhorn_iters, self.temperature = (
+        self.options[k] for k in ("block_size", "sinkhorn_iters", "temperature"))
     init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
     shape = (self.num_heads, self.head_dim, self.head_dim)
     self.sort_query = nnx.Param(init(self.rngs.params(), shape))  # [h, d, d]
@@ -110,7 +103,8 @@ class SinkhornAttention(Attention):
       valid = valid & (jnp.arange(nb)[None, :, None] > jnp.arange(nb)[None, None, :])
     else:
       valid = valid & (q_count > 0)[:, :, None]
-    return sinkhorn(logits / self.temperature, valid[:, None, None], self.sinkhorn_iters, self.causal)
+    return sinkhorn(logits / self.temperature, valid[:, None, None], self.sinkhorn_iters,
+                    self.causal)
 
   def attend_sorted(self, q, k, v, sort, *, q_mask, kv_mask, deterministic):
     """Block attention to the own block and the block sorted by `sort` [b, kvh, g, nb, nb].
@@ -124,11 +118,13 @@ class SinkhornAttention(Attention):
     kb, vb = (jnp.where(k_in[..., None, None], x.reshape(b, nb, bs, kvh, d), 0) for x in (k, v))
 
     # The sorted block: at each slot, the sort-weighted mean of the real tokens of the blocks.
-    slot_weight = jnp.einsum("bkgij,bjt->bkgit", sort, k_in.astype(sort.dtype))  # [b, kvh, g, nb, bs]
+    slot_weight = jnp.einsum("bkgij,bjt->bkgit", sort,
+                             k_in.astype(sort.dtype))              # [b, kvh, g, nb, bs]
     sorted_real = slot_weight > 0
     norm = jnp.where(sorted_real, slot_weight, 1.0)[..., None]
-    sorted_k = jnp.einsum("bkgij,bjtkd->bkgitd", sort, kb, preferred_element_type=jnp.float32) / norm
-    sorted_v = jnp.einsum("bkgij,bjtkd->bkgitd", sort, vb, preferred_element_type=jnp.float32) / norm
+    sorted_k, sorted_v = (jnp.einsum("bkgij,bjtkd->bkgitd", sort, x,
+                                     preferred_element_type=jnp.float32) / norm
+                          for x in (kb, vb))                       # [b, kvh, g, nb, bs, d]
 
     own = jnp.einsum("bitkgd,biskd->bkgits", qb, kb, preferred_element_type=jnp.float32)
     other = jnp.einsum("bitkgd,bkgisd->bkgits", qb, sorted_k.astype(q.dtype),
@@ -139,10 +135,12 @@ class SinkhornAttention(Attention):
       own_allowed = own_allowed & reference.causal_allowed(
           jnp.arange(bs)[:, None], jnp.arange(bs)[None, :], bs, bs)
     own_allowed = jnp.broadcast_to(own_allowed, own.shape)
-    allowed = jnp.concatenate([own_allowed, jnp.broadcast_to(sorted_real[..., None, :], other.shape)], -1)
+    allowed = jnp.concatenate(
+        [own_allowed, jnp.broadcast_to(sorted_real[..., None, :], other.shape)], -1)
     weights = self.dropout(reference.masked_softmax(scores, allowed), deterministic)
     weights = weights.astype(v.dtype)
-    out = (jnp.einsum("bkgits,biskd->bitkgd", weights[..., :bs], vb, preferred_element_type=jnp.float32)
+    out = (jnp.einsum("bkgits,biskd->bitkgd", weights[..., :bs], vb,
+                      preferred_element_type=jnp.float32)
            + jnp.einsum("bkgits,bkgisd->bitkgd", weights[..., bs:], sorted_v.astype(v.dtype),
                         preferred_element_type=jnp.float32))      # [b, nb, bs, kvh, g, d]
     return out.reshape(b, n, h, d)
@@ -156,7 +154,8 @@ def sinkhorn(logits, valid, iters: int, causal: bool):
   """
   def iteration(_, x):
     x = jnp.where(valid, x - jax.nn.logsumexp(x, axis=-1, keepdims=True), _MASKED)
-    col = jax.lax.cumlogsumexp(x, axis=x.ndim - 2) if causal else jax.nn.logsumexp(x, axis=-2, keepdims=True)
+    col = (jax.lax.cumlogsumexp(x, axis=x.ndim - 2) if causal
+           else jax.nn.logsumexp(x, axis=-2, keepdims=True))
     return jnp.where(valid, x - col, _MASKED)
 
   x = jax.lax.fori_loop(0, iters, iteration, jnp.where(valid, logits, _MASKED))

@@ -14,20 +14,22 @@ import numpy as np
 
 from attention_zoo import blockwise, reference
 from attention_zoo.base import Attention, ceil_div
+from attention_zoo.options import Int
 from attention_zoo.registry import register
 
 
-@register("sliding_window", exact=True, supports_causal=True, supports_cross=True, complexity="O(n·w)",
-          paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150), "
+@register("sliding_window", exact=True, supports_causal=True, supports_cross=True,
+          complexity="O(n·w)",
+          paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer "
+                "(arXiv:2004.05150), "
                 "sliding window without global tokens",
           can_decode=True, supports_alibi=True)
 class SlidingWindowAttention(Attention):
-  OPTIONS = {"window": 128}
-  TEST_OPTIONS = {"window": 3}
+  OPTIONS = {"window": Int(128, minimum=0)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    self.window = blockwise.check_int("sliding_window", "window", self.options["window"], 0)
+    self.window = self.options["window"]
 
   def pattern(self, q_len: int, kv_len: int):
     q_pos, k_pos = blockwise.aligned_positions(q_len, kv_len)
@@ -44,6 +46,7 @@ class SlidingWindowAttention(Attention):
     offsets = tuple(range(-reach, 1 if self.causal else reach + 1))
     return blockwise.blockwise_attention(
         q, k, v, blockwise.Frame.aligned(q.shape[1], k.shape[1], block),
-        [blockwise.Neighbours(offsets, blockwise.Band(self.window))], kv_mask=kv_mask, causal=self.causal,
-        scale=self.scale, alibi_slopes=alibi_slopes, dropout_rate=self.dropout_rate,
+        [blockwise.Neighbours(offsets, blockwise.Band(self.window))], kv_mask=kv_mask,
+        causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
+        dropout_rate=self.dropout_rate,
         dropout_rng=self.dropout_rng(deterministic))

@@ -18,26 +18,27 @@ import numpy as np
 
 from attention_zoo import blockwise, reference
 from attention_zoo.base import Attention, ceil_div
+from attention_zoo.options import Int
 from attention_zoo.registry import register
 
 
 @register("sparse_transformer", exact=True, supports_causal=True, supports_cross=True,
           complexity="O(n·(b + c·n/b))",
-          paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers (arXiv:1904.10509)",
+          paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers "
+                "(arXiv:1904.10509)",
           supports_alibi=True)
 class SparseTransformerAttention(Attention):
   # query_chunk: query rows per step of the loop over query blocks (bounds score memory).
-  OPTIONS = {"block_size": 50, "num_summary": 10, "query_chunk": 512}
-  TEST_OPTIONS = {"block_size": 6, "num_summary": 2, "query_chunk": 12}
+  OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),
+             "query_chunk": Int(512, minimum=1)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    name = "sparse_transformer"
-    self.block_size = blockwise.check_int(name, "block_size", self.options["block_size"], 1)
-    self.num_summary = blockwise.check_int(name, "num_summary", self.options["num_summary"], 1)
+    self.block_size, self.num_summary, self.query_chunk = (
+        self.options[k] for k in ("block_size", "num_summary", "query_chunk"))
     if self.num_summary > self.block_size:
-      raise ValueError(f"{name}: num_summary ({self.num_summary}) must be at most block_size ({self.block_size})")
-    self.query_chunk = blockwise.check_int(name, "query_chunk", self.options["query_chunk"], 1)
+      raise self.option_error("num_summary", f"an integer <= block_size ({self.block_size}) "
+                                             f"(the summaries are the last positions of a block)")
 
   def pattern(self, q_len: int, kv_len: int):
     q_pos, k_pos = blockwise.aligned_positions(q_len, kv_len)
@@ -51,7 +52,8 @@ class SparseTransformerAttention(Attention):
     block = self.block_size
     summaries = np.flatnonzero(np.arange(k.shape[1]) % block >= block - self.num_summary)
     # The own block's summaries are in the first segment already.
-    segments = [blockwise.Neighbours((0,)), blockwise.SharedKeys(summaries, blockwise.OtherBlock(block))]
+    segments = [blockwise.Neighbours((0,)),
+                blockwise.SharedKeys(summaries, blockwise.OtherBlock(block))]
     return blockwise.blockwise_attention(
         q, k, v, blockwise.Frame.aligned(q.shape[1], k.shape[1], block), segments,
         kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,

@@ -2,9 +2,9 @@
 
 The attention logits over positions are produced without (only) token-token interaction:
 
-    dense:              B_i = W_2 relu(W_1 q_i + b_1) + b_2        (a per-position MLP, B_i ∈ R^max_len)
-    random:             B = R                                      (a learned [max_len, max_len] per head)
-    factorized_random:  B = R_1 R_2                                (R_1 [max_len, k], R_2 [k, max_len])
+    dense:              B_i = W_2 relu(W_1 q_i + b_1) + b_2   (a per-position MLP, B_i ∈ R^max_len)
+    random:             B = R                                 (learned [max_len, max_len] per head)
+    factorized_random:  B = R_1 R_2                           (R_1 [max_len, k], R_2 [k, max_len])
 
     Y = softmax(B[:n, :n]) V                                   (mix_dot_product=False)
     Y = softmax(α_1 B[:n, :n] + α_2 Q Kᵀ / sqrt(d)) V          (mix_dot_product=True)
@@ -25,33 +25,28 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.base import Attention
+from attention_zoo.options import Bool, Choice, Int
 from attention_zoo.registry import register
 
 MODES = ("dense", "random", "factorized_random")
 MIXTURES = ("learned", "sum")
 
 
-@register("synthesizer", exact=False, supports_causal=True, supports_cross=False, complexity="O(n²)",
-          paper="Tay, Bahri, Metzler, Juan, Zhao & Zheng 2021, Synthesizer: Rethinking Self-Attention "
-                "in Transformer Models (arXiv:2005.00743)",
+@register("synthesizer", exact=False, supports_causal=True, supports_cross=False,
+          complexity="O(n²)",
+          paper="Tay, Bahri, Metzler, Juan, Zhao & Zheng 2021, Synthesizer: Rethinking "
+                "Self-Attention in Transformer Models (arXiv:2005.00743)",
           needs_max_len=True)
 class SynthesizerAttention(Attention):
-  OPTIONS = {"mode": "random", "mix_dot_product": True, "mixture": "learned", "k": 32}
-  TEST_OPTIONS = {"k": 4}
+  # mixture: "learned" (softmax-normalised weights) or "sum" (a plain sum); k: the rank of
+  # factorized_random.
+  OPTIONS = {"mode": Choice("random", MODES), "mix_dot_product": Bool(True),
+             "mixture": Choice("learned", MIXTURES), "k": Int(32, minimum=1)}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     mode, rank = self.options["mode"], self.options["k"]
-    if mode not in MODES:
-      raise ValueError(f"synthesizer: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if not (isinstance(rank, int) and rank > 0):
-      raise ValueError(f"synthesizer: k (the rank of factorized_random) must be a positive int, got {rank!r}")
-    if not (isinstance(self.max_len, int) and self.max_len > 0):
-      raise ValueError(f"synthesizer: max_len must be a positive int, got {self.max_len!r}")
-    if self.options["mixture"] not in MIXTURES:
-      raise ValueError(f"synthesizer: mixture must be 'learned' (softmax-normalised weights) or "
-                       f"'sum' (a plain sum), got {self.options['mixture']!r}")
-    self.mode, self.mix_dot_product = mode, bool(self.options["mix_dot_product"])
+    self.mode, self.mix_dot_product = mode, self.options["mix_dot_product"]
     learned = self.mix_dot_product and self.options["mixture"] == "learned"
     # logits of α = (synthesized, dot product); zeros: equal weights
     self.mixture_logits = nnx.Param(jnp.zeros((2,))) if learned else None
@@ -78,7 +73,8 @@ class SynthesizerAttention(Attention):
     if self.mode == "random":
       return self.random[...][None, :, :n, :n].astype(jnp.float32)
     if self.mode == "factorized_random":
-      return jnp.einsum("hqr,hrk->hqk", self.random_left[...][:, :n], self.random_right[...][:, :, :n],
+      return jnp.einsum("hqr,hrk->hqk", self.random_left[...][:, :n],
+                        self.random_right[...][:, :, :n],
                         preferred_element_type=jnp.float32)[None]      # [1, h, n, n]
     hidden = jax.nn.relu(jnp.einsum("bqhd,hde->bqhe", q, self.hidden_kernel[...],
                                     preferred_element_type=jnp.float32) + self.hidden_bias[...])
@@ -100,7 +96,8 @@ class SynthesizerAttention(Attention):
         scores = alpha[0] * scores + alpha[1] * dot
     allowed = kv_mask[:, None, None, None, :]
     if self.causal:
-      allowed = allowed & reference.causal_allowed(jnp.arange(n)[:, None], jnp.arange(n)[None, :], n, n)
+      allowed = allowed & reference.causal_allowed(jnp.arange(n)[:, None],
+                                                   jnp.arange(n)[None, :], n, n)
     weights = self.dropout(reference.masked_softmax(scores, allowed), deterministic)
     out = jnp.einsum("bkgqs,bskd->bqkgd", weights.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)                # [b, q, kvh, g, d]

@@ -1,21 +1,16 @@
-"""`--plugins=MODULE[,MODULE]`: import user modules that register attention variants.
+"""`--plugins=MODULE[,MODULE]`: load user modules or .py files that register attention variants.
+
+The loading is the library's (`attention_zoo.load_plugins`); this module reads the flag:
 
     from experiments.plugins import load_plugins
     load_plugins(["my_project.cosine_attention"])   # -> ["cosine"], the names it registered
-
-A plugin is any importable module (a package module, or a file `name.py` in the working
-directory imported as `name`) whose import runs `@attention_zoo.register(...)`.
 """
 from __future__ import annotations
 
-import importlib
-import sys
-
 import attention_zoo as az
+from attention_zoo.plugins import PluginError
 
-
-class PluginError(ImportError):
-  """A plugin module could not be imported; the message says which and why."""
+__all__ = ["PluginError", "load_plugins", "preload_from_argv", "split_modules"]
 
 
 def split_modules(text: str | list[str] | None) -> list[str]:
@@ -26,21 +21,10 @@ def split_modules(text: str | list[str] | None) -> list[str]:
   return [name.strip() for item in items for name in item.split(",") if name.strip()]
 
 
-def load_plugins(modules: list[str]) -> list[str]:
-  """Imports each module; returns the attention names they newly registered, sorted."""
-  if "" not in sys.path:  # `python -m` puts the working directory first; scripts may not
-    sys.path.append("")
-  before = set(az.available())
-  for name in split_modules(modules):
-    try:
-      importlib.import_module(name)
-    except Exception as e:
-      kind = "not found" if isinstance(e, ModuleNotFoundError) and e.name == name else \
-          f"failed to import ({type(e).__name__}: {e})"
-      raise PluginError(f"plugin module {name!r} {kind}; pass an importable module name "
-                        "(e.g. my_package.my_attention, or my_attention for ./my_attention.py)"
-                        ) from e
-  return sorted(set(az.available()) - before)
+def load_plugins(modules: str | list[str] | None) -> list[str]:
+  """Loads each plug-in named (comma-separated names allowed); returns the attention names they
+  newly registered, sorted. PluginError (an ImportError) says which one failed and why."""
+  return az.load_plugins(split_modules(modules))
 
 
 def preload_from_argv(argv: list[str]) -> list[str]:
@@ -52,4 +36,4 @@ def preload_from_argv(argv: list[str]) -> list[str]:
       values.append(arg.split("=", 1)[1])
     elif arg == "--plugins" and i + 1 < len(argv):
       values.append(argv[i + 1])
-  return load_plugins(split_modules(values))
+  return load_plugins(values)

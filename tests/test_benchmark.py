@@ -14,7 +14,6 @@ from absl import flags
 from PIL import Image
 
 import attention_zoo as az
-from attention_zoo import registry
 from experiments import benchmark, benchmarking, cli, plugins
 
 TINY_MODEL = ["--num_layers=1", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64"]
@@ -220,13 +219,10 @@ def test_default_attentions_are_every_registered_variant():
 
 def test_a_plugin_variant_is_measured(tmp_path, monkeypatch):
   """--plugins imports a module outside the package (the documented example); its variant runs."""
-  monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))   # registrations undone after
   monkeypatch.delitem(sys.modules, "examples.cosine_attention", raising=False)
-  try:
+  with az.scoped_registry():   # the registration and its module are undone after
     status = run_main(["--plugins=examples.cosine_attention", "--attentions=cosine", "--mode=attention",
                        "--lengths=16", "--repeats=1", f"--out={tmp_path}", *TINY_MODEL])
-  finally:   # a later import must register "cosine" again in the real registry
-    sys.modules.pop("examples.cosine_attention", None)
   assert status == 0
   rows = read_csv(benchmarking.output_paths(str(tmp_path), "attention")["csv"])
   assert [(r["attention"], r["status"]) for r in rows] == [("full", "ok"), ("cosine", "ok")]

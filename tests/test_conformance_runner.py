@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from attention_zoo import conformance, registry
+import attention_zoo as az
+from attention_zoo import conformance
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,12 +64,10 @@ def write_plugin(folder, bug):
 @pytest.fixture
 def scratch(tmp_path, monkeypatch):
   """A folder on sys.path for plug-ins; their registrations and modules are removed afterwards."""
-  registry_before = dict(registry._REGISTRY)
   monkeypatch.setattr(sys, "path", [str(tmp_path)] + sys.path)
-  yield tmp_path
-  registry._REGISTRY.clear()
-  registry._REGISTRY.update(registry_before)
-  for name, module in list(sys.modules.items()):
+  with az.scoped_registry():
+    yield tmp_path
+  for name, module in list(sys.modules.items()):   # also modules that registered nothing
     if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
       del sys.modules[name]
 
@@ -118,7 +117,8 @@ def test_the_example_plugin_passes_every_property_from_its_path():
   assert set(statuses) == set(conformance.CHECKS), result.stdout
   assert statuses["exact"] == statuses["decode"] == "N/A"   # approximate, no decoding claimed
   assert all(status == "PASS" for prop, status in statuses.items() if prop not in ("exact", "decode"))
-  assert result.stdout.startswith("cosine  (approximate, O(n²), causal, cross)")
+  assert result.stdout.startswith("cosine  (approximate, O(n²), causal, cross) "
+                                  "with init_temperature=0.5\n")   # its configure() applied
 
 
 def test_builtin_modules(capsys):
@@ -141,3 +141,48 @@ def test_usage_errors_exit_2(scratch, capsys):
   assert "unknown check(s) nope; choose from shapes" in capsys.readouterr().err
   assert conformance.main(["--checks=padding"]) == 2
   assert "name at least one module" in capsys.readouterr().err
+
+
+CONTENT_ROUTED = '''
+import jax.numpy as jnp
+import attention_zoo as az
+from attention_zoo import conformance, reference
+
+
+@az.register("routed", exact=False, supports_causal=True, supports_cross=False,
+             complexity="O(n²)", paper="a test plug-in")
+class Routed(az.Attention):
+  """Causal attention whose keys also depend on a future query, as content routing may: outputs
+  before t do not depend on the values at t and after, but do on the queries there."""
+  OPTIONS = {"block_size": az.Int(64, minimum=1)}
+
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
+    assert self.options["block_size"] == 4, "the suite builds it with its settings"
+    k = k * (1 + jnp.mean(q ** 2, axis=(1, 2, 3)))[:, None, None, None]   # every query's norm
+    return reference.masked_softmax_attention(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
+                                              causal=self.causal, scale=self.scale)
+
+{configure}
+'''
+
+
+@pytest.mark.parametrize("content_routing", [True, False])
+def test_a_plugin_declares_its_suite_settings(content_routing, scratch, capsys):
+  """configure(): the options the suite builds it with, and content routing for causality."""
+  configure = (f"conformance.configure('routed', options={{'block_size': 4}}, "
+               f"content_routing={content_routing})")
+  (scratch / "routed_plugin.py").write_text(CONTENT_ROUTED.replace("{configure}", configure))
+  code = conformance.main(["routed_plugin", "--checks=shapes,causal"])
+  report = capsys.readouterr().out
+  assert status_lines(report) == {"shapes": "PASS",
+                                  "causal": "PASS" if content_routing else "FAIL"}, report
+  assert code == (0 if content_routing else 1)
+  assert conformance.settings("routed") == conformance.Settings({"block_size": 4}, content_routing)
+
+
+def test_configure_checks_its_options(scratch):
+  with pytest.raises(ValueError, match="local: option block_size=0 is invalid"):
+    conformance.configure("local", options={"block_size": 0})
+  with pytest.raises(ValueError, match="unknown attention 'not_registered'"):
+    conformance.configure("not_registered", options={})
+  assert conformance.settings("local").options == {"block_size": 6}    # unchanged

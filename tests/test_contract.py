@@ -1,4 +1,11 @@
-"""Registry, base class and reference: the public contract every variant and plug-in relies on."""
+"""Registry, base class, plug-in loader and reference: the public contract every variant and
+plug-in relies on."""
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,7 +13,9 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import reference, registry
+from attention_zoo import plugins, reference
+
+PACKAGE = Path(az.__file__).parent
 
 
 def _qkv(b=2, q_len=6, kv_len=None, h=4, kvh=2, d=8, seed=0):
@@ -19,10 +28,8 @@ def _qkv(b=2, q_len=6, kv_len=None, h=4, kvh=2, d=8, seed=0):
 @pytest.fixture
 def scratch_registry():
   """Lets a test register variants and removes them afterwards."""
-  before = dict(registry._REGISTRY)
-  yield
-  registry._REGISTRY.clear()
-  registry._REGISTRY.update(before)
+  with az.scoped_registry():
+    yield
 
 
 def test_available_is_sorted_and_has_full():
@@ -100,7 +107,7 @@ def test_plugin_variant_follows_the_contract(scratch_registry):
   """The extension contract (README: Adding a variant), used as a plug-in would use it."""
   @az.register("plain", exact=True, supports_causal=True, supports_cross=True, complexity="O(n^2)", paper="-")
   class Plain(az.Attention):
-    OPTIONS = {"temperature": 1.0}
+    OPTIONS = {"temperature": az.Float(1.0, above=0)}
 
     def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
       return az.reference.masked_softmax_attention(
@@ -144,3 +151,166 @@ def test_masked_softmax_attention_matches_dense_oracle():
 def test_causal_alignment_is_bottom_right():
   allowed = np.asarray(reference.causal_allowed(np.arange(2)[:, None], np.arange(5)[None, :], 2, 5))
   np.testing.assert_array_equal(allowed, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+
+
+# -- the contract on the base class ---------------------------------------------------------
+
+REGISTER = dict(supports_causal=True, supports_cross=True, complexity="O(n²)", paper="-")
+
+
+def test_exact_variants_must_define_pattern(scratch_registry):
+  class NoPattern(az.Attention):
+    def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
+      return q
+
+  with pytest.raises(TypeError, match="NoPattern is registered with exact=True but defines no "
+                                      r"pattern\(q_len, kv_len\)"):
+    az.register("no_pattern", exact=True, **REGISTER)(NoPattern)
+  assert "no_pattern" not in az.available()
+  az.register("no_pattern", exact=False, **REGISTER)(NoPattern)   # approximations need none
+  attn = az.create("no_pattern", num_heads=2, head_dim=4, rngs=nnx.Rngs(0))
+  with pytest.raises(NotImplementedError, match="no_pattern is not exact"):
+    attn.pattern(3, 3)
+
+
+def test_attend_is_abstract_with_alibi_slopes_in_its_signature(scratch_registry):
+  import inspect
+  assert "alibi_slopes" in inspect.signature(az.Attention.attend).parameters
+
+  @az.register("no_attend", exact=False, **REGISTER)
+  class NoAttend(az.Attention):
+    pass
+
+  q = jnp.ones((1, 3, 2, 4))
+  with pytest.raises(NotImplementedError, match=r"NoAttend does not implement attend\(\)"):
+    az.create("no_attend", num_heads=2, head_dim=4, rngs=nnx.Rngs(0))(q, q, q)
+
+
+def test_options_must_be_typed(scratch_registry):
+  class Untyped(az.Attention):
+    OPTIONS = {"temperature": 1.0, "window": az.Int(4, minimum=0)}
+
+  with pytest.raises(TypeError, match=r"Untyped.OPTIONS must map each name to an option type .*"
+                                      r"got temperature=1.0 \("):
+    az.register("untyped", exact=False, **REGISTER)(Untyped)
+
+
+def test_max_len_is_checked():
+  with pytest.raises(ValueError, match="full: max_len must be a positive integer or None, got 0"):
+    az.create("full", num_heads=2, head_dim=4, max_len=0, rngs=nnx.Rngs(0))
+  assert az.create("full", num_heads=2, head_dim=4, max_len=np.int64(8), rngs=nnx.Rngs(0)).max_len == 8
+
+
+# -- scoped registration --------------------------------------------------------------------
+
+def test_scoped_registry_undoes_registrations_and_their_modules(tmp_path, monkeypatch):
+  (tmp_path / "scoped_plugin.py").write_text(textwrap.dedent("""
+      import attention_zoo as az
+      from attention_zoo.full import FullAttention
+
+      @az.register("scoped_plugin", exact=True, supports_causal=True, supports_cross=True,
+                   complexity="O(n^2)", paper="test")
+      class ScopedPlugin(FullAttention):
+        pass
+      """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  before = az.available()
+  with az.scoped_registry():
+    import scoped_plugin  # noqa: F401
+    assert "scoped_plugin" in az.available()
+  assert az.available() == before and "scoped_plugin" not in sys.modules
+  with az.scoped_registry():   # imported again, it registers again
+    assert az.load_plugins(["scoped_plugin"]) == ["scoped_plugin"]
+  with pytest.raises(RuntimeError), az.scoped_registry():   # restored on an exception too
+    az.register("doomed", exact=False, **REGISTER)(type("Doomed", (az.Attention,), {}))
+    raise RuntimeError
+  assert az.available() == before
+
+
+# -- the plug-in loader ---------------------------------------------------------------------
+
+@pytest.fixture
+def plugin_dir(tmp_path, monkeypatch):
+  """A folder with a plug-in file and a broken one; the working directory is elsewhere."""
+  folder = tmp_path / "plugins_here"
+  folder.mkdir()
+  (folder / "file_plugin.py").write_text(textwrap.dedent("""
+      import attention_zoo as az
+      from attention_zoo.full import FullAttention
+
+      @az.register("file_plugin", exact=True, supports_causal=True, supports_cross=True,
+                   complexity="O(n^2)", paper="test")
+      class FilePlugin(FullAttention):
+        pass
+      """))
+  (folder / "broken_plugin.py").write_text("import not_a_module_anywhere\n")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  with az.scoped_registry():
+    yield folder
+
+
+def test_load_plugins_by_path_from_the_working_directory(plugin_dir):
+  """A file under the working directory is imported by its dotted path from there."""
+  assert az.load_plugins(["plugins_here/file_plugin.py"]) == ["file_plugin"]
+  assert az.registry.get("file_plugin").__module__ == "plugins_here.file_plugin"
+  assert az.load_plugins(["plugins_here.file_plugin"]) == []     # the same module: loaded once
+  assert plugins.registered_by("plugins_here") == ["file_plugin"]
+
+
+def test_load_plugins_by_path_elsewhere(plugin_dir, monkeypatch):
+  """A file outside the working directory is imported from its own folder."""
+  (plugin_dir.parent / "elsewhere").mkdir()
+  monkeypatch.chdir(plugin_dir.parent / "elsewhere")
+  assert az.load_plugins([str(plugin_dir / "file_plugin.py")]) == ["file_plugin"]
+  assert az.registry.get("file_plugin").__module__ == "file_plugin"
+
+
+def test_load_plugins_errors_name_the_plugin_and_the_cause(plugin_dir, monkeypatch):
+  with pytest.raises(az.PluginError, match=r"plugin file 'plugins_here/nope.py' not found \("):
+    az.load_plugins(["plugins_here/nope.py"])
+  with pytest.raises(az.PluginError, match="plugin module 'no_such_plugin' not found; pass an "):
+    az.load_plugins(["no_such_plugin"])
+  with pytest.raises(az.PluginError, match="plugin module 'json.no_such' not found"):
+    az.load_plugins(["json.no_such"])
+  with pytest.raises(az.PluginError, match=r"plugin file 'plugins_here/broken_plugin.py' failed "
+                                           r"to import \(ModuleNotFoundError: .*not_a_module"):
+    az.load_plugins(["plugins_here/broken_plugin.py"])
+  (plugin_dir / "json.py").write_text("")
+  monkeypatch.chdir(plugin_dir)
+  with pytest.raises(az.PluginError, match="a different module named 'json' is already imported"):
+    az.load_plugins(["json.py"])
+
+
+# -- what the package imports ---------------------------------------------------------------
+
+def test_the_package_imports_nothing_from_the_harness():
+  """attention_zoo stands alone: no import of experiments, configs, lra or ml_collections."""
+  harness = {"experiments", "configs", "lra", "ml_collections"}
+  for path in PACKAGE.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      assert not {n.split(".")[0] for n in names} & harness, (path, names)
+
+
+def test_pallas_is_imported_only_for_a_pallas_path():
+  """Building and running full, and flash on its chunked path, leaves Pallas unimported."""
+  script = textwrap.dedent("""
+      import sys
+      import jax.numpy as jnp
+      from flax import nnx
+      import attention_zoo as az
+      q = jnp.ones((1, 8, 2, 4))
+      for name, options in [("full", {}), ("flash", {"impl": "chunked"})]:
+        az.create(name, num_heads=2, head_dim=4, rngs=nnx.Rngs(0), **options)(q, q, q)
+      print(sorted(m for m in sys.modules if m.startswith("jax.experimental.pallas")
+                   or m.startswith("attention_zoo.flash.pallas")))
+      az.create("flash", num_heads=2, head_dim=4, rngs=nnx.Rngs(0), impl="pallas")
+      print("jax.experimental.pallas" in sys.modules, "attention_zoo.flash.pallas_gpu" in sys.modules)
+      """)
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+                          timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split("\n")[:2] == ["[]", "True True"], result.stdout

@@ -12,7 +12,6 @@ from flax import nnx
 
 import attention_zoo as az
 import lra
-from attention_zoo import registry
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments import build, cli, optim, plugins, report, reproduce
@@ -251,8 +250,8 @@ def plugin_module(tmp_path, monkeypatch):
       """))
   (tmp_path / "harness_broken_plugin.py").write_text("import not_a_module_anywhere\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  yield "harness_test_plugin"
-  registry._REGISTRY.pop("harness_test_plugin", None)
+  with az.scoped_registry():
+    yield "harness_test_plugin"
 
 
 def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):

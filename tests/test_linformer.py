@@ -107,7 +107,7 @@ def test_refusals():
     az.create("linformer", num_heads=4, head_dim=8, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="share"):
     build(share="layer")
-  with pytest.raises(ValueError, match="positive int"):
+  with pytest.raises(ValueError, match=r"option k=0 is invalid: expected an integer >= 1"):
     build(k=0)
   q, k, v = make_inputs(3, q_len=4, kv_len=13)
   with pytest.raises(ValueError, match="exceeds max_len 12"):

@@ -137,9 +137,10 @@ def test_pinv_converges_and_keeps_empty_landmarks_empty():
 def test_refusals_say_why():
   with pytest.raises(ValueError, match="cannot be causal: each landmark is the mean of a whole segment"):
     az.create("nystromformer", num_heads=2, head_dim=8, causal=True, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="num_landmarks must be a positive int"):
+  with pytest.raises(ValueError, match="option num_landmarks=0 is invalid: expected an integer >= 1"):
     build(num_landmarks=0)
-  with pytest.raises(ValueError, match="conv_kernel_size must be 0 .* or a positive odd int"):
+  with pytest.raises(ValueError, match=r"option conv_kernel_size=4 is invalid: expected an integer "
+                                       r">= 0 that is 0 \(no skip convolution\) or odd"):
     build(conv_kernel_size=4)
   with pytest.raises(ValueError, match="self-attention only"):
     attn = build()

@@ -19,53 +19,69 @@ Option `impl`:
   "chunked" pure JAX loops over the same tiles (chunked.py), linear memory forward and backward.
   "auto"    "pallas" on GPU/TPU, "chunked" on CPU.
 Options block_q, block_k (forward tiles) and block_q_bwd, block_k_bwd (backward tiles): None
-picks the backend's default (chunked: the backward tiles default to the forward ones). Lengths are padded to the
-blocks and the padding masked. Attention dropout is not supported (the kernels never form the
-weights as an array); ALiBi slopes are added inside the tiles and get no gradient.
+picks the backend's default (chunked: the backward tiles default to the forward ones).
+Lengths are padded to the blocks and the padding masked. Attention dropout is not supported
+(the kernels never form the weights as an array); ALiBi slopes are added inside the tiles and
+get no gradient. The Pallas modules (and jax.experimental.pallas) are imported only when a
+module that uses them is built.
 """
 from __future__ import annotations
 
+import importlib
+
 import jax
-import numpy as np
 
 from attention_zoo import reference
 from attention_zoo.base import Attention
-from attention_zoo.flash import chunked, pallas_gpu, pallas_tpu
+from attention_zoo.options import Choice, Int
 from attention_zoo.registry import register
 
 IMPLS = ("auto", "pallas", "chunked")
-KERNELS = {"chunked": chunked, "pallas_gpu": pallas_gpu, "pallas_tpu": pallas_tpu}
 BLOCK_OPTIONS = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
+
+
+def kernel_module(name: str):
+  """The module holding `flash_attention` for "chunked", "pallas_gpu" or "pallas_tpu", imported
+  on first use: only a Pallas path imports jax.experimental.pallas."""
+  return importlib.import_module(f"{__name__}.{name}")
 
 
 @register("flash", exact=True, supports_causal=True, supports_cross=True,
           complexity="O(n²) time, O(n) memory",
-          paper="Dao et al. 2022, FlashAttention (arXiv:2205.14135); Dao 2023, FlashAttention-2 (arXiv:2307.08691)",
+          paper="Dao et al. 2022, FlashAttention (arXiv:2205.14135); "
+                "Dao 2023, FlashAttention-2 (arXiv:2307.08691)",
           can_decode=True, supports_alibi=True, supports_dropout=False)
 class FlashAttention(Attention):
-  OPTIONS = {"impl": "auto", **{name: None for name in BLOCK_OPTIONS}}
-  # The conformance suite runs the Pallas kernels (interpreted on CPU) with tiles smaller than its
-  # length 20 / cross length 12, so several tiles, padding to the block and causal skipping happen.
+  # Block sizes None: the backend's default.
+  OPTIONS = {"impl": Choice("auto", IMPLS),
+             **{name: Int(None, minimum=1, optional=True) for name in BLOCK_OPTIONS}}
   WHY_NO_DROPOUT = "the flash kernels never materialise the attention weights to drop"
-  TEST_OPTIONS = {"impl": "pallas", "block_q": 8, "block_k": 8, "block_q_bwd": 8, "block_k_bwd": 4}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
-    impl = self.options["impl"]
-    if impl not in IMPLS:
-      raise ValueError(f"flash: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
-    for name in BLOCK_OPTIONS:
-      value = self.options[name]
-      if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0):
-        raise ValueError(f"flash: {name} must be a positive int or None (backend default), got {value!r}")
     backend = jax.default_backend()
+    impl = self.options["impl"]
     if impl == "auto":
       impl = "chunked" if backend == "cpu" else "pallas"
-    if impl == "pallas" and backend == "gpu" and self.head_dim > pallas_gpu.MAX_COMPILED_HEAD_DIM:
-      raise ValueError(f"flash: impl='pallas' on a GPU supports head_dim <= {pallas_gpu.MAX_COMPILED_HEAD_DIM} "
-                       f"(the tiles must fit one SM's shared memory), got {self.head_dim}; use impl='chunked'")
     self.impl = impl
-    self.kernels = "chunked" if impl == "chunked" else f"pallas_{'tpu' if backend == 'tpu' else 'gpu'}"  # KERNELS key
+    # kernel_module name; the GPU kernels also run (interpreted) on a CPU.
+    self.kernels = ("chunked" if impl == "chunked"
+                    else f"pallas_{'tpu' if backend == 'tpu' else 'gpu'}")
+    if self.kernels == "pallas_gpu":
+      self._check_gpu_kernels(compiled=backend == "gpu")
+
+  def _check_gpu_kernels(self, compiled: bool):
+    """Refuses, at construction, what the Triton kernels cannot run."""
+    pallas_gpu = kernel_module("pallas_gpu")
+    if compiled and self.head_dim > pallas_gpu.MAX_COMPILED_HEAD_DIM:
+      raise self.option_error(
+          "impl", f"'chunked' for head_dim {self.head_dim} on a GPU (impl='pallas' supports "
+                  f"head_dim <= {pallas_gpu.MAX_COMPILED_HEAD_DIM}: the tiles must fit one "
+                  f"SM's shared memory)")
+    expected, allowed = pallas_gpu.block_rule(compiled)
+    for name in BLOCK_OPTIONS:
+      if self.options[name] is not None and not allowed(self.options[name]):
+        raise self.option_error(name, f"{expected}, or None, for impl='pallas'")
 
   def pattern(self, q_len: int, kv_len: int):
     return reference.causal_pattern(q_len, kv_len, self.causal)
@@ -73,5 +89,5 @@ class FlashAttention(Attention):
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
     del q_mask, deterministic   # the base zeroes masked query rows; no dropout
     blocks = {name: self.options[name] for name in BLOCK_OPTIONS}
-    return KERNELS[self.kernels].flash_attention(q, k, v, kv_mask, alibi_slopes, causal=self.causal,
-                                                 scale=self.scale, **blocks)
+    return kernel_module(self.kernels).flash_attention(
+        q, k, v, kv_mask, alibi_slopes, causal=self.causal, scale=self.scale, **blocks)

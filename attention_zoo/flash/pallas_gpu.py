@@ -31,6 +31,15 @@ MIN_COMPILED_BLOCK = 16      # tl.dot needs every matmul dimension >= 16
 MAX_COMPILED_HEAD_DIM = 256  # larger tiles do not fit the shared memory of one SM
 
 
+def block_rule(compiled: bool) -> tuple[str, object]:
+  """What a tile size must be for these kernels: (description, predicate on the size)."""
+  power_of_two = lambda n: n > 0 and n & (n - 1) == 0
+  if compiled:
+    return (f"a power of two >= {MIN_COMPILED_BLOCK} (Triton tiles on a GPU)",
+            lambda n: power_of_two(n) and n >= MIN_COMPILED_BLOCK)
+  return "a power of two (Triton tiles)", power_of_two
+
+
 def default_blocks(head_dim: int) -> dict[str, int]:
   """Forward (block_q, block_k) and backward (block_q_bwd, block_k_bwd) defaults, by head_dim.
 
@@ -55,7 +64,8 @@ class Kernels:
   def _call(self, kernel, grid, in_specs, out_specs, out_shape, name, num_warps=None):
     return pl.pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps or self.num_warps, num_stages=2),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps or self.num_warps,
+                                                num_stages=2),
         interpret=self.interpret, name=name)
 
   def forward(self, q, k, v, kv_valid, slopes):
@@ -63,7 +73,7 @@ class Kernels:
     kv_len, group = k.shape[1], num_heads // k.shape[2]
     bq = self.fwd.block_q
     tile = lambda rows: pl.BlockSpec((None, rows, None, head_dim), lambda i, b, h: (b, i, h, 0))
-    whole_kv = pl.BlockSpec((None, kv_len, None, head_dim), lambda i, b, h: (b, 0, jax.lax.div(h, group), 0))
+    whole_kv = _whole_kv(kv_len, head_dim, group)
     return self._call(
         functools.partial(_forward_kernel, geo=self.fwd),
         grid=(q_len // bq, batch, num_heads),
@@ -81,16 +91,18 @@ class Kernels:
     group = num_heads // num_kv_heads
     bq, bk = self.bwd.block_q, self.bwd.block_k
     d_out = d_out.astype(q.dtype)
-    delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))[..., None]
+    delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32),
+                       d_out.astype(jnp.float32))[..., None]
     slopes_spec = pl.BlockSpec((num_heads,), lambda *_: (0,))
 
     q_tile = pl.BlockSpec((None, bq, None, head_dim), lambda i, b, h: (b, i, h, 0))
-    whole_kv = pl.BlockSpec((None, kv_len, None, head_dim), lambda i, b, h: (b, 0, jax.lax.div(h, group), 0))
+    whole_kv = _whole_kv(kv_len, head_dim, group)
     row_stat = pl.BlockSpec((None, None, bq, 1), lambda i, b, h: (b, h, i, 0))
     dq = self._call(
         functools.partial(_dq_kernel, geo=self.bwd),
         grid=(q_len // bq, batch, num_heads),
-        in_specs=[q_tile, whole_kv, whole_kv, pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
+        in_specs=[q_tile, whole_kv, whole_kv,
+                  pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
                   slopes_spec, q_tile, row_stat, row_stat],
         out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         name="flash_backward_dq")(q, k, v, kv_valid, slopes, d_out, lse, delta)
@@ -110,8 +122,15 @@ class Kernels:
     return dq, dk, dv
 
 
+def _whole_kv(kv_len: int, head_dim: int, group: int):
+  """The whole K or V of query head h's kv head, for a (block, batch, head) grid."""
+  return pl.BlockSpec((None, kv_len, None, head_dim),
+                      lambda i, b, h: (b, 0, jax.lax.div(h, group), 0))
+
+
 def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_ref, *, geo):
-  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref [1, kv_len]; out_ref [bq, d]; lse_ref [bq, 1]
+  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref [1, kv_len]; out_ref [bq, d];
+  # lse_ref [bq, 1]
   q_block, head = pl.program_id(0), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
   q = q_ref[...]
@@ -130,7 +149,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
   lse_ref[...] = lse
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref, *, geo):
+def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref,
+               *, geo):
   # q_ref, do_ref, dq_ref [bq, d]; k_ref, v_ref [kv_len, d]; lse_ref, delta_ref [bq, 1]
   q_block, head = pl.program_id(0), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
@@ -140,7 +160,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
   def key_block(j, dq):
     keys = pl.ds(j * bk, bk)
     k = k_ref[keys, :]
-    scores, allowed = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys], slope, geo)
+    scores, allowed = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys],
+                                         slope, geo)
     _, ds = common.tile_probs_and_dscores(scores, allowed, lse, delta, do, v_ref[keys, :])
     return dq + common.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
 
@@ -149,8 +170,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
   dq_ref[...] = (dq * geo.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-                 *, geo, group):
+def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref,
+                 dk_ref, dv_ref, *, geo, group):
   # q_ref, do_ref [q_len, group, d]; k_ref, v_ref, dk_ref, dv_ref [bk, d]; kv_valid_ref [1, bk];
   # lse_ref, delta_ref [group, q_len, 1]
   kv_block, kv_head = pl.program_id(0), pl.program_id(2)
@@ -167,7 +188,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
       rows = pl.ds(i * bq, bq)
       q, do = q_ref[rows, g, :], do_ref[rows, g, :]                       # [bq, d]
       scores, allowed = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo)
-      p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[g, rows, :], delta_ref[g, rows, :], do, v)
+      p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[g, rows, :],
+                                            delta_ref[g, rows, :], do, v)
       return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
 
     return jax.lax.fori_loop(first_q_block, num_q_blocks, query_block, grads)
@@ -180,8 +202,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
                     block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None):
-  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool [b, kv_len];
-  alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
+  [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
 
   interpret=None runs the kernels interpreted on a CPU and compiled (Triton) on a GPU.
   """
@@ -191,19 +213,20 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
     interpret = jax.default_backend() == "cpu"
   compiled = interpret is False
   if compiled and head_dim > MAX_COMPILED_HEAD_DIM:
-    raise ValueError(f"flash (pallas, GPU): head_dim must be <= {MAX_COMPILED_HEAD_DIM}, got {head_dim}")
+    raise ValueError(f"flash (pallas, GPU): head_dim must be <= {MAX_COMPILED_HEAD_DIM}, "
+                     f"got {head_dim}")
   defaults = default_blocks(head_dim)
   asked = dict(block_q=block_q, block_k=block_k, block_q_bwd=block_q_bwd, block_k_bwd=block_k_bwd)
+  expected, allowed = block_rule(compiled)
   blocks = {}
   for name, value in asked.items():
     value = defaults[name] if value is None else value
-    if value <= 0 or value & (value - 1):
-      raise ValueError(f"flash (pallas, GPU): {name} must be a power of two (Triton tiles), got {value}")
-    if compiled and value < MIN_COMPILED_BLOCK:
-      raise ValueError(f"flash (pallas, GPU): {name} must be >= {MIN_COMPILED_BLOCK} on a GPU, got {value}")
+    if not allowed(value):
+      raise ValueError(f"flash (pallas, GPU): {name} must be {expected}, got {value}")
     length = kv_len if name.startswith("block_k") else q_len
     floor = MIN_COMPILED_BLOCK if compiled else 1
-    blocks[name] = min(value, max(common.next_power_of_2(length), floor))   # short inputs: one block
+    # Short inputs: one block.
+    blocks[name] = min(value, max(common.next_power_of_2(length), floor))
   padded_head_dim = max(common.next_power_of_2(head_dim), MIN_COMPILED_BLOCK if compiled else 1)
   q, k, v, kv_valid, slopes = common.pad_inputs(
       q, k, v, kv_mask, alibi_slopes, head_dim=padded_head_dim,

@@ -51,7 +51,8 @@ class Kernels:
   def _call(self, kernel, grid, in_specs, out_specs, out_shape, scratch_shapes, name):
     return pl.pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        scratch_shapes=scratch_shapes, compiler_params=pltpu.CompilerParams(**_SEQUENTIAL_LAST_AXIS),
+        scratch_shapes=scratch_shapes,
+        compiler_params=pltpu.CompilerParams(**_SEQUENTIAL_LAST_AXIS),
         interpret=self.interpret, name=name)
 
   def forward(self, q, k, v, kv_valid, slopes):
@@ -85,7 +86,8 @@ class Kernels:
     bq, bk = geo.block_q, geo.block_k
     num_q_blocks, num_kv_blocks = q_len // bq, kv_len // bk
     d_out = d_out.astype(q.dtype)
-    delta = jnp.einsum("bhqd,bhqd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))[..., None]
+    delta = jnp.einsum("bhqd,bhqd->bhq", out.astype(jnp.float32),
+                       d_out.astype(jnp.float32))[..., None]
     slopes_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
 
     kv_block = _kv_block_index(geo, num_kv_blocks)
@@ -103,7 +105,8 @@ class Kernels:
         scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32)],
         name="flash_backward_dq")(q, k, v, kv_valid, slopes, d_out, lse, delta)
 
-    # Reduction step t of kv head g visits query head g·group + t // num_q_blocks, query block t % num_q_blocks.
+    # Reduction step t of kv head g visits query head g·group + t // num_q_blocks, query block
+    # t % num_q_blocks.
     def head_of(g, t):
       return g * group + jax.lax.div(t, num_q_blocks)
 
@@ -111,23 +114,27 @@ class Kernels:
       first = jnp.minimum(common.first_q_block_seeing(j, geo), num_q_blocks - 1)
       return jnp.maximum(jax.lax.rem(t, num_q_blocks), first)
 
-    group_q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, g, j, t: (b, head_of(g, t), q_block_of(j, t), 0))
-    group_row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, g, j, t: (b, head_of(g, t), q_block_of(j, t), 0))
+    group_q_index = lambda b, g, j, t: (b, head_of(g, t), q_block_of(j, t), 0)
+    group_q_tile = pl.BlockSpec((None, None, bq, head_dim), group_q_index)
+    group_row_stat = pl.BlockSpec((None, None, bq, 1), group_q_index)
     kv_tile = pl.BlockSpec((None, None, bk, head_dim), lambda b, g, j, t: (b, g, j, 0))
     dk, dv = self._call(
         functools.partial(_dkdv_kernel, geo=geo, group=group, num_q_blocks=num_q_blocks),
         grid=(batch, num_kv_heads, num_kv_blocks, group * num_q_blocks),
-        in_specs=[group_q_tile, kv_tile, kv_tile, pl.BlockSpec((None, 1, bk), lambda b, g, j, t: (b, 0, j)),
+        in_specs=[group_q_tile, kv_tile, kv_tile,
+                  pl.BlockSpec((None, 1, bk), lambda b, g, j, t: (b, 0, j)),
                   slopes_spec, group_q_tile, group_row_stat, group_row_stat],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        scratch_shapes=[pltpu.VMEM((bk, head_dim), jnp.float32), pltpu.VMEM((bk, head_dim), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((bk, head_dim), jnp.float32),
+                        pltpu.VMEM((bk, head_dim), jnp.float32)],
         name="flash_backward_dkdv")(q, k, v, kv_valid, slopes, d_out, lse, delta)
     return dq, dk, dv
 
 
 def _kv_block_index(geo, num_kv_blocks):
-  """index_map helper: key blocks a query block cannot see repeat its last visible block (no DMA)."""
+  """index_map helper: key blocks a query block cannot see repeat its last visible block (no
+  DMA)."""
   def kv_block(i, j):
     if not geo.causal:
       return j
@@ -135,8 +142,10 @@ def _kv_block_index(geo, num_kv_blocks):
   return kv_block
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_ref, acc_ref, m_ref, l_ref, *, geo):
-  # q_ref, out_ref, acc_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref [1, bk]; lse_ref, m_ref, l_ref [bq, 1]
+def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_ref, acc_ref, m_ref,
+                    l_ref, *, geo):
+  # q_ref, out_ref, acc_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref [1, bk];
+  # lse_ref, m_ref, l_ref [bq, 1]
   head, q_block, kv_block = pl.program_id(1), pl.program_id(2), pl.program_id(3)
 
   @pl.when(kv_block == 0)
@@ -145,8 +154,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
 
   @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
   def _step():
-    scores, allowed = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
-                                         kv_valid_ref[...], slopes_ref[head], geo)
+    scores, allowed = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q,
+                                         kv_block * geo.block_k, kv_valid_ref[...],
+                                         slopes_ref[head], geo)
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
         (acc_ref[...], m_ref[...], l_ref[...]), scores, allowed, v_ref[...])
 
@@ -157,7 +167,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
     lse_ref[...] = lse
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_acc_ref, *, geo):
+def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref,
+               dq_acc_ref, *, geo):
   # q_ref, do_ref, dq_ref, dq_acc_ref [bq, d]; k_ref, v_ref [bk, d]; lse_ref, delta_ref [bq, 1]
   head, q_block, kv_block = pl.program_id(1), pl.program_id(2), pl.program_id(3)
 
@@ -168,9 +179,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
   @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
   def _step():
     k = k_ref[...]
-    scores, allowed = common.tile_scores(q_ref[...], k, q_block * geo.block_q, kv_block * geo.block_k,
-                                         kv_valid_ref[...], slopes_ref[head], geo)
-    _, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[...], delta_ref[...], do_ref[...], v_ref[...])
+    scores, allowed = common.tile_scores(q_ref[...], k, q_block * geo.block_q,
+                                         kv_block * geo.block_k, kv_valid_ref[...],
+                                         slopes_ref[head], geo)
+    _, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[...], delta_ref[...],
+                                          do_ref[...], v_ref[...])
     dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
 
   @pl.when(kv_block == pl.num_programs(3) - 1)
@@ -178,9 +191,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
     dq_ref[...] = (dq_acc_ref[...] * geo.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-                 dk_acc_ref, dv_acc_ref, *, geo, group, num_q_blocks):
-  # q_ref, do_ref [bq, d]; k_ref, v_ref, dk_ref, dv_ref, d*_acc_ref [bk, d]; lse_ref, delta_ref [bq, 1]
+def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref,
+                 dk_ref, dv_ref, dk_acc_ref, dv_acc_ref, *, geo, group, num_q_blocks):
+  # q_ref, do_ref [bq, d]; k_ref, v_ref, dk_ref, dv_ref, d*_acc_ref [bk, d];
+  # lse_ref, delta_ref [bq, 1]
   kv_head, kv_block, step = pl.program_id(1), pl.program_id(2), pl.program_id(3)
   head = kv_head * group + jax.lax.div(step, num_q_blocks)
   q_block = jax.lax.rem(step, num_q_blocks)
@@ -193,9 +207,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
   @pl.when(q_block >= common.first_q_block_seeing(kv_block, geo))
   def _step():
     q, do = q_ref[...], do_ref[...]
-    scores, allowed = common.tile_scores(q, k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
-                                         kv_valid_ref[...], slopes_ref[head], geo)
-    p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[...], delta_ref[...], do, v_ref[...])
+    scores, allowed = common.tile_scores(q, k_ref[...], q_block * geo.block_q,
+                                         kv_block * geo.block_k, kv_valid_ref[...],
+                                         slopes_ref[head], geo)
+    p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[...], delta_ref[...], do,
+                                          v_ref[...])
     dk_acc_ref[...] += common.dot_tn(ds.astype(q.dtype), q)
     dv_acc_ref[...] += common.dot_tn(p.astype(do.dtype), do)
 
@@ -220,15 +236,16 @@ def _blocks(fwd: int, bwd: int, length: int, multiple: int, what: str, compiled:
     return single, single, single
   for name, value in ((f"block_{what}", fwd), (f"block_{what}_bwd", bwd)):
     if compiled and value % multiple:
-      raise ValueError(f"flash (pallas, TPU): {name} must be a multiple of {multiple} (Mosaic's tile "
-                       f"for this axis) when the length {length} needs several blocks, got {value}")
+      raise ValueError(f"flash (pallas, TPU): {name} must be a multiple of {multiple} "
+                       f"(Mosaic's tile for this axis) when the length {length} needs several "
+                       f"blocks, got {value}")
   return fwd, bwd, common.padded(length, math.lcm(fwd, bwd))
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
                     block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None):
-  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool [b, kv_len];
-  alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
+  [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
 
   interpret=None compiles on a TPU; elsewhere pass `interpret=pltpu.InterpretParams()`.
   """
@@ -241,16 +258,18 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
   compiled = interpret is False
   pick = lambda value, name: DEFAULT_BLOCKS[name] if value is None else value
   rows = SUBLANES * max(1, 4 // q.dtype.itemsize)         # bf16/f16 pack two rows per sublane
-  bq, bq_bwd, q_padded = _blocks(pick(block_q, "block_q"), pick(block_q_bwd, "block_q_bwd"), q_len,
-                                 rows, "q", compiled)
-  bk, bk_bwd, kv_padded = _blocks(pick(block_k, "block_k"), pick(block_k_bwd, "block_k_bwd"), kv_len,
-                                  LANES, "k", compiled)
-  q, k, v, kv_valid, slopes = common.pad_inputs(q, k, v, kv_mask, alibi_slopes, head_dim=q.shape[-1],
-                                                q_multiple=q_padded, kv_multiple=kv_padded)
+  bq, bq_bwd, q_padded = _blocks(pick(block_q, "block_q"), pick(block_q_bwd, "block_q_bwd"),
+                                 q_len, rows, "q", compiled)
+  bk, bk_bwd, kv_padded = _blocks(pick(block_k, "block_k"), pick(block_k_bwd, "block_k_bwd"),
+                                  kv_len, LANES, "k", compiled)
+  q, k, v, kv_valid, slopes = common.pad_inputs(q, k, v, kv_mask, alibi_slopes,
+                                                head_dim=q.shape[-1], q_multiple=q_padded,
+                                                kv_multiple=kv_padded)
   geometry = functools.partial(common.Geometry, q_len=q_len, kv_len=kv_len, causal=bool(causal),
                                scale=float(scale), use_alibi=alibi_slopes is not None)
-  kernels = Kernels(fwd=geometry(block_q=bq, block_k=bk), bwd=geometry(block_q=bq_bwd, block_k=bk_bwd),
-                    interpret=interpret)
+  kernels = Kernels(fwd=geometry(block_q=bq, block_k=bk),
+                    bwd=geometry(block_q=bq_bwd, block_k=bk_bwd), interpret=interpret)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)           # [b, len, h, d] <-> [b, h, len, d]
-  out = common.attention_with_vjp(kernels, heads_major(q), heads_major(k), heads_major(v), kv_valid, slopes)
+  out = common.attention_with_vjp(kernels, heads_major(q), heads_major(k), heads_major(v),
+                                  kv_valid, slopes)
   return heads_major(out)[:, :q_len]
