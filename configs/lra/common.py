@@ -173,14 +173,12 @@ def _placeholder(type_name: str):
 
 
 def _option_placeholders(attention: str) -> dict:
-  """One None field per option of the variant, typed by its default (options whose default is
-  None are left out: without a type they cannot be overridden; dropout is
+  """One None field per option of the variant, typed by its declaration (dropout is
   model.attention_dropout_rate)."""
   if attention not in az.available():
     return {}
-  return {name: ml_collections.config_dict.placeholder(type(default))
-          for name, default in az.spec(attention).options.items()
-          if default is not None and name != "dropout_rate"}   # model.attention_dropout_rate
+  return {name: ml_collections.config_dict.placeholder(kind)
+          for name, kind in az.spec(attention).option_types.items() if name != "dropout_rate"}
 
 
 def task_config(task: str, arg: str | None, *, released: dict, tiny: dict,
