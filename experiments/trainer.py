@@ -160,7 +160,8 @@ def check_memory(compiled, config) -> None:
   raise HarnessError(
       f"the compiled train step needs {size(need)} ({size(temporary * sharing)} temporary, "
       f"{size(buffers * sharing)} parameters, optimiser state and batch) but {who} has "
-      f"{size(have)}; to fit, use {', '.join(switches)}; or config.check_memory=False to try anyway")
+      f"{size(have)}; to fit, use {', '.join(switches)}; or config.check_memory=False to try "
+      "anyway")
 
 
 class Steps:

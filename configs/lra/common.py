@@ -143,7 +143,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.keep_checkpoints = 3
   config.log_every = 50
   config.max_skipped_fraction = 0.01              # more unreadable source examples: refuse to start
-  config.check_memory = True                      # train step larger than the device: refuse to start
+  config.check_memory = True                      # step larger than the device: refuse to start
 
   model = {}
   for field in dataclasses.fields(TransformerConfig):
