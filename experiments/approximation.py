@@ -23,7 +23,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import reference
-from experiments import cli
+from experiments import cli, provenance
 from experiments.plugins import load_plugins
 
 FLAGS = flags.FLAGS
@@ -80,8 +80,7 @@ def main(argv):
   table = "\n".join(lines) + "\n"
   print(table)
   if FLAGS.out:
-    with open(FLAGS.out, "w", encoding="utf-8") as f:
-      f.write(table)
+    provenance.write_text(FLAGS.out, table)
 
 
 if __name__ == "__main__":   # flags defined here: tests import this module next to other entry points

@@ -119,6 +119,14 @@ def eval_batches(ds: lra.Dataset, batch_size: int):
   return lra.iterate(ds, batch_size, shuffle=False, repeat=False)
 
 
+def batch_spec(ds: lra.Dataset, batch_size: int, sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes and dtypes of a global batch as `to_device` places it: what a step is compiled
+  for ahead of time."""
+  batch = next(eval_batches(ds, batch_size))
+  return {key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
+          for key, value in batch.items()}
+
+
 def to_device(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
   """A global numpy batch -> arrays sharded over the mesh's data axis (this process puts
   only its own rows)."""

@@ -3,19 +3,22 @@ atomic writes for the files a run rewrites.
 
     environment() -> {"git_commit": ..., "jax_version": ..., "device": ..., ...}
     write_text(path, text)    # the old file or the new one, never a torn one
+    with atomic_file(path, "wb") as f: ...   # the same for any writer (CSV, PNG)
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 
 import jax
+
+from lra.fileio import atomic_write
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
@@ -53,26 +56,28 @@ def environment() -> dict:
       "device": f"{jax.device_count()} x {getattr(device, 'device_kind', '') or device.platform}"
                 f" ({device.platform})",
       "process_count": jax.process_count(),
+      "device_count": jax.device_count(),
       "host": f"{platform.machine()}, {os.cpu_count()} CPU cores",
       "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
   }
 
 
-def write_text(path, text: str) -> None:
-  """Writes `text` to `path` atomically: a temporary file in the same folder, flushed to disk,
-  then renamed over `path`. A reader (or a crash) sees the old file or the new one."""
+@contextlib.contextmanager
+def atomic_file(path, mode: str = "w", **open_kwargs):
+  """A file object for `path` that replaces it only once the block has finished: it writes a
+  temporary file in the same folder, flushes it to disk, then renames it over `path`. A reader,
+  an exception or a crash sees the old file or the new one, never a torn one."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(handle, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(temporary, path)
-  except BaseException:
-    Path(temporary).unlink(missing_ok=True)
-    raise
+  with atomic_write(path, mode, **open_kwargs) as f:
+    yield f
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def write_text(path, text: str) -> None:
+  with atomic_file(path, "w", encoding="utf-8") as f:
+    f.write(text)
 
 
 def write_json(path, value) -> None:

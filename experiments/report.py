@@ -21,7 +21,7 @@ from absl import flags
 
 import lra
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
-from experiments import cli
+from experiments import cli, provenance
 from experiments.writers import read_metrics
 
 FLAGS = flags.FLAGS
@@ -158,7 +158,7 @@ def markdown(tables: dict) -> str:
 
 
 def write_csv(tables: dict, path: Path) -> None:
-  with open(path, "w", newline="", encoding="utf-8") as f:
+  with provenance.atomic_file(path, "w", newline="", encoding="utf-8") as f:
     out = csv.writer(f)
     out.writerow(["preset", "tested", "attention", "task", "num_seeds", "mean", "std", "paper",
                   "difference"])
@@ -208,7 +208,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
       ax.legend(fontsize="small")
-      written.append(_save(fig, out / f"bars_{preset}_{task}.png"))
+      written.append(save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
       colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
@@ -226,13 +226,15 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
       loss_ax.set(xlabel="step", ylabel="training loss")
       acc_ax.legend(fontsize="x-small", ncol=2)
-      written.append(_save(fig, out / f"curves_{preset}_{task}.png"))
+      written.append(save_figure(fig, out / f"curves_{preset}_{task}.png"))
   return written
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+  """Writes `fig` to the PNG `path` atomically (the old plot or the new one), then closes it."""
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  with provenance.atomic_file(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=100)
   import matplotlib.pyplot as plt
 
   plt.close(fig)
@@ -240,7 +242,8 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_report(runs_dir, out_dir) -> str:
-  """Writes table.md, table.csv and the PNGs into out_dir; returns the markdown."""
+  """Writes table.md, table.csv and the PNGs into out_dir (each atomically); returns the
+  markdown."""
   runs = read_runs(runs_dir)
   if not runs:
     raise cli.HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
@@ -249,7 +252,7 @@ def write_report(runs_dir, out_dir) -> str:
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)
   text = markdown(tables)
-  (out / "table.md").write_text(text, encoding="utf-8")
+  provenance.write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
   plot(tables, runs, out)
   return text

@@ -63,7 +63,7 @@ def write(table: dict, out, field: str, values: list[str], task: str) -> str:
             for a, row in table.items()]
   text = "\n".join(lines) + "\n"
   provenance.write_text(out / "sweep.md", text)
-  with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
+  with provenance.atomic_file(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.writer(f)
     writer.writerow(["attention", field, "accuracy"])
     for attention, row in table.items():
@@ -86,9 +86,7 @@ def _plot(table: dict, path: Path, field: str, values: list[str], task: str) -> 
   ax.set_xscale("log", base=2)
   ax.set(xlabel=field, ylabel="test accuracy (%)", ylim=(0, 102), title=task)
   ax.legend(fontsize="small")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  report.save_figure(fig, path)
 
 
 def main(argv):

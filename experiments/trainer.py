@@ -4,18 +4,24 @@
 
 The model is an NNX Classifier (a DualEncoderClassifier when the task has two inputs), split
 into a graph definition and its state so that one `jax.jit`-compiled step trains it; the step
-is compiled once per run. Data parallel: a `Mesh` over every device with one `data` axis; the
-batch is sharded along it and the training state is replicated.
+is compiled once per run, ahead of the first step, and a run whose compiled step needs more
+memory than the device has stops there (config.check_memory). Data parallel: a `Mesh` over
+every device of every process with one `data` axis; the batch is sharded along it and the
+training state is replicated. Several processes (one machine or many) each feed their own rows
+of every batch; process 0 writes the metrics and results.
 
 A run in `workdir` leaves:
-  checkpoints/     orbax checkpoints (latest few; each also holds the best model so far)
+  checkpoints/     orbax checkpoints (latest few; each also holds the best model so far and
+                   the checksums of its files; experiments/checkpoints.py)
   metrics.jsonl    one JSON object per event: train_loss, train_accuracy, lr, grad_norm,
                    steps_per_sec; eval_loss, eval_accuracy; test_{loss,accuracy}_{final,
                    best_validation}
   tensorboard/     the same scalars as TensorBoard events
   results.json     test accuracy of the final model and of the best-validation model (both
                    labelled), the resolved model, where the data came from, the code and device
-Starting again in the same workdir resumes from the latest checkpoint.
+Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
+does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
+(experiments/writers.py).
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from experiments import build
 from experiments import data as data_lib
 from experiments import objectives
 from experiments import provenance
+from experiments.benchmarking import device_memory_bytes
 from experiments.checkpoints import Checkpoints
 from experiments.cli import HarnessError
 from experiments.optim import learning_rate_schedule, make_optimizer
@@ -63,15 +70,23 @@ class TrainState:
 
 
 def initialize_distributed() -> None:
-  """Joins a multi-host cluster when the environment describes one (explicit JAX_* variables,
-  SLURM, Open MPI, or a multi-host TPU slice); a single machine needs nothing."""
+  """Joins a multi-process run when the environment describes one: explicit
+  JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, SLURM, Open MPI, or a
+  multi-host TPU slice; a single process needs nothing. Call it before anything uses JAX."""
   env = os.environ
   if "JAX_COORDINATOR_ADDRESS" in env:
-    jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
-                               int(env["JAX_PROCESS_ID"]))
+    where = (env["JAX_COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
+             int(env["JAX_PROCESS_ID"]))
   elif (int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
         or "," in env.get("TPU_WORKER_HOSTNAMES", "")):
-    jax.distributed.initialize()  # jax detects the cluster from the environment
+    where = ()  # jax detects the cluster from the environment
+  else:
+    return
+  if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in env:
+    # CPU processes exchange gradients over gloo: jax's default, named here so that a CPU
+    # cluster does not depend on it. Read when the CPU backend starts, after initialize.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(*where)
 
 
 def resolve_defaults(config) -> ml_collections.ConfigDict:
@@ -120,11 +135,42 @@ def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
   return model, resolved
 
 
+def check_memory(compiled, config) -> None:
+  """HarnessError if the compiled train step needs more memory than the device has (XLA's
+  memory_analysis: arguments + outputs - donated + temporaries, per device), naming what
+  would make it fit. CPU devices share the host's memory."""
+  analysis = compiled.memory_analysis()
+  if analysis is None:   # a backend without the analysis: nothing to compare
+    return
+  temporary = analysis.temp_size_in_bytes
+  buffers = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+             - analysis.alias_size_in_bytes)
+  on_cpu = jax.default_backend() == "cpu"
+  sharing = jax.local_device_count() if on_cpu else 1
+  need, have = (temporary + buffers) * sharing, device_memory_bytes()
+  if need <= have:
+    return
+  size = lambda n: f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+  who = (f"{sharing} CPU devices of this host" if sharing > 1 else "this CPU run") if on_cpu \
+      else f"one {jax.devices()[0].device_kind}"
+  switches = [f"config.grad_accum_steps > {config.grad_accum_steps} (micro-batches)",
+              *(["config.model.dtype=bfloat16"] if config.model.dtype != "bfloat16" else []),
+              "config.model.remat=block (recompute each block in the backward pass)",
+              f"a smaller config.batch_size (now {config.batch_size})"]
+  raise HarnessError(
+      f"the compiled train step needs {size(need)} ({size(temporary * sharing)} temporary, "
+      f"{size(buffers * sharing)} parameters, optimiser state and batch) but {who} has "
+      f"{size(have)}; to fit, use {', '.join(switches)}; or config.check_memory=False to try "
+      "anyway")
+
+
 class Steps:
-  """The compiled functions of a run: train step, evaluation step, model copy, finiteness.
+  """The compiled functions of a run: train step, evaluation step, replication, finiteness.
 
   They depend only on the model, optimiser and schedule (and the devices), so runs that differ
-  in seed, data or length share them (`Steps.for_config`): a seed grid compiles once.
+  in seed, data or length share them (`Steps.for_config`): a seed grid compiles once. The train
+  step is compiled ahead of time per batch shape (`compiled_train`), so that its memory can be
+  read before the first step and the same executable runs every step.
   """
 
   _cache: dict[str, "Steps"] = {}
@@ -135,9 +181,11 @@ class Steps:
     self.grad_accum_steps = grad_accum_steps
     self.train = jax.jit(self._train_step, donate_argnums=0, out_shardings=(replicated, replicated))
     self.eval = jax.jit(self._eval_step, out_shardings=replicated)
-    # The best model is a copy: the training state's buffers are donated to the next step.
-    self.copy_model = jax.jit(lambda state: jax.tree.map(jnp.copy, (state.params, state.rest)),
-                              out_shardings=replicated)
+    # A copy on every device: the initial state, and the best model (the training state's
+    # buffers are donated to the next step). jax.device_put cannot place a process's arrays
+    # on other processes' devices.
+    self.replicate = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=replicated)
+    self._compiled_train = {}
     self.all_finite = jax.jit(lambda tree: jnp.all(jnp.array(
         [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
 
@@ -152,6 +200,16 @@ class Steps:
         cls._cache.pop(next(iter(cls._cache)))
       cls._cache[key] = make()
     return cls._cache[key]
+
+  def compiled_train(self, state: TrainState, batch_spec: dict):
+    """The train step compiled ahead of time for this state and batch shape (once per shape)."""
+    key = tuple((name, spec.shape, str(spec.dtype)) for name, spec in sorted(batch_spec.items()))
+    if key not in self._compiled_train:
+      self._compiled_train[key] = self.train.lower(state, batch_spec).compile()
+    return self._compiled_train[key]
+
+  def copy_model(self, state: TrainState):
+    return self.replicate((state.params, state.rest))
 
   def _grads(self, params, rest, batch):
     """Summed loss, correct count, target count and the gradient of the summed loss on one
@@ -219,11 +277,16 @@ class Trainer:
     tx = make_optimizer(config.optimizer, schedule)
     self.steps = Steps.for_config(
         config, lambda: Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated))
-    self.train_step, self.eval_step = self.steps.train, self.steps.eval
-    self.state = jax.device_put(
+    self.eval_step = self.steps.eval
+    self.state = self.steps.replicate(
         TrainState(step=jnp.zeros((), jnp.int32), params=params, rest=rest,
-                   opt_state=tx.init(params)), replicated)
+                   opt_state=tx.init(params)))
     self.best = self.steps.copy_model(self.state)
+    self.train_step = self.steps.compiled_train(
+        self.state, data_lib.batch_spec(self.datasets["train"], config.batch_size,
+                                        self.batch_sharding))
+    if config.check_memory:
+      check_memory(self.train_step, config)
 
   # -- evaluation --------------------------------------------------------------------------
 
@@ -247,7 +310,7 @@ class Trainer:
       record = self._resume(checkpoints, writer)
       clock = _Clock(record["wall_seconds"])
       self._train(checkpoints, writer, record, clock)
-      checkpoints.manager.wait_until_finished()
+      checkpoints.finish()
       return self._test(writer, record, clock)
     finally:
       checkpoints.close()
@@ -257,11 +320,19 @@ class Trainer:
     record = {"best_eval_accuracy": -1.0, "best_step": 0, "wall_seconds": 0.0}
     restored = checkpoints.restore_latest({"train": self.state, "best": self.best})
     if restored is None:
-      writer.drop_after(0)
+      kept = writer.start_fresh()
+      kept = f"; the earlier run's files are kept as {kept}" if kept else ""
+      if checkpoints.set_aside:
+        logging.warning("no usable checkpoint in %s (steps %s moved to %s, see above): "
+                        "starting again from step 0%s", checkpoints.directory,
+                        ", ".join(map(str, checkpoints.set_aside)),
+                        checkpoints.corrupt_directory, kept)
+      elif kept:
+        logging.info("no checkpoint in %s: starting from step 0%s", checkpoints.directory, kept)
       return record
     step, tree, record = restored
     self.state, self.best = tree["train"], tree["best"]
-    writer.drop_after(step)
+    writer.resume(step)
     logging.info("resumed %s from step %d", self.workdir, step)
     return record
 
@@ -277,6 +348,7 @@ class Trainer:
         batch = data_lib.to_device(next(batches), self.batch_sharding)
         self.state, metrics = self.train_step(self.state, batch)
         pending.append(metrics)
+        checkpoints.poll()
         bar.update()
         last = step == config.num_train_steps
         if step % config.log_every == 0 or last:
@@ -311,7 +383,7 @@ class Trainer:
     return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
 
   def _stop(self, step: int, what: str, checkpoints: Checkpoints):
-    checkpoints.manager.wait_until_finished()
+    checkpoints.finish()
     saved = checkpoints.all_steps()
     kept = (f"the last good checkpoint is step {saved[-1]} in {checkpoints.directory}" if saved
             else "no checkpoint was saved before it")

@@ -1,26 +1,72 @@
 """Where a run's metrics go: `metrics.jsonl` (one JSON object per event, each with `step`),
-TensorBoard event files (tensorboardX) under `tensorboard/`. Only process 0 writes."""
+TensorBoard event files (tensorboardX) under `tensorboard/`. Only process 0 writes.
+
+A resumed run repeats the steps after its checkpoint, so `resume(step)` first forgets what
+came after that step: in metrics.jsonl (rewritten atomically) and in TensorBoard, whose events
+are written again from the kept metrics into a new event file before the old files are removed.
+So neither shows a step twice. A run that starts from step 0 over an earlier one's files
+(`start_fresh()`) renames them with a suffix .1 (older ones shift to .2, ...) instead of
+deleting them.
+"""
 from __future__ import annotations
 
 import json
 import math
+import uuid
 from pathlib import Path
 
 import jax
+from absl import logging
 
 from experiments import provenance
+
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+RESULTS = "results.json"
 
 
 class MetricsWriter:
 
   def __init__(self, workdir):
     self.enabled = jax.process_index() == 0
-    self.path = Path(workdir) / "metrics.jsonl"
+    self.workdir = Path(workdir)
+    self.path = self.workdir / METRICS
     self._tensorboard = None
-    if self.enabled:
-      from tensorboardX import SummaryWriter
 
-      self._tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
+  def resume(self, step: int) -> None:
+    """Continues a run restored at `step`: events after it and test results are forgotten."""
+    if not self.enabled:
+      return
+    kept = [e for e in read_metrics(self.workdir)
+            if e["step"] <= step and not any(k.startswith("test_") for k in e)]
+    provenance.write_text(self.path, "".join(json.dumps(e) + "\n" for e in kept))
+    folder = self.workdir / TENSORBOARD
+    earlier = sorted(folder.glob("events.out.tfevents.*")) if folder.is_dir() else []
+    self._open()
+    for event in kept:
+      self._add_scalars(event["step"], {k: float(v) for k, v in event.items() if k != "step"})
+    self._tensorboard.flush()
+    for path in earlier:   # only now: a crash before this leaves duplicates, never a gap
+      path.unlink()
+
+  def start_fresh(self) -> str | None:
+    """Starts at step 0. An earlier run's metrics.jsonl, tensorboard/ and results.json are
+    renamed to <name>.1 (older copies shift up); returns how they are named now, or None."""
+    if not self.enabled:
+      return None
+    rotated = None
+    if read_metrics(self.workdir) or (self.workdir / RESULTS).exists():
+      rotated = _rotate([self.workdir / name for name in (METRICS, TENSORBOARD, RESULTS)])
+    self._open()
+    return rotated
+
+  def _open(self) -> None:
+    from tensorboardX import SummaryWriter
+
+    # A name of its own: tensorboardX names files by the second and would overwrite a file
+    # opened in the same second.
+    self._tensorboard = SummaryWriter(str(self.workdir / TENSORBOARD),
+                                      filename_suffix=f".{uuid.uuid4().hex[:8]}")
 
   def write(self, step: int, **scalars) -> None:
     if not self.enabled:
@@ -29,26 +75,49 @@ class MetricsWriter:
     with open(self.path, "a", encoding="utf-8") as f:
       record = {"step": int(step), **{k: v if math.isfinite(v) else str(v) for k, v in scalars.items()}}
       f.write(json.dumps(record) + "\n")
-    for name, value in scalars.items():
-      self._tensorboard.add_scalar(name, value, step)
+    self._add_scalars(step, scalars)
     self._tensorboard.flush()
 
-  def drop_after(self, step: int) -> None:
-    """Forget events after `step` and test results (a resumed run repeats them)."""
-    if self.enabled and self.path.exists():
-      events = [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip()]
-      kept = [json.dumps(e) for e in events
-              if e["step"] <= step and not any(k.startswith("test_") for k in e)]
-      provenance.write_text(self.path, "".join(line + "\n" for line in kept))
+  def _add_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    for name, value in scalars.items():
+      self._tensorboard.add_scalar(name, value, step)
 
   def close(self) -> None:
     if self._tensorboard is not None:
       self._tensorboard.close()
 
 
+def _rotate(paths: list[Path]) -> str:
+  """Renames each existing path to <name>.1 after shifting <name>.i to <name>.i+1; the same
+  suffix for all of them, so that the files of one earlier run keep one number."""
+  free = 1
+  while any(p.with_name(f"{p.name}.{free}").exists() for p in paths):
+    free += 1
+  for i in range(free - 1, 0, -1):
+    for path in paths:
+      older = path.with_name(f"{path.name}.{i}")
+      if older.exists():
+        older.rename(path.with_name(f"{path.name}.{i + 1}"))
+  for path in paths:
+    if path.exists():
+      path.rename(path.with_name(f"{path.name}.1"))
+  return ", ".join(f"{p.name}.1" for p in paths if p.with_name(f"{p.name}.1").exists())
+
+
 def read_metrics(workdir) -> list[dict]:
-  path = Path(workdir) / "metrics.jsonl"
+  """The events of metrics.jsonl. A last line that is not JSON is the torn end of a write that
+  was cut off: it is skipped with a warning. A bad line before it is an error."""
+  path = Path(workdir) / METRICS
   if not path.exists():
     return []
-  return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+  lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+  events = []
+  for number, line in enumerate(lines, start=1):
+    try:
+      events.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number < len(lines):
+        raise ValueError(f"{path}: line {number} is not JSON ({e})") from None
+      logging.warning("%s: skipping its last line, cut off in the middle of a write: %r", path,
+                      line[:80])
+  return events

@@ -1,7 +1,9 @@
-"""The command lines: one-line errors, a 2-device data-parallel run with a plugin variant, and
-the reproduce grid with its report."""
+"""The command lines: one-line errors, a 2-device data-parallel run with a plugin variant, a
+2-process run resumed by one process, and the reproduce grid with its report."""
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -44,8 +46,14 @@ def plugin_dir(tmp_path_factory):
   return root
 
 
-def start(args, *, plugin_dir=None, devices=1):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+# XLA ends a process whose CPU devices wait more than 40 s for each other in a collective; a
+# loaded test machine can be that slow.
+COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+
+
+def start(args, *, plugin_dir=None, devices=1, env=None):
+  env = {**os.environ, **(env or {}),
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {COLLECTIVE_TIMEOUT}",
          "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir or ""), str(REPO),
                                                      os.environ.get("PYTHONPATH", "")]))}
   return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, text=True,
@@ -127,6 +135,45 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   assert code == 0, stderr
   model = json.loads((tmp_path / "swapped" / "results.json").read_text())["model"]
   assert model["attention"] == "local" and model["attention_options"] == {"block_size": 4}
+
+
+def free_port() -> int:
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    return probe.getsockname()[1]
+
+
+def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(listops_dir, tmp_path, caplog):
+  """Two processes on this machine (one CPU device each, gloo over the loopback address) train
+  as one process does; one process then resumes their step-2 checkpoint."""
+  settings = {**SMALL, "num_train_steps": 4, "eval_every": 2, "data_dir": listops_dir}
+  address = f"127.0.0.1:{free_port()}"
+  processes = [start(["experiments.train", "--config=configs/lra/listops.py:full,tiny",
+                      f"--workdir={tmp_path / 'two'}", *overrides("--config.", settings)],
+                     env={"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2",
+                          "JAX_PROCESS_ID": str(i)}) for i in range(2)]
+  config = reproduce.task_config("listops", "full", "tiny", 0, overrides("", settings))
+  one = trainer.Trainer(config, tmp_path / "one").run()
+  for process in processes:
+    code, _, stderr = finish(process)
+    assert code == 0, stderr
+  two = json.loads((tmp_path / "two" / "results.json").read_text())
+  assert (two["environment"]["process_count"], two["environment"]["device_count"]) == (2, 2)
+
+  def losses(name):
+    return [e["train_loss"] for e in read_metrics(tmp_path / name) if "train_loss" in e]
+
+  # The gradient is summed across processes in another order: equal up to rounding.
+  assert len(losses("one")) == 4 and losses("two") == pytest.approx(losses("one"), rel=1e-5)
+  assert two["test_loss_final"] == pytest.approx(one["test_loss_final"], rel=1e-5)
+  shutil.rmtree(tmp_path / "two" / "checkpoints" / "4")
+  (tmp_path / "two" / "results.json").unlink()
+  with caplog.at_level("INFO"):
+    resumed = trainer.Trainer(config, tmp_path / "two").run()
+  assert f"resumed {tmp_path / 'two'} from step 2" in caplog.text
+  assert losses("two") == pytest.approx(losses("one"), rel=1e-5)
+  assert resumed["test_loss_final"] == pytest.approx(one["test_loss_final"], rel=1e-5)
+  assert resumed["environment"]["process_count"] == 1
 
 
 def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path, monkeypatch):

@@ -1,8 +1,10 @@
 """The trainer, in process, on tiny data written here: every task, resume, corrupt-checkpoint
-fallback, best-checkpoint selection, NaN stop, gradient accumulation, one compilation."""
+fallback, no usable checkpoint, best-checkpoint selection, NaN stop, gradient accumulation, one
+compilation, the memory check."""
 import contextlib
 import json
 import re
+import struct
 
 import jax
 import numpy as np
@@ -33,6 +35,10 @@ def config_for(task, data_dir, *overrides, attention="full", seed=0):
 
 def without_timing(events):
   return [{k: v for k, v in e.items() if k != "steps_per_sec"} for e in events]
+
+
+def read_metrics_file(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +76,9 @@ def test_missing_listops_is_generated_and_compiled_once(run_a, data_root):
   run, results, events = run_a
   assert (data_root / "listops-1000" / "basic_train.tsv").exists()
   assert results["num_examples"] == {"train": 48, "validation": 8, "test": 8}
-  assert run.train_step._cache_size() == 1 and run.eval_step._cache_size() == 1
+  # Compiled ahead of time, before the first step; a Compiled never compiles again.
+  assert isinstance(run.train_step, jax.stages.Compiled) and run.steps.train._cache_size() == 0
+  assert run.eval_step._cache_size() == 1
   assert [e["step"] for e in events if "train_loss" in e] == [1, 2, 3, 4, 5, 6]
   assert [e["step"] for e in events if "eval_accuracy" in e] == [2, 4, 6]
   assert {"train_loss", "train_accuracy", "lr", "grad_norm", "steps_per_sec"} <= set(events[0])
@@ -95,8 +103,48 @@ def batches_spy(stop_before_step=None):
     yield starts
 
 
+def tensorboard_scalars(folder) -> list[tuple[int, str, float]]:
+  """(step, tag, value) of every scalar in the TensorBoard event files (TFRecord framing: an
+  8-byte length, its 4-byte CRC, the Event, the Event's 4-byte CRC)."""
+  from tensorboardX.proto import event_pb2
+
+  scalars = []
+  for path in sorted(folder.glob("events.out.tfevents.*")):
+    data, at = path.read_bytes(), 0
+    while at < len(data):
+      (length,) = struct.unpack("<Q", data[at:at + 8])
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      scalars += [(event.step, value.tag, value.simple_value) for value in event.summary.value]
+  return scalars
+
+
+def assert_tensorboard_matches_metrics(workdir):
+  """Every metrics.jsonl value is in TensorBoard once, and nothing else is."""
+  scalars = tensorboard_scalars(workdir / "tensorboard")
+  expected = [(e["step"], k, float(np.float32(v))) for e in read_metrics(workdir)
+              for k, v in e.items() if k != "step"]
+  assert sorted(scalars) == sorted(expected)
+
+
+def flip_bytes_in_largest_array_file(checkpoint):
+  """Overwrites 64 bytes in the middle of the checkpoint's largest array-data file in place
+  (same size): orbax alone restores such a file without noticing."""
+  data = [p for p in checkpoint.rglob("*") if p.is_file() and p.parent.name == "d"]
+  path = max(data, key=lambda p: p.stat().st_size)
+  content = bytearray(path.read_bytes())
+  middle = len(content) // 2
+  content[middle:middle + 64] = bytes(b ^ 0xFF for b in content[middle:middle + 64])
+  path.write_bytes(bytes(content))
+  return path
+
+
+SAME = ("test_accuracy_final", "test_loss_final", "test_accuracy_best_validation",
+        "test_loss_best_validation", "best_eval_accuracy", "best_step", "steps", "num_params")
+
+
 def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, data_root, tmp_path, caplog):
-  _, results_a, events_a = run_a
+  run, results_a, events_a = run_a
   config = run_config("listops", data_root)
   with batches_spy(stop_before_step=6), pytest.raises(KeyboardInterrupt):
     trainer.Trainer(config, tmp_path).run()   # steps 1-5 done, checkpoints at 2 and 4
@@ -108,24 +156,121 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
     resumed = trainer.Trainer(config, tmp_path)
     results = resumed.run()
   assert starts == [4]
-  assert resumed.train_step._cache_size() == 1
+  assert resumed.train_step is run.train_step   # the same compiled step: nothing compiled twice
   assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
-  same = ("test_accuracy_final", "test_loss_final", "test_accuracy_best_validation",
-          "test_loss_best_validation", "best_eval_accuracy", "best_step", "steps", "num_params")
-  assert {k: results[k] for k in same} == {k: results_a[k] for k in same}
+  assert {k: results[k] for k in SAME} == {k: results_a[k] for k in SAME}
   assert json.loads((tmp_path / "results.json").read_text())["steps"] == 6
+  assert_tensorboard_matches_metrics(tmp_path)   # steps 5 and 6 written twice, shown once
+  for step in (2, 4, 6):   # the checksums still match once orbax is done with a checkpoint
+    assert checkpoints_lib.verify_checksums(tmp_path / "checkpoints" / str(step))
 
   latest = tmp_path / "checkpoints" / "6"
-  for path in latest.rglob("*"):
-    if path.is_file() and "state" in path.parts:
-      path.write_bytes(b"corrupt")
+  flipped = flip_bytes_in_largest_array_file(latest).relative_to(latest).as_posix()
+  template = {"train": resumed.state, "best": resumed.best}
+  unverified = checkpoints_lib.Checkpoints(tmp_path, keep=10)
+  unverified.restore(6, template)   # orbax alone: no error
+  unverified.close()
   with batches_spy() as starts, caplog.at_level("WARNING"):
     results = trainer.Trainer(config, tmp_path).run()
   assert starts == [4]
-  assert "checkpoint" in caplog.text and "cannot be restored" in caplog.text
+  assert (f"checkpoints/6 is unusable: file {flipped} differs from its checksum" in caplog.text
+          and "corrupt_checkpoints/6; trying step 4" in caplog.text)
   assert (tmp_path / "corrupt_checkpoints" / "6").is_dir()
-  assert {k: results[k] for k in same} == {k: results_a[k] for k in same}
+  assert {k: results[k] for k in SAME} == {k: results_a[k] for k in SAME}
   assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
+  assert_tensorboard_matches_metrics(tmp_path)
+
+
+def test_no_usable_checkpoint_keeps_the_earlier_files_and_starts_afresh(run_a, data_root, tmp_path,
+                                                                       caplog):
+  _, results_a, events_a = run_a
+  config = run_config("listops", data_root)
+  trainer.Trainer(config, tmp_path).run()
+  for step in (2, 4, 6):   # unreadable for orbax, and no checksums to catch it first
+    (tmp_path / "checkpoints" / str(step) / "checksums.json").unlink()
+    for path in (tmp_path / "checkpoints" / str(step) / "state").rglob("*"):
+      if path.is_file() and path.parent.name == "d":
+        path.write_bytes(b"corrupt")
+  with batches_spy() as starts, caplog.at_level("WARNING"):
+    results = trainer.Trainer(config, tmp_path).run()
+  assert starts == [0]
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+              and "checkpoint" in r.getMessage()]
+  assert len(warnings) == 4, warnings
+  for step, warning, then in zip((6, 4, 2), warnings, ("trying step 4", "trying step 2",
+                                                       "no older checkpoint is left")):
+    # The innermost error, readable: not the text of a printed TensorStore method object.
+    assert re.search(rf"checkpoints/{step} is unusable: orbax cannot restore it \(ValueError: "
+                     rf"[A-Z_]+: .*\); moved to .*corrupt_checkpoints/{step}; {then}$", warning)
+    assert "bound method" not in warning and "\n" not in warning
+  assert warnings[-1] == (f"no usable checkpoint in {tmp_path}/checkpoints (steps 6, 4, 2 moved to "
+                          f"{tmp_path}/corrupt_checkpoints, see above): starting again from step "
+                          "0; the earlier run's files are kept as metrics.jsonl.1, tensorboard.1, "
+                          "results.json.1")
+  # The same seed from step 0: the uninterrupted run again; the earlier one's files kept.
+  assert {k: results[k] for k in SAME} == {k: results_a[k] for k in SAME}
+  assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
+  assert without_timing(read_metrics_file(tmp_path / "metrics.jsonl.1")) == without_timing(events_a)
+  assert json.loads((tmp_path / "results.json.1").read_text())["steps"] == 6
+  assert_tensorboard_matches_metrics(tmp_path)
+  assert len(tensorboard_scalars(tmp_path / "tensorboard.1")) == len(tensorboard_scalars(
+      tmp_path / "tensorboard"))
+
+
+def test_checkpoints_verify_checksums_and_values_and_fall_back(tmp_path, caplog):
+  """Newest first: a file changed in place, then NaN values, are set aside; a checkpoint
+  without checksums is used with a warning when it restores finite values."""
+  tree = {"w": jax.numpy.arange(6.0), "key": jax.random.key(0)}
+  saved = checkpoints_lib.Checkpoints(tmp_path, keep=10)
+  for step, w in ((1, [0.0] * 6), (2, [1.0] * 6), (3, [0.0, np.nan, 0, 0, 0, 0]),
+                  (4, [2.0] * 6)):
+    saved.save(step, {**tree, "w": jax.numpy.array(w)}, {"step": step})
+  saved.close()
+  folder = tmp_path / "checkpoints"
+  (folder / "2" / "checksums.json").unlink()     # as an older version wrote it
+  flipped = flip_bytes_in_largest_array_file(folder / "4").relative_to(folder / "4").as_posix()
+  with caplog.at_level("WARNING"):
+    checkpoints = checkpoints_lib.Checkpoints(tmp_path, keep=10)
+    step, restored, record = checkpoints.restore_latest(tree)
+    checkpoints.close()
+  assert (step, record) == (2, {"step": 2}) and checkpoints.set_aside == [4, 3]
+  np.testing.assert_array_equal(restored["w"], np.ones(6))
+  assert jax.random.key_impl(restored["key"]) == jax.random.key_impl(tree["key"])
+  messages = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert f"checkpoints/4 is unusable: file {flipped} differs from its checksum" in messages[0]
+  assert messages[0].endswith("corrupt_checkpoints/4; trying step 3")
+  assert "checkpoints/3 is unusable: ['w'] holds NaN or infinite values" in messages[1]
+  assert "checkpoints/2 has no checksums.json" in messages[2]
+  assert "cannot be verified" in messages[2]
+  assert sorted(p.name for p in (tmp_path / "corrupt_checkpoints").iterdir()) == ["3", "4"]
+  assert sorted(p.name for p in folder.iterdir()) == ["1", "2"]
+
+
+def test_a_run_that_cannot_fit_stops_before_the_first_step(data_root, tmp_path, monkeypatch):
+  config = run_config("listops", data_root)
+  config.check_memory = False
+  analysis = trainer.Trainer(config, tmp_path).train_step.memory_analysis()
+  need = (analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
+          + analysis.output_size_in_bytes - analysis.alias_size_in_bytes)
+  model, _ = trainer.build_model(config)
+  assert need > 3 * 4 * num_params(model)   # at least the parameters and Adam's two moments
+  config.check_memory = True
+  monkeypatch.setattr(trainer, "device_memory_bytes", lambda: need - 1.0)
+  with pytest.raises(trainer.HarnessError) as info:
+    trainer.Trainer(config, tmp_path)
+  message = str(info.value)
+  megabytes = lambda n: f"{n / 1e6:.1f} MB"
+  assert message.startswith(
+      f"the compiled train step needs {megabytes(need)} ({megabytes(analysis.temp_size_in_bytes)}"
+      f" temporary, {megabytes(need - analysis.temp_size_in_bytes)} parameters, optimiser state "
+      f"and batch) but this CPU run has {megabytes(need - 1)}; ")
+  assert message.endswith(
+      "to fit, use config.grad_accum_steps > 1 (micro-batches), config.model.dtype=bfloat16, "
+      "config.model.remat=block (recompute each block in the backward pass), a smaller "
+      "config.batch_size (now 4); or config.check_memory=False to try anyway")
+  assert not (tmp_path / "checkpoints").exists()
+  monkeypatch.setattr(trainer, "device_memory_bytes", lambda: need)
+  trainer.Trainer(config, tmp_path)   # just fits
 
 
 def test_test_accuracy_of_the_final_and_the_best_validation_model(data_root, tmp_path, monkeypatch):

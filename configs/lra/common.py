@@ -25,6 +25,8 @@ Fields (override any with --config.<field>=value):
   the tiny preset generates missing ListOps / Pathfinder data), batch_size, eval_batch_size,
   grad_accum_steps, num_train_steps, eval_every, checkpoint_every, keep_checkpoints, log_every,
   max_skipped_fraction (the share of unreadable source examples a run accepts),
+  check_memory (refuse to start a run whose compiled train step needs more memory than the
+  device has),
   model (every TransformerConfig field; model.max_len is also the data length; option values
   left at None in model.attention_options come from the preset), optimizer (adam | adamw,
   betas, eps, weight decay, gradient clipping), schedule (LRA's learning-rate factors, e.g.
@@ -141,6 +143,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.keep_checkpoints = 3
   config.log_every = 50
   config.max_skipped_fraction = 0.01              # more unreadable source examples: refuse to start
+  config.check_memory = True                      # step larger than the device: refuse to start
 
   model = {}
   for field in dataclasses.fields(TransformerConfig):
