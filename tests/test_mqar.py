@@ -124,3 +124,22 @@ def test_mqar_runs_through_the_harness_and_non_causal_variants_are_not_applicabl
   assert "### Diagnostics, preset `tiny`, final step" in text
   assert "| linformer | n/a |" in text and "n/a: linformer on mqar: linformer cannot be causal" in text
   assert "LRA Table 1" not in text
+
+
+def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
+  from experiments import sweep
+
+  overrides = ["data.num_train=32", "data.num_validation=8", "data.num_test=8",
+               "model.num_layers=1", "model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32",
+               "batch_size=8", "num_train_steps=1", "eval_every=1", "log_every=1"]
+  values = ["2", "4"]
+  failures = sweep.run(task="mqar", preset="tiny", field="data.num_pairs", values=values,
+                       attentions=["full", "linformer"], seeds=[0], out=tmp_path,
+                       overrides=overrides)
+  assert failures == []
+  table = sweep.collect(tmp_path, "data.num_pairs", values)
+  assert set(table["full"]) == set(values) and all(0 <= v <= 100 for v in table["full"].values())
+  assert table["linformer"]["2"].startswith("n/a: linformer cannot be causal")
+  text = sweep.write(table, tmp_path, "data.num_pairs", values, "mqar")
+  assert "| variant | data.num_pairs=2 | data.num_pairs=4 |" in text
+  assert (tmp_path / "sweep.png").stat().st_size > 1000 and (tmp_path / "sweep.csv").exists()
