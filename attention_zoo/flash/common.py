@@ -22,14 +22,13 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attention_zoo import reference
 from attention_zoo.base import ceil_div, pad_to_multiple
 
 LOG2E = math.log2(math.e)
 # Finite, so masked entries never make inf - inf; exp2(MASK_VALUE - m) underflows to 0.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+MASK_VALUE = reference.MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True)
