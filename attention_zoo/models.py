@@ -232,10 +232,13 @@ class ClassifierHead(nnx.Module):
 
 
 def pool(hidden, mask, pooling: str):
-  """[b, n, emb] -> [b, emb]: the CLS position, or the mean over real tokens."""
+  """[b, n, emb] -> [b, emb] f32: the CLS position, or the mean over real tokens.
+
+  In f32 whatever the compute dtype: a bf16 token count is already rounded above 256."""
+  hidden = hidden.astype(jnp.float32)
   if pooling == "cls":
     return hidden[:, 0]
-  weights = mask[..., None].astype(hidden.dtype)
+  weights = mask[..., None].astype(jnp.float32)
   return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
 
 

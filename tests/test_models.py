@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
-                                  TransformerConfig, num_params)
+                                  TransformerConfig, num_params, pool)
 
 TINY = TransformerConfig(vocab_size=24, max_len=32, num_layers=2, emb_dim=32, num_heads=4, mlp_dim=64,
                          num_classes=3, dropout_rate=0.0)
@@ -112,6 +112,16 @@ def test_bfloat16_compute_and_post_ln():
   model = Classifier(dataclasses.replace(TINY, dtype="bfloat16", pre_ln=False), rngs=nnx.Rngs(0))
   logits = model(_tokens((2, 10)))
   assert logits.dtype == jnp.float32 and bool(jnp.isfinite(logits).all())
+
+
+def test_mean_pooling_of_bf16_activations_is_exact_in_f32():
+  """257 real tokens: a bf16 count would round to 256."""
+  hidden = jax.random.normal(jax.random.key(0), (1, 300, 8)).astype(jnp.bfloat16)
+  mask = jnp.arange(300)[None] < 257
+  pooled = pool(hidden, mask, "mean")
+  expected = np.asarray(hidden, np.float64)[0, :257].mean(0)
+  assert pooled.dtype == jnp.float32
+  np.testing.assert_allclose(pooled[0], expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("field, value, message", [
