@@ -120,7 +120,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
   def key_block(j, state):
     keys = pl.ds(j * bk, bk)
     scores = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
-                                         kv_valid_ref[:, keys], slope, geo)
+                                kv_valid_ref[:, keys], slope, geo)
     return common.softmax_update(state, scores, v_ref[keys, :])
 
   num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)

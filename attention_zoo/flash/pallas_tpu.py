@@ -146,7 +146,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
   @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
   def _step():
     scores = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
-                                         kv_valid_ref[...], slopes_ref[head], geo)
+                                kv_valid_ref[...], slopes_ref[head], geo)
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
         (acc_ref[...], m_ref[...], l_ref[...]), scores, v_ref[...])
 
@@ -169,7 +169,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
   def _step():
     k = k_ref[...]
     scores = common.tile_scores(q_ref[...], k, q_block * geo.block_q, kv_block * geo.block_k,
-                                         kv_valid_ref[...], slopes_ref[head], geo)
+                                kv_valid_ref[...], slopes_ref[head], geo)
     _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...], v_ref[...])
     dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
 
@@ -194,7 +194,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
   def _step():
     q, do = q_ref[...], do_ref[...]
     scores = common.tile_scores(q, k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
-                                         kv_valid_ref[...], slopes_ref[head], geo)
+                                kv_valid_ref[...], slopes_ref[head], geo)
     p, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...])
     dk_acc_ref[...] += common.dot_tn(ds.astype(q.dtype), q)
     dv_acc_ref[...] += common.dot_tn(p.astype(do.dtype), do)
