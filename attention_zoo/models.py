@@ -22,6 +22,12 @@ from attention_zoo.layers import MLP, MultiHeadAttention
 POOLINGS = ("cls", "mean")
 INTERACTIONS = ("nli", "concat")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Activation rematerialisation per block (jax.checkpoint): what a block keeps for the backward.
+# "none" keeps every activation; "block" keeps only the block's input and recomputes the rest;
+# "dots" keeps the outputs of matmuls without batch dimensions (the projections and the MLP)
+# and recomputes the rest (attention's own products, norms, activations).
+REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +58,7 @@ class TransformerConfig:
   # Switches that recreate the released LRA encoders (off by default; see docs/lra_fidelity.md):
   zero_token_is_padding: bool = False      # attention also masks token id 0 (LRA's `inputs > 0`)
   attention_ignores_padding: bool = False  # attention gets no padding masks (pooling still does)
+  remat: str = "none"                      # none | block | dots: see REMAT_POLICIES
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
@@ -59,7 +66,8 @@ class TransformerConfig:
     positions.check_kind(self.positions)
     for field, value, choices in (("pooling", self.pooling, POOLINGS),
                                   ("interaction", self.interaction, INTERACTIONS),
-                                  ("dtype", self.dtype, tuple(DTYPES))):
+                                  ("dtype", self.dtype, tuple(DTYPES)),
+                                  ("remat", self.remat, tuple(REMAT_POLICIES))):
       if value not in choices:
         raise ValueError(f"TransformerConfig.{field}={value!r}; choose one of {', '.join(choices)}")
 
@@ -186,8 +194,12 @@ class Stack(nnx.Module):
       attention_mask = None
     x = self.dropout(self._add_positions(x, jnp.arange(x.shape[1])), deterministic=deterministic)
     for block in self.blocks:
-      x = block(x, attention_mask, context=context, context_mask=context_mask,
-                deterministic=deterministic)
+      if self.config.remat == "none":
+        x = block(x, attention_mask, context=context, context_mask=context_mask,
+                  deterministic=deterministic)
+      else:
+        x = _rematerialised(block, REMAT_POLICIES[self.config.remat], x, attention_mask, context,
+                            context_mask, deterministic=deterministic)
     return self._finish(x), mask
 
   def init_cache(self, batch_size: int, max_len: int):
@@ -218,6 +230,43 @@ class Stack(nnx.Module):
     return x if self.final_norm is None else self.final_norm(x)
 
 
+def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, deterministic: bool):
+  """`block(...)` that keeps only what `policy` saves and recomputes the rest in the backward pass.
+
+  nnx.remat (jax.checkpoint) alone marks what to recompute, but XLA:CPU drops the barriers that
+  keep the recomputation apart and merges it back into the forward pass (common-subexpression
+  elimination), so every activation is kept. Here the backward runs inside a `lax.cond` whose
+  two branches are the same pullback: XLA never merges across computations, so the
+  recomputation stays in the backward pass on every backend. The block runs as a pure function
+  of its state (parameters and RNG counters), which is written back afterwards; the recomputation
+  replays the same RNG keys, so dropout masks are the same.
+  """
+  graphdef, state = nnx.split(block)
+
+  def pure(state, x, mask, context, context_mask):
+    block = nnx.merge(graphdef, state)
+    out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
+    return out, nnx.state(block)
+
+  recomputed = nnx.remat(pure, policy=policy)
+
+  @jax.custom_vjp
+  def run(*args):
+    return pure(*args)
+
+  def forward(*args):
+    return jax.vjp(recomputed, *args)          # (outputs, pullback holding what policy saved)
+
+  def backward(pullback, cotangents):
+    unknown = jnp.isnan(cotangents[0].ravel()[0])   # any value XLA cannot fold: both branches agree
+    return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
+
+  run.defvjp(forward, backward)
+  out, state = run(state, x, mask, context, context_mask)
+  nnx.update(block, state)
+  return out
+
+
 class Encoder(Stack):
   def __init__(self, config: TransformerConfig, *, cls_token: bool = False, rngs: nnx.Rngs):
     super().__init__(config, causal=False, cls_token=cls_token, rngs=rngs)
@@ -240,10 +289,13 @@ class ClassifierHead(nnx.Module):
 
 
 def pool(hidden, mask, pooling: str):
-  """[b, n, emb] -> [b, emb]: the CLS position, or the mean over real tokens."""
+  """[b, n, emb] -> [b, emb] f32: the CLS position, or the mean over real tokens.
+
+  In f32 whatever the compute dtype: a bf16 token count is already rounded above 256."""
+  hidden = hidden.astype(jnp.float32)
   if pooling == "cls":
     return hidden[:, 0]
-  weights = mask[..., None].astype(hidden.dtype)
+  weights = mask[..., None].astype(jnp.float32)
   return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
 
 

@@ -8,6 +8,9 @@ num_heads % num_kv_heads == 0. A query row that may see no key gives zeros, neve
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,36 +85,118 @@ def group_heads(q, num_kv_heads: int):
   return q.reshape(b, n, num_kv_heads, h // num_kv_heads, d)
 
 
+# Finite, so a fully masked row never makes inf - inf; exp(MASK_VALUE - m) underflows to 0.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
 def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False, scale=None,
-                             bias=None, dropout_rate=0.0, dropout_rng=None):
+                             alibi_slopes=None, dropout_rate=0.0, dropout_rng=None):
   """The plain dense path (O(n²) memory), GQA without copying K/V per head.
 
-  bias: optional f32, broadcastable to [b, h, q, k]. Masks: bool [b, len], True = real token.
-  Dropout on the attention weights when `dropout_rng` is given.
+      S = Q Kᵀ · scale + B (MASK_VALUE where not allowed),   P = exp(S - rowmax(S)),
+      out = (P ∘ keep / (1 - rate)) V / rowsum(P)
+
+  Masks: bool [b, len], True = real token; masked query rows and rows that see no key give 0.
+  alibi_slopes: optional f32 [h] (ALiBi, Press et al. 2022), fixed constants with no gradient.
+  Dropout (`keep` ~ Bernoulli(1 - rate)) on the attention weights when `dropout_rng` is given.
+
+  The backward is written by hand (a custom VJP: FlashAttention-2's Alg. 2 in one tile), with
+  ℓ = rowsum(P) and dS = (P ∘ keep / (1 - rate)) ∘ (dO/ℓ · Vᵀ) - P ∘ rowsum(dO/ℓ ∘ out).
+  It saves only P besides the inputs, and each product is laid out so that no [q, k] array is
+  ever transposed. The query heads sharing a K/V head are stacked as rows ([b, kvh, g·q, d]),
+  so every product is one matmul per kv head.
   """
   b, q_len, num_heads, head_dim = q.shape
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
-  scale = head_dim ** -0.5 if scale is None else scale
   group = num_heads // num_kv_heads
-  scores = jnp.einsum("bqhgd,bkhd->bhgqk", group_heads(q, num_kv_heads), k,
-                      preferred_element_type=jnp.float32) * scale  # [b, kvh, g, q, k]
-  if bias is not None:
-    bias = jnp.broadcast_to(bias, (b, num_heads, q_len, kv_len))
-    scores = scores + bias.reshape(b, num_kv_heads, group, q_len, kv_len)
-  allowed = jnp.ones((b, 1, 1, q_len, kv_len), bool)
-  if kv_mask is not None:
-    allowed &= kv_mask[:, None, None, None, :]
+  q_rows = jnp.moveaxis(group_heads(q, num_kv_heads), 1, 3)                 # [b, kvh, g, q, d]
+  q_rows = q_rows.reshape(b, num_kv_heads, group * q_len, head_dim)         # [b, kvh, g·q, d]
+  k_heads, v_heads = (jnp.swapaxes(x, 1, 2) for x in (k, v))                # [b, kvh, kv, d]
+  kv_mask = jnp.ones((b, kv_len), bool) if kv_mask is None else kv_mask
+  slopes = None
+  if alibi_slopes is not None:
+    slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
+  if dropout_rng is None or dropout_rate == 0:
+    dropout_rate, dropout_rng = 0.0, None
+  geo = _DenseGeometry(q_len=q_len, kv_len=kv_len, causal=bool(causal),
+                       scale=head_dim ** -0.5 if scale is None else float(scale),
+                       dropout_rate=float(dropout_rate))
+  out = _dense_attention(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)
+  out = jnp.moveaxis(out.reshape(b, num_kv_heads, group, q_len, head_dim), 3, 1)
+  out = out.reshape(b, q_len, num_heads, head_dim)
   if q_mask is not None:
-    allowed &= q_mask[:, None, None, :, None]
-  if causal:
-    allowed &= causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len,
-                              kv_len)
-  weights = masked_softmax(scores, allowed)
-  if dropout_rng is not None and dropout_rate > 0:
-    weights = dropout(weights, dropout_rate, dropout_rng)
-  out = jnp.einsum("bhgqk,bkhd->bqhgd", weights.astype(v.dtype), v,
-                   preferred_element_type=jnp.float32)  # [b, q, kvh, g, d]
-  return out.reshape(b, q_len, num_heads, head_dim).astype(q.dtype)
+    out = jnp.where(q_mask[:, :, None, None], out, 0.0)
+  return out.astype(q.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DenseGeometry:
+  """The static facts of one dense call (hashable: a static argument of the custom VJP)."""
+  q_len: int
+  kv_len: int
+  causal: bool
+  scale: float
+  dropout_rate: float
+
+
+def _dense_probs(geo, q_rows, k, kv_mask, slopes):
+  """-> P [b, kvh, g·q, kv] f32 (0 where not allowed) and ℓ = rowsum(P) [b, kvh, g·q, 1]
+  (1 for rows that see no key: their P is all 0)."""
+  scores = jnp.einsum("bhmd,bhkd->bhmk", q_rows, k,
+                      preferred_element_type=jnp.float32) * geo.scale       # [b, kvh, g·q, kv]
+  k_pos = jnp.arange(geo.kv_len)[None, :]                                   # [1, kv]
+  if slopes is not None:   # [kvh·g, q, kv] -> [kvh, g·q, kv]
+    scores = scores + alibi_bias(slopes.reshape(-1), jnp.arange(geo.q_len)[:, None], k_pos,
+                                 geo.q_len, geo.kv_len).reshape(scores.shape[1:])
+  allowed = kv_mask[:, None, None, :]                                       # [b, 1, 1, kv]
+  if geo.causal:
+    q_pos = jnp.arange(q_rows.shape[2])[:, None] % geo.q_len               # [g·q, 1]
+    allowed = allowed & causal_allowed(q_pos, k_pos, geo.q_len, geo.kv_len)  # [b, 1, g·q, kv]
+  scores = jnp.where(allowed, scores, MASK_VALUE)
+  row_max = jnp.max(scores, axis=-1, keepdims=True)                         # [b, kvh, g·q, 1]
+  # A row that sees no key has row_max = MASK_VALUE; subtracting 0 there makes its P all 0.
+  probs = jnp.exp(scores - jnp.where(row_max == MASK_VALUE, 0.0, row_max))
+  total = jnp.sum(probs, axis=-1, keepdims=True)
+  return probs, jnp.where(total > 0, total, 1.0)
+
+
+def _kept(geo, probs, dropout_rng):
+  """P ∘ keep / (1 - rate): the same mask forward and backward (drawn from the same key)."""
+  return probs if dropout_rng is None else dropout(probs, geo.dropout_rate, dropout_rng)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _dense_attention(geo, q_rows, k, v, kv_mask, slopes, dropout_rng):
+  """q_rows [b, kvh, g·q, d]; k, v [b, kvh, kv, d] -> out [b, kvh, g·q, d] f32."""
+  return _dense_forward(geo, q_rows, k, v, kv_mask, slopes, dropout_rng)[0]
+
+
+def _dense_forward(geo, q_rows, k, v, kv_mask, slopes, dropout_rng):
+  probs, total = _dense_probs(geo, q_rows, k, kv_mask, slopes)
+  kept = _kept(geo, probs, dropout_rng).astype(v.dtype)
+  out = jnp.einsum("bhmk,bhkd->bhmd", kept, v, preferred_element_type=jnp.float32) / total
+  return out, (q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, out)
+
+
+def _dense_backward(geo, residuals, d_out):
+  q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, out = residuals
+  dtype = v.dtype
+  f32 = dict(preferred_element_type=jnp.float32)
+  d_out = d_out / total                                                     # dO/ℓ [b, kvh, g·q, d]
+  delta = jnp.sum(d_out * out, axis=-1, keepdims=True)                      # [b, kvh, g·q, 1]
+  kept = _kept(geo, probs, dropout_rng)
+  d_out = d_out.astype(dtype)
+  # dVᵀ and dKᵀ [b, kvh, d, kv]: the [q, k] operand is read as laid out, the small results swapped.
+  d_v = jnp.einsum("bhmd,bhmk->bhdk", d_out, kept.astype(dtype), **f32)
+  d_kept = jnp.einsum("bhmd,bhkd->bhmk", d_out, v, **f32)                   # [b, kvh, g·q, kv]
+  d_scores = (kept * d_kept - probs * delta).astype(dtype)                  # [b, kvh, g·q, kv]
+  d_q = jnp.einsum("bhmk,bhkd->bhmd", d_scores, k, **f32) * geo.scale       # [b, kvh, g·q, d]
+  d_k = jnp.einsum("bhmd,bhmk->bhdk", q_rows, d_scores, **f32) * geo.scale
+  as_kv = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)          # -> [b, kvh, kv, d]
+  return d_q.astype(q_rows.dtype), as_kv(d_k, k), as_kv(d_v, v), None, None, None
+
+
+_dense_attention.defvjp(_dense_forward, _dense_backward)
 
 
 def dropout(weights, rate: float, rng):

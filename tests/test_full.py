@@ -1,4 +1,6 @@
 """`full` against jax.nn.dot_product_attention (an implementation we did not write)."""
+import unittest.mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +59,46 @@ def test_full_gqa_does_not_repeat_kv():
   jaxpr = jax.make_jaxpr(lambda q, k, v: attn(q, k, v))(q, kv, kv).jaxpr
   shapes = {tuple(var.aval.shape) for eqn in jaxpr.eqns for var in eqn.outvars}
   assert (1, 64, 8, 16) not in shapes and (1, 64, 1, 8, 16) not in shapes
+
+
+def test_full_dropout_gradients_equal_autodiff_of_its_forward():
+  """The hand-written backward (custom VJP) against JAX's autodiff of the same forward, with
+  dropout, GQA, padding (one row with no key), causal cross-attention and ALiBi."""
+  q_len, kv_len = 6, 11
+  kq, kk, kv, kc = jax.random.split(jax.random.key(3), 4)
+  q = jax.random.normal(kq, (2, q_len, 4, 8))
+  k = jax.random.normal(kk, (2, kv_len, 2, 8))
+  v = jax.random.normal(kv, (2, kv_len, 2, 8))
+  kv_mask = jnp.ones((2, kv_len), bool).at[0, 3:].set(False)   # row 0's first queries see no key
+  options = dict(kv_mask=kv_mask, causal=True, alibi_slopes=jnp.array([0.5, 0.25, 0.1, 0.05]),
+                 dropout_rate=0.3, dropout_rng=jax.random.key(9))
+
+  def by_autodiff(q, k, v):   # the same forward, differentiated by JAX instead of the custom VJP
+    with unittest.mock.patch.object(reference, "_dense_attention",
+                                    lambda *args: reference._dense_forward(*args)[0]):
+      return reference.masked_softmax_attention(q, k, v, **options)
+
+  cotangent = jax.random.normal(kc, q.shape)
+  ours = lambda q, k, v: reference.masked_softmax_attention(q, k, v, **options)
+  out, grads = _forward_and_grads(ours, q, k, v, cotangent)
+  expected, expected_grads = _forward_and_grads(by_autodiff, q, k, v, cotangent)
+  no_dropout = reference.masked_softmax_attention(q, k, v, **{**options, "dropout_rng": None})
+  assert float(jnp.max(jnp.abs(out - no_dropout))) > 1e-2          # dropout did drop weights
+  np.testing.assert_allclose(out, expected, atol=1e-6)
+  for g, eg in zip(grads, expected_grads):
+    assert bool(jnp.all(jnp.isfinite(g)))
+    np.testing.assert_allclose(g, eg, atol=1e-5)
+
+
+def test_full_compiled_memory_at_most_jax_dense_attention():
+  """Forward+backward temp memory (compiled, not run) at most jax.nn.dot_product_attention's."""
+  q = jnp.zeros((1, 512, 4, 64))
+  attn = az.create("full", num_heads=4, head_dim=64, rngs=nnx.Rngs(0))
+
+  def temp_bytes(fn):
+    run = lambda q, k, v: jax.vjp(fn, q, k, v)[1](q)
+    return jax.jit(run).lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+
+  ours = temp_bytes(lambda q, k, v: attn(q, k, v))
+  theirs = temp_bytes(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))
+  assert ours <= theirs, (ours, theirs)

@@ -177,8 +177,10 @@ def test_overrides_parse_as_the_field_type():
   config = reproduce.task_config("listops", "performer", "tiny", 3, [
       "model.num_layers=3", "schedule.base_learning_rate=1e-3", "model.pre_ln=false",
       "model.attention_options.nb_features=32", "model.qkv_dim=16", "data_dir=/x",
-      "model.attention_options.kernel=relu"])
+      "model.attention_options.kernel=relu",
+      "model.remat=block"])
   assert config.seed == 3 and config.model.num_layers == 3 and config.model.pre_ln is False
+  assert config.model.remat == "block"
   assert config.schedule.base_learning_rate == 1e-3 and config.model.qkv_dim == 16
   assert config.model.attention_options.nb_features == 32 and config.data_dir == "/x"
   assert config.model.attention_options.kernel == "relu"   # a str placeholder

@@ -330,6 +330,26 @@ def test_gradient_accumulation_matches_one_big_batch(data_root, tmp_path):
       assert accumulated[key] == pytest.approx(one[key], rel=1e-5)
 
 
+def test_bfloat16_compute_trains_like_float32_with_float32_state(data_root, tmp_path):
+  """8 tiny ListOps steps: bf16 compute gives each step's loss within 1% of f32's (measured:
+  0.1%), while parameters and Adam's moments stay f32."""
+  losses, states = {}, {}
+  for dtype in ("float32", "bfloat16"):
+    config = config_for("listops", data_root, "num_train_steps=8", "eval_every=8",
+                        f"model.dtype={dtype}", *NO_DROPOUT, *LISTOPS_SIZES)
+    run = trainer.Trainer(config, tmp_path / dtype)
+    run.run()
+    losses[dtype] = [e["train_loss"] for e in read_metrics(tmp_path / dtype) if "train_loss" in e]
+    states[dtype] = run.state
+  assert len(losses["bfloat16"]) == 8
+  np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=1e-2)
+  assert losses["bfloat16"] != losses["float32"]                 # bf16 did compute in bf16
+  state = states["bfloat16"]
+  floats = {x.dtype for x in jax.tree.leaves((state.params, state.opt_state))
+            if np.issubdtype(x.dtype, np.floating)}
+  assert floats == {np.dtype("float32")}
+
+
 @pytest.mark.parametrize("task", lra.available_tasks())
 def test_each_task_trains_and_writes_results(task, data_root, tmp_path, run_a):
   sizes = {"listops": LISTOPS_SIZES, "pathfinder": ["generate.num=20"]}.get(task, [])

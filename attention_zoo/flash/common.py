@@ -11,8 +11,13 @@ Backward (FlashAttention-2, Dao 2023, Alg. 2), with Δ = rowsum(dO ∘ O):
 
     P = exp2(S₂ - lse₂)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - Δ)   dQ = dS K·scale   dK = dSᵀ Q·scale
 
-Disallowed entries are zeroed with `where` (never through -inf arithmetic), so a row that sees no
-key gives ℓ = 0 -> out 0 and lse₂ = 0, and its backward tile is all zeros: no NaN, no Inf.
+Disallowed entries hold the finite MASK_VALUE, so exp2 of them minus any row statistic is 0; a
+row that has seen no key yet (m' = MASK_VALUE) subtracts 0 instead, so its P is 0 too (never
+-inf arithmetic). Such a row gives ℓ = 0 -> out 0 and lse₂ = 0, and its backward tile is all
+zeros: no NaN, no Inf.
+
+The functions take one tile ([rows, d], as in the kernels) or a batch of tiles ([..., rows, d],
+as in the chunked path, which also stacks the query heads sharing a K/V head as rows).
 """
 from __future__ import annotations
 
@@ -22,14 +27,13 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attention_zoo import reference
 from attention_zoo.base import ceil_div, pad_to_multiple
 
 LOG2E = math.log2(math.e)
 # Finite, so masked entries never make inf - inf; exp2(MASK_VALUE - m) underflows to 0.
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+MASK_VALUE = reference.MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,45 +58,52 @@ def matmul_precision(dtype):
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
-def dot_nt(a, b):
-  """a [m, d] · b [n, d]ᵀ -> [m, n] in f32."""
-  return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+def _dot(a, b, a_contract: int, b_contract: int):
+  """dot_general over a's and b's last two axes (leading axes are batch), in f32."""
+  batch = tuple(range(a.ndim - 2))
+  contract = ((a.ndim - 2 + a_contract,), (b.ndim - 2 + b_contract,))
+  return jax.lax.dot_general(a, b, (contract, (batch, batch)), preferred_element_type=jnp.float32,
                              precision=matmul_precision(a.dtype))
+
+
+def dot_nt(a, b):
+  """a [..., m, d] · b [..., n, d]ᵀ -> [..., m, n] in f32."""
+  return _dot(a, b, 1, 1)
 
 
 def dot_nn(a, b):
-  """a [m, n] · b [n, d] -> [m, d] in f32."""
-  return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
-                             precision=matmul_precision(a.dtype))
+  """a [..., m, n] · b [..., n, d] -> [..., m, d] in f32."""
+  return _dot(a, b, 1, 0)
 
 
 def dot_tn(a, b):
-  """a [n, m]ᵀ · b [n, d] -> [m, d] in f32."""
-  return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32,
-                             precision=matmul_precision(a.dtype))
+  """a [..., n, m]ᵀ · b [..., n, d] -> [..., m, d] in f32."""
+  return _dot(a, b, 0, 0)
 
 
 def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry):
-  """Base-2 scores of one tile and the entries it may use.
+  """Base-2 scores of one tile, MASK_VALUE where not allowed.
 
-  q [bq, d], k [bk, d]; q_start, k_start: positions of the tile's first query / key;
-  kv_valid int [1, bk] (0 for padding and padded-to-block keys); slope: this head's ALiBi
-  slope (ignored unless geo.use_alibi). Returns s₂ [bq, bk] f32 (MASK_VALUE where not allowed)
-  and allowed bool [bq, bk].
+  q [..., rows, d], k [..., bk, d]; q_start, k_start: positions of the tile's first query / key;
+  kv_valid int [..., 1, bk] (0 for padding and padded-to-block keys); slope: the ALiBi slope,
+  a scalar or [..., rows, 1] (ignored unless geo.use_alibi). Rows are `block_q` queries, or
+  several heads' `block_q` queries stacked (row r is query q_start + r mod block_q).
+  Returns s₂ [..., rows, bk] f32.
   """
-  shape = (q.shape[0], k.shape[0])
-  scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [bq, bk]
-  allowed = jnp.broadcast_to(kv_valid, shape) != 0                       # [bq, bk]
+  scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [..., rows, bk]
+  allowed = jnp.broadcast_to(kv_valid, scores.shape) != 0                # [..., rows, bk]
   if geo.causal or geo.use_alibi:
-    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, shape, 0)        # [bq, bk]
-    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)        # [bq, bk]
+    shape = scores.shape[-2:]
+    rows = jax.lax.broadcasted_iota(jnp.int32, shape, 0)                   # [rows, bk]
+    q_pos = q_start + (rows if shape[0] == geo.block_q else rows % geo.block_q)
+    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)        # [rows, bk]
   if geo.causal:
     allowed = allowed & reference.causal_allowed(q_pos, k_pos, geo.q_len, geo.kv_len)
   if geo.use_alibi:
     # reference.alibi_bias for one head: -slope · |i + offset - j|, here in base-2 units.
     distance = jnp.abs(q_pos + geo.offset - k_pos).astype(jnp.float32)
     scores = scores - (slope * LOG2E) * distance
-  return jnp.where(allowed, scores, MASK_VALUE), allowed
+  return jnp.where(allowed, scores, MASK_VALUE)
 
 
 def softmax_init(block_q: int, head_dim: int):
@@ -101,19 +112,21 @@ def softmax_init(block_q: int, head_dim: int):
           jnp.zeros((block_q, 1), jnp.float32))
 
 
-def softmax_update(state, scores, allowed, v):
-  """One online-softmax step over a key block: state (acc, m, l), scores/allowed [bq, bk], v [bk, d]."""
+def softmax_update(state, scores, v):
+  """One online-softmax step over a key block: state (acc, m, l), scores [..., rows, bk],
+  v [..., bk, d]."""
   acc, m, l = state
-  m_new = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))            # [bq, 1]
-  p = jnp.where(allowed, jnp.exp2(scores - m_new), 0.0)                    # [bq, bk]
-  rescale = jnp.exp2(m - m_new)                                            # [bq, 1]
-  l_new = rescale * l + jnp.sum(p, axis=1, keepdims=True)
-  acc_new = rescale * acc + dot_nn(p.astype(v.dtype), v)                   # [bq, d]
+  m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))           # [..., rows, 1]
+  m_used = jnp.where(m_new == MASK_VALUE, 0.0, m_new)                      # no key seen yet: P = 0
+  p = jnp.exp2(scores - m_used)                                            # [..., rows, bk]
+  rescale = jnp.exp2(m - m_used)                                           # [..., rows, 1]
+  l_new = rescale * l + jnp.sum(p, axis=-1, keepdims=True)
+  acc_new = rescale * acc + dot_nn(p.astype(v.dtype), v)                   # [..., rows, d]
   return acc_new, m_new, l_new
 
 
 def softmax_finish(state):
-  """-> (out [bq, d] f32, lse₂ [bq, 1]); rows that saw no key give 0 and lse₂ = 0."""
+  """-> (out [..., rows, d] f32, lse₂ [..., rows, 1]); rows that saw no key give 0 and lse₂ = 0."""
   acc, m, l = state
   seen = l > 0
   out = acc / jnp.where(seen, l, 1.0)
@@ -121,13 +134,14 @@ def softmax_finish(state):
   return out, lse
 
 
-def tile_probs_and_dscores(scores, allowed, lse, delta, do, v):
+def tile_probs_and_dscores(scores, lse, delta, do, v):
   """Backward of one tile: P and dS (gradient w.r.t. the natural-unit scores before `scale`).
 
-  scores/allowed [bq, bk]; lse, delta [bq, 1]; do [bq, d]; v [bk, d]. Returns p, ds [bq, bk] f32.
+  scores [..., rows, bk]; lse, delta [..., rows, 1]; do [..., rows, d]; v [..., bk, d].
+  Returns p, ds [..., rows, bk] f32 (0 where not allowed: exp2(MASK_VALUE - lse₂) = 0).
   """
-  p = jnp.where(allowed, jnp.exp2(scores - lse), 0.0)                      # [bq, bk]
-  dp = dot_nt(do, v)                                                       # [bq, bk]
+  p = jnp.exp2(scores - lse)                                               # [..., rows, bk]
+  dp = dot_nt(do, v)                                                       # [..., rows, bk]
   return p, p * (dp - delta)
 
 

@@ -138,9 +138,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
 
   def key_block(j, state):
     keys = pl.ds(j * bk, bk)
-    scores, allowed = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
-                                         kv_valid_ref[:, keys], slope, geo)
-    return common.softmax_update(state, scores, allowed, v_ref[keys, :])
+    scores = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
+                                kv_valid_ref[:, keys], slope, geo)
+    return common.softmax_update(state, scores, v_ref[keys, :])
 
   num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)
   out, lse = common.softmax_finish(
@@ -160,9 +160,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
   def key_block(j, dq):
     keys = pl.ds(j * bk, bk)
     k = k_ref[keys, :]
-    scores, allowed = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys],
-                                         slope, geo)
-    _, ds = common.tile_probs_and_dscores(scores, allowed, lse, delta, do, v_ref[keys, :])
+    scores = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys], slope, geo)
+    _, ds = common.tile_probs_and_dscores(scores, lse, delta, do, v_ref[keys, :])
     return dq + common.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
 
   num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)
@@ -187,9 +186,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
       dk, dv = grads
       rows = pl.ds(i * bq, bq)
       q, do = q_ref[rows, g, :], do_ref[rows, g, :]                       # [bq, d]
-      scores, allowed = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo)
-      p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[g, rows, :],
-                                            delta_ref[g, rows, :], do, v)
+      scores = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo)
+      p, ds = common.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :], do, v)
       return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
 
     return jax.lax.fori_loop(first_q_block, num_q_blocks, query_block, grads)

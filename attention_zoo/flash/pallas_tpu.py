@@ -154,11 +154,10 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
 
   @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
   def _step():
-    scores, allowed = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q,
-                                         kv_block * geo.block_k, kv_valid_ref[...],
-                                         slopes_ref[head], geo)
+    scores = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
+                                kv_valid_ref[...], slopes_ref[head], geo)
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
-        (acc_ref[...], m_ref[...], l_ref[...]), scores, allowed, v_ref[...])
+        (acc_ref[...], m_ref[...], l_ref[...]), scores, v_ref[...])
 
   @pl.when(kv_block == pl.num_programs(3) - 1)
   def _finish():
@@ -179,11 +178,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
   @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
   def _step():
     k = k_ref[...]
-    scores, allowed = common.tile_scores(q_ref[...], k, q_block * geo.block_q,
-                                         kv_block * geo.block_k, kv_valid_ref[...],
-                                         slopes_ref[head], geo)
-    _, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[...], delta_ref[...],
-                                          do_ref[...], v_ref[...])
+    scores = common.tile_scores(q_ref[...], k, q_block * geo.block_q, kv_block * geo.block_k,
+                                kv_valid_ref[...], slopes_ref[head], geo)
+    _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...], v_ref[...])
     dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
 
   @pl.when(kv_block == pl.num_programs(3) - 1)
@@ -207,11 +204,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
   @pl.when(q_block >= common.first_q_block_seeing(kv_block, geo))
   def _step():
     q, do = q_ref[...], do_ref[...]
-    scores, allowed = common.tile_scores(q, k_ref[...], q_block * geo.block_q,
-                                         kv_block * geo.block_k, kv_valid_ref[...],
-                                         slopes_ref[head], geo)
-    p, ds = common.tile_probs_and_dscores(scores, allowed, lse_ref[...], delta_ref[...], do,
-                                          v_ref[...])
+    scores = common.tile_scores(q, k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
+                                kv_valid_ref[...], slopes_ref[head], geo)
+    p, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...])
     dk_acc_ref[...] += common.dot_tn(ds.astype(q.dtype), q)
     dv_acc_ref[...] += common.dot_tn(p.astype(do.dtype), do)
 
