@@ -149,7 +149,7 @@ LIST_IDS = ("import lra, sys; ds = lra.load('listops', 'train', data_dir=sys.arg
 def test_cli_and_vocabulary_identical_across_hash_seeds(tmp_path):
   cli = subprocess.run([sys.executable, "-m", "lra.generate", "listops", "--out",
                         str(tmp_path), "--num_train", "3", "--num_val", "1", "--num_test", "1",
-                        "--seed", "7", "--no_progress"], capture_output=True, text=True)
+                        "--seed", "7", "--noprogress"], capture_output=True, text=True)
   assert cli.returncode == 0, cli.stderr
   assert str(tmp_path / "listops-1000") in cli.stdout
   outputs = []

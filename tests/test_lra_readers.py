@@ -450,7 +450,7 @@ def test_generated_pathfinder_round_trip(tmp_path):
 
   run = subprocess.run([sys.executable, "-m", "lra.generate", "pathfinder", "--resolution",
                         "32", "--difficulty", "easy", "--num", "10", "--out",
-                        str(tmp_path / "cli"), "--seed", "1", "--no_progress"],
+                        str(tmp_path / "cli"), "--seed", "1", "--noprogress"],
                        capture_output=True, text=True)
   assert run.returncode == 0, run.stderr
   folder = tmp_path / "cli" / "pathfinder32" / "curv_baseline"
