@@ -270,6 +270,7 @@ def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):
 
 # -------------------------------------------------------------------------- ListOps lengths
 
+@pytest.mark.slow
 def test_listops_generator_length_bounds(tmp_path):
   lra.generate_listops(tmp_path, num_train=30, num_val=5, num_test=5, min_length=10,
                        max_length=40, progress=False)
@@ -298,6 +299,7 @@ def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"
       for s in (1, 2, 3)))
 
 
+@pytest.mark.slow
 def test_report_table_csv_and_plots(tmp_path, capsys):
   runs = tmp_path / "runs"
   for seed, (full, performer) in enumerate([(0.40, 0.20), (0.30, 0.22)]):

@@ -167,11 +167,11 @@ def test_cli_and_vocabulary_identical_across_hash_seeds(tmp_path):
 def test_cli_usage_errors(tmp_path):
   run = subprocess.run([sys.executable, "-m", "lra.generate", "listops", "--out",
                         str(tmp_path), "--num_train", "-2"], capture_output=True, text=True)
-  assert run.returncode == 2 and "num_train must be an integer >= 0" in run.stderr
+  assert run.returncode == 1 and "num_train must be an integer >= 0" in run.stderr
   run = subprocess.run([sys.executable, "-m", "lra.generate", "pathfinder", "--out",
                         str(tmp_path), "--num", "4", "--resolution", "48"],
                        capture_output=True, text=True)
-  assert run.returncode == 2 and "invalid choice" in run.stderr
+  assert run.returncode == 1 and "value should be one of <32|64|128|256>" in run.stderr
 
 
 def test_generate_command_writes_the_official_layout_and_refuses_bad_input(tmp_path):

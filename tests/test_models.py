@@ -228,6 +228,7 @@ def test_remat_model_still_decodes_with_its_cache():
   np.testing.assert_array_equal(cached, model.generate(prompt, 6, use_cache=False))
 
 
+@pytest.mark.slow
 def test_remat_halves_the_compiled_memory_of_an_lra_text_train_step_at_16k():
   """The LRA Text model (4 layers, emb 256, 4 heads, MLP 1024, batch 1) with a linear attention:
   forward+backward compiled (not run) at 16K tokens needs at most half the temporary memory

@@ -105,6 +105,7 @@ def test_one_decoder_step_on_fake_data_lowers_the_loss():
   assert float(mean_loss(model)) < before
 
 
+@pytest.mark.slow
 def test_mqar_runs_through_the_harness_and_non_causal_variants_are_not_applicable(tmp_path):
   from experiments import report, reproduce
 
@@ -126,6 +127,7 @@ def test_mqar_runs_through_the_harness_and_non_causal_variants_are_not_applicabl
   assert "LRA Table 1" not in text
 
 
+@pytest.mark.slow
 def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
   from experiments import sweep
 
