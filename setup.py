@@ -7,7 +7,8 @@ TFDS = ["tensorflow-datasets", "tensorflow-cpu"]
 setup(
     name="attention-zoo",
     version="0.1.0",
-    description="Attention variants for JAX/Flax NNX, one shared Transformer, and the Long Range Arena.",
+    description=("Attention variants for JAX/Flax NNX, one shared Transformer, and the Long Range "
+                 "Arena."),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",

@@ -44,10 +44,12 @@ class FullAttention(Attention):
 
   def _cudnn(self, q, k, v, kv_mask, alibi_slopes, deterministic):
     if self.dropout_rng(deterministic) is not None:
-      raise ValueError("full: impl='cudnn' has no attention dropout here; use impl='xla' for training with dropout_rate > 0")
+      raise ValueError("full: impl='cudnn' has no attention dropout here; use impl='xla' for "
+                       "training with dropout_rate > 0")
     q_len, kv_len = q.shape[1], k.shape[1]
     if q_len != kv_len and self.causal:
-      raise ValueError("full: cuDNN's causal mask is top-left aligned; use impl='xla' for causal cross-attention")
+      raise ValueError("full: cuDNN's causal mask is top-left aligned; use impl='xla' for causal "
+                       "cross-attention")
     dtype = q.dtype if q.dtype in (jnp.bfloat16, jnp.float16) else jnp.bfloat16
     bias = None
     if alibi_slopes is not None:

@@ -115,7 +115,8 @@ class ShortConv(nnx.Module):
 class Block(nnx.Module):
   """Self-attention, optional cross-attention, MLP; each a residual branch (pre- or post-LN)."""
 
-  def __init__(self, config: TransformerConfig, *, causal: bool, cross: bool, max_len: int, rngs: nnx.Rngs):
+  def __init__(self, config: TransformerConfig, *, causal: bool, cross: bool, max_len: int,
+               rngs: nnx.Rngs):
     dtype = config.compute_dtype
     attention_options = dict(config.attention_options)
     if config.attention_dropout_rate:
@@ -134,7 +135,8 @@ class Block(nnx.Module):
     self.self_norm = norm()
     self.cross_attention = mha(attention=config.cross_attention) if cross else None
     self.cross_norm = norm() if cross else None
-    self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype, rngs=rngs)
+    self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype,
+                   rngs=rngs)
     self.mlp_norm = norm()
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
@@ -142,12 +144,13 @@ class Block(nnx.Module):
     if self.short_conv is not None:
       x = self._residual(self.conv_norm, x, deterministic,
                          lambda h: self.short_conv(h, decode=decode))
-    x = self._residual(self.self_norm, x, deterministic,
-                       lambda h: self.self_attention(h, mask=mask, deterministic=deterministic, decode=decode))
+    x = self._residual(self.self_norm, x, deterministic, lambda h: self.self_attention(
+        h, mask=mask, deterministic=deterministic, decode=decode))
     if self.cross_attention is not None:
       x = self._residual(self.cross_norm, x, deterministic, lambda h: self.cross_attention(
           h, context, mask=mask, context_mask=context_mask, deterministic=deterministic))
-    return self._residual(self.mlp_norm, x, deterministic, lambda h: self.mlp(h, deterministic=deterministic))
+    return self._residual(self.mlp_norm, x, deterministic,
+                          lambda h: self.mlp(h, deterministic=deterministic))
 
   def _residual(self, norm, x, deterministic, branch):
     if self.pre_ln:
@@ -170,13 +173,15 @@ class Stack(nnx.Module):
     embed_init = ({} if config.embed_init_std is None
                   else {"embedding_init": nnx.initializers.normal(config.embed_init_std)})
     self.embed = nnx.Embed(config.vocab_size, config.emb_dim, dtype=dtype, rngs=rngs, **embed_init)
-    self.cls = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (config.emb_dim,))) if cls_token else None
+    self.cls = (nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (config.emb_dim,)))
+                if cls_token else None)
     self.learned_positions = (positions.LearnedPositions(max_len, config.emb_dim, rngs=rngs)
                               if config.positions == "learned" else None)
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
     self.blocks = nnx.List([Block(config, causal=causal, cross=cross, max_len=max_len, rngs=rngs)
                             for _ in range(config.num_layers)])
-    self.final_norm = nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs) if config.pre_ln else None
+    self.final_norm = (nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs) if config.pre_ln
+                       else None)
     self.decode_position = nnx.data(None)   # set by init_cache
 
   def __call__(self, tokens, mask=None, *, context=None, context_mask=None, deterministic=True):
@@ -187,7 +192,8 @@ class Stack(nnx.Module):
     attention_mask = mask & (tokens != 0) if self.config.zero_token_is_padding else mask
     x = self.embed(tokens)
     if self.cls is not None:
-      x = jnp.concatenate([jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1])), x], axis=1)
+      cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1]))   # [b, 1, emb]
+      x = jnp.concatenate([cls, x], axis=1)
       mask, attention_mask = (jnp.concatenate([jnp.ones((b, 1), bool), m], axis=1)
                               for m in (mask, attention_mask))
     if self.config.attention_ignores_padding:
@@ -347,19 +353,21 @@ class DecoderLM(nnx.Module):
   def decode_step(self, token):
     return self.lm_head(self.decoder.decode_step(token)[:, 0].astype(jnp.float32))
 
-  def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0, rng=None, use_cache=None):
+  def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0, rng=None,
+               use_cache=None):
     """Greedy (temperature 0) or sampled continuation of `prompt` [b, p] -> tokens [b, p + new].
 
     With the cache (default when the attention can decode) each step feeds one token;
     without it, each step recomputes the whole prefix (`use_cache=False`).
     """
-    return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng, use_cache=use_cache,
-                     start=lambda b, total: self.decoder.init_cache(b, total),
+    return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng,
+                     use_cache=use_cache, start=lambda b, total: self.decoder.init_cache(b, total),
                      step=_lm_decode_step, forward=_lm_forward)
 
 
 class EncoderDecoder(nnx.Module):
-  """Encoder over the source, causal decoder with cross-attention to it: logits [b, tgt_len, vocab]."""
+  """Encoder over the source, causal decoder with cross-attention to it:
+  logits [b, tgt_len, vocab]."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -373,16 +381,17 @@ class EncoderDecoder(nnx.Module):
                              deterministic=deterministic)
     return self.lm_head(hidden.astype(jnp.float32))
 
-  def generate(self, source, prompt, max_new_tokens: int, *, source_mask=None, temperature: float = 0.0,
-               rng=None, use_cache=None):
+  def generate(self, source, prompt, max_new_tokens: int, *, source_mask=None,
+               temperature: float = 0.0, rng=None, use_cache=None):
     """Continues the target `prompt` [b, p] (e.g. a BOS token) given `source` [b, s]."""
     memory, source_mask = self.encoder(source, source_mask)
 
     def start(b, total):
       self.decoder.init_cache(b, total)
 
-    return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng, use_cache=use_cache,
-                     start=start, step=lambda m, tok: _seq2seq_decode_step(m, tok, memory, source_mask),
+    return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng,
+                     use_cache=use_cache, start=start,
+                     step=lambda m, tok: _seq2seq_decode_step(m, tok, memory, source_mask),
                      forward=lambda m, tokens: _seq2seq_forward(m, source, tokens, source_mask))
 
 
@@ -413,12 +422,14 @@ def _generate(model, prompt, max_new_tokens, *, temperature, rng, use_cache, sta
   b, p = prompt.shape
   total = p + max_new_tokens
   if p < 1 or total > config.max_len:
-    raise ValueError(f"prompt length {p} + max_new_tokens {max_new_tokens} must be in [1, max_len={config.max_len}]")
+    raise ValueError(f"prompt length {p} + max_new_tokens {max_new_tokens} must be in "
+                     f"[1, max_len={config.max_len}]")
   can_decode = registry.spec(config.attention).can_decode
   use_cache = can_decode if use_cache is None else use_cache
   if use_cache and not can_decode:
-    raise ValueError(f"attention {config.attention!r} cannot decode with a cache (spec.can_decode is False); "
-                     "use use_cache=False to recompute the prefix at each step")
+    raise ValueError(f"attention {config.attention!r} cannot decode with a cache "
+                     "(spec.can_decode is False); use use_cache=False to recompute the prefix at "
+                     "each step")
   if temperature > 0 and rng is None:
     raise ValueError("sampling with temperature > 0 needs rng")
 
@@ -434,7 +445,8 @@ def _generate(model, prompt, max_new_tokens, *, temperature, rng, use_cache, sta
       logits = step(model, tokens[:, t:t + 1])
       if t + 1 >= p:
         tokens = tokens.at[:, t + 1].set(pick(logits, t))
-  else:  # causal: positions after t do not affect logits at t, so one fixed-shape forward serves every step
+  else:
+    # causal: logits at t ignore later positions, so one fixed-shape forward serves every step
     for t in range(p - 1, total - 1):
       tokens = tokens.at[:, t + 1].set(pick(forward(model, tokens)[:, t], t))
   return tokens

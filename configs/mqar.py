@@ -1,7 +1,8 @@
 """Multi-query associative recall (lra.mqar), trained as a causal language model: the diagnostic
 that separates the variants at CPU scale (Arora et al. 2023, "Zoology").
 
-COMMAND: python -m experiments.reproduce --preset=tiny --tasks=mqar --attentions=full,sliding_window,linear_transformer
+COMMAND: python -m experiments.reproduce --preset=tiny --tasks=mqar \
+             --attentions=full,sliding_window,linear_transformer
          python -m experiments.sweep --task=mqar --field=data.num_pairs --values=4,8,16,32 \
              --attentions=full,sliding_window,linear_transformer --out=results/mqar_sweep
 

@@ -65,14 +65,16 @@ def main(argv):
   stds = [float(s) for s in FLAGS.input_stds]
   lines = [f"Relative error to exact {'causal ' if FLAGS.causal else ''}softmax attention at the "
            f"variants' defaults: length {FLAGS.length}, {FLAGS.num_heads} heads, head_dim "
-           f"{FLAGS.head_dim}, mean of {FLAGS.seeds} draws; jax {jax.__version__}, {jax.devices()[0].platform}.",
+           f"{FLAGS.head_dim}, mean of {FLAGS.seeds} draws; jax {jax.__version__}, "
+           f"{jax.devices()[0].platform}.",
            "",
            "| variant | options | " + " | ".join(f"q, k std {s}" for s in stds) + " |",
            "|---|---|" + "---|" * len(stds)]
   for name in names:
     options = {k: v for k, v in az.spec(name).options.items() if k not in ("scale", "dropout_rate")}
     errors = [np.mean([relative_error(name, length=FLAGS.length, num_heads=FLAGS.num_heads,
-                                      head_dim=FLAGS.head_dim, std=std, seed=seed, causal=FLAGS.causal)
+                                      head_dim=FLAGS.head_dim, std=std, seed=seed,
+                                      causal=FLAGS.causal)
                        for seed in range(FLAGS.seeds)]) for std in stds]
     lines.append(f"| {name} | {', '.join(f'{k}={v}' for k, v in options.items())} | "
                  + " | ".join(f"{e:.3f}" for e in errors) + " |")
@@ -83,7 +85,8 @@ def main(argv):
     provenance.write_text(FLAGS.out, table)
 
 
-if __name__ == "__main__":   # flags defined here: tests import this module next to other entry points
+# Flags are defined here, not at import: tests import this module next to other entry points.
+if __name__ == "__main__":
   flags.DEFINE_list("attentions", [], "Variants (default: every registered one that is not exact).")
   flags.DEFINE_integer("length", 1024, "Sequence length.")
   flags.DEFINE_integer("num_heads", 4, "Heads.")
@@ -92,5 +95,6 @@ if __name__ == "__main__":   # flags defined here: tests import this module next
   flags.DEFINE_integer("seeds", 3, "Input / parameter draws averaged.")
   flags.DEFINE_bool("causal", False, "Compare causal variants with causal softmax.")
   flags.DEFINE_string("out", None, "Markdown file to write (the table is printed in any case).")
-  flags.DEFINE_list("plugins", [], "Modules to import first; they may register more attention variants.")
+  flags.DEFINE_list("plugins", [],
+                    "Modules to import first; they may register more attention variants.")
   cli.run(main)

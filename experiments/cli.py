@@ -46,12 +46,14 @@ CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def avoid_cpu_scheduler_deadlock() -> None:
-  """Adds CPU_SCHEDULER_FLAG to XLA_FLAGS (before JAX starts) unless set already or XLA refuses it."""
+  """Adds CPU_SCHEDULER_FLAG to XLA_FLAGS (before JAX starts) unless set already or XLA refuses
+  it."""
   current = os.environ.get("XLA_FLAGS", "")
   if CPU_SCHEDULER_FLAG.split("=")[0] in current:
     return
   flags_with = f"{current} {CPU_SCHEDULER_FLAG}".strip()
-  probe = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
+  probe = subprocess.run([sys.executable, "-c",
+                          "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
                          env={**os.environ, "XLA_FLAGS": flags_with, "JAX_PLATFORMS": "cpu"},
                          capture_output=True, text=True, timeout=300)
   if probe.returncode == 0:

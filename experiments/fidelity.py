@@ -72,9 +72,11 @@ NOTES = {
         "the released file sets `num_head = 4`, a misspelling: the base's single head stays "
         "(and the released encoder would reject the unknown argument)",
     ("image", "reformer", "model.qkv_dim"):
-        "the released file says 32, but the released Reformer ignores qkv_dim and projects to emb_dim",
+        "the released file says 32, but the released Reformer ignores qkv_dim and projects to "
+        "emb_dim",
     ("pathfinder", "reformer", "model.qkv_dim"):
-        "the released file says 32, but the released Reformer ignores qkv_dim and projects to emb_dim",
+        "the released file says 32, but the released Reformer ignores qkv_dim and projects to "
+        "emb_dim",
     ("text", "linformer", "attention.k"):
         "the released file sets `low_rank_features = 32` where train.py never reads it: 16 ran",
     ("image", "sinkhorn", "model.emb_dim"):

@@ -30,9 +30,11 @@ def learning_rate_schedule(factors: str, *, base_learning_rate: float, warmup_st
     raise HarnessError(f"unknown schedule factor(s) {', '.join(map(repr, unknown))} in "
                        f"schedule.factors={factors!r}; factors: {', '.join(FACTORS)}")
   if "linear_warmup" in names and warmup_steps <= 0:
-    raise HarnessError(f"schedule.warmup_steps must be positive for linear_warmup, got {warmup_steps}")
+    raise HarnessError("schedule.warmup_steps must be positive for linear_warmup, "
+                       f"got {warmup_steps}")
   if "cosine_decay" in names and steps_per_cycle <= 0:
-    raise HarnessError(f"schedule.steps_per_cycle must be positive for cosine_decay, got {steps_per_cycle}")
+    raise HarnessError("schedule.steps_per_cycle must be positive for cosine_decay, "
+                       f"got {steps_per_cycle}")
 
   def schedule(count):
     step = jnp.asarray(count, jnp.float32) + 1

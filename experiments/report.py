@@ -266,6 +266,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.DEFINE_string("runs", "results/tiny/runs", "Folder holding run workdirs (searched recursively).")
+  flags.DEFINE_string("runs", "results/tiny/runs",
+                      "Folder holding run workdirs (searched recursively).")
   flags.DEFINE_string("out", "results/tiny", "Folder for table.md, table.csv and the PNGs.")
   cli.run(main, preload_plugins=False)

@@ -85,7 +85,8 @@ def check_names(tasks: list[str], attentions: list[str]) -> None:
       raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}")
   for attention in attentions:
     if attention not in az.available():
-      raise cli.HarnessError(f"unknown attention {attention!r}; registered: {', '.join(az.available())} "
+      raise cli.HarnessError(f"unknown attention {attention!r}; registered: "
+                             f"{', '.join(az.available())} "
                              "(a variant in your own module: --plugins=MODULE)")
 
 
@@ -111,7 +112,8 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
           "task": task, "attention": attention, "preset": preset, "seed": seed,
           "not_applicable": reason})
       continue
-    logging.info("[%d/%d] %s / %s / seed %d -> %s", number, len(grid), task, attention, seed, workdir)
+    logging.info("[%d/%d] %s / %s / seed %d -> %s", number, len(grid), task, attention, seed,
+                 workdir)
     try:
       results = trainer.train_and_evaluate(configs[task, attention, seed], workdir)
       logging.info("%s / %s / seed %d: test accuracy %.4f (final step), %.4f (best validation)",
@@ -160,5 +162,6 @@ if __name__ == "__main__":
   flags.DEFINE_list("seeds", ["0"], "Seeds; the table shows mean ± std over them.")
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
-  flags.DEFINE_multi_string("override", [], "field=value applied to every config, e.g. model.num_layers=1.")
+  flags.DEFINE_multi_string("override", [],
+                            "field=value applied to every config, e.g. model.num_layers=1.")
   cli.run(main)

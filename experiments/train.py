@@ -1,6 +1,7 @@
 """Train and test one attention variant on one LRA task.
 
-    python -m experiments.train --config=configs/lra/listops.py:performer --workdir=runs/listops/performer
+    python -m experiments.train --config=configs/lra/listops.py:performer \
+        --workdir=runs/listops/performer
     python -m experiments.train --config=configs/lra/listops.py:full,tiny --workdir=runs/tiny \
         --config.model.num_layers=1 --plugins=my_attention
 

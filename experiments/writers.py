@@ -73,7 +73,8 @@ class MetricsWriter:
       return
     scalars = {k: float(v) for k, v in scalars.items()}
     with open(self.path, "a", encoding="utf-8") as f:
-      record = {"step": int(step), **{k: v if math.isfinite(v) else str(v) for k, v in scalars.items()}}
+      finite_or_text = {k: v if math.isfinite(v) else str(v) for k, v in scalars.items()}
+      record = {"step": int(step), **finite_or_text}
       f.write(json.dumps(record) + "\n")
     self._add_scalars(step, scalars)
     self._tensorboard.flush()

@@ -47,6 +47,6 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
 
 __all__ = [
     "Dataset", "PATHFINDER_DIFFICULTIES", "PATHFINDER_RESOLUTIONS", "SPLITS", "TaskSpec",
-    "available_tasks", "check_dataset", "diagnostic_tasks", "generate_listops", "generate_pathfinder", "iterate",
-    "load", "mqar", "provenance", "rgb_to_grayscale", "task_spec",
+    "available_tasks", "check_dataset", "diagnostic_tasks", "generate_listops",
+    "generate_pathfinder", "iterate", "load", "mqar", "provenance", "rgb_to_grayscale", "task_spec",
 ]

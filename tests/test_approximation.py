@@ -13,7 +13,8 @@ def test_exact_variant_has_no_error(causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_reformer_with_one_bucket_and_one_chunk_matches_shared_qk_softmax(causal):
-  """One bucket, one chunk: Reformer is exact shared-QK attention without self, the reference here."""
+  """One bucket, one chunk: Reformer is exact shared-QK attention without self, the reference
+  here."""
   assert relative_error("reformer", causal=causal, n_buckets=1, chunk_len=24, **SMALL) < 1e-5
 
 

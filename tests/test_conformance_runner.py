@@ -1,4 +1,5 @@
-"""`python -m attention_zoo.conformance`: plug-ins from outside the package, the report, the exit code.
+"""`python -m attention_zoo.conformance`: plug-ins from outside the package, the report, the exit
+code.
 
 One plug-in source with one bug switched in at a time: the correct version passes, and each bug
 fails exactly the property it breaks (a future leak, ignored padding, NaN on rows that see no key).
@@ -35,10 +36,12 @@ BODIES = {
                                               causal=self.causal, scale=self.scale)""",
     # Claims causal (supports_causal=True) but always attends to every key.
     "leaks_future": """
-    return reference.masked_softmax_attention(q, k, v, q_mask=q_mask, kv_mask=kv_mask, scale=self.scale)""",
+    return reference.masked_softmax_attention(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
+                                              scale=self.scale)""",
     # Never looks at kv_mask: padded keys get weight.
     "ignores_padding": """
-    return reference.masked_softmax_attention(q, k, v, q_mask=q_mask, causal=self.causal, scale=self.scale)""",
+    return reference.masked_softmax_attention(q, k, v, q_mask=q_mask, causal=self.causal,
+                                              scale=self.scale)""",
     # softmax over -inf scores: a row that may see no key gives exp(-inf + inf) = NaN.
     "nan_on_masked_rows": """
     grouped = reference.group_heads(q, self.num_kv_heads)                    # [b, q, kvh, g, d]
@@ -46,7 +49,8 @@ BODIES = {
     q_len, kv_len = q.shape[1], k.shape[1]
     allowed = kv_mask[:, None, None, None, :]
     if self.causal:
-      allowed = allowed & reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len), q_len, kv_len)
+      allowed = allowed & reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len),
+                                                   q_len, kv_len)
     weights = jax.nn.softmax(jnp.where(allowed, scores, -jnp.inf), axis=-1)
     return jnp.einsum("bhgqk,bkhd->bqhgd", weights, v).reshape(q.shape)""",
 }
@@ -116,13 +120,15 @@ def test_the_example_plugin_passes_every_property_from_its_path():
   statuses = status_lines(result.stdout)
   assert set(statuses) == set(conformance.CHECKS), result.stdout
   assert statuses["exact"] == statuses["decode"] == "N/A"   # approximate, no decoding claimed
-  assert all(status == "PASS" for prop, status in statuses.items() if prop not in ("exact", "decode"))
+  assert all(status == "PASS" for prop, status in statuses.items()
+             if prop not in ("exact", "decode"))
   assert result.stdout.startswith("cosine  (approximate, O(n²), causal, cross) "
                                   "with init_temperature=0.5\n")   # its configure() applied
 
 
 def test_builtin_modules(capsys):
-  code = conformance.main(["attention_zoo.full", "attention_zoo.nystromformer", "--checks=padding,causal"])
+  code = conformance.main(["attention_zoo.full", "attention_zoo.nystromformer",
+                           "--checks=padding,causal"])
   report = capsys.readouterr().out
   assert code == 0, report
   assert "full  (exact, O(n²), causal, cross, decode)" in report

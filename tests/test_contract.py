@@ -45,7 +45,8 @@ def test_unknown_name_lists_available():
 
 
 def test_unknown_option_names_it_and_the_accepted_ones():
-  with pytest.raises(ValueError, match=r"unknown option\(s\) bogus; accepted: dropout_rate=0.0, impl='xla', scale=None"):
+  with pytest.raises(ValueError, match=r"unknown option\(s\) bogus; accepted: "
+                                       r"dropout_rate=0.0, impl='xla', scale=None"):
     az.create("full", num_heads=2, head_dim=4, rngs=nnx.Rngs(0), bogus=3)
 
 
@@ -86,13 +87,15 @@ def test_cudnn_needs_a_gpu():
 
 def test_register_rejects_non_attention_and_duplicates(scratch_registry):
   with pytest.raises(TypeError, match="subclass of attention_zoo.Attention"):
-    az.register("thing", exact=False, supports_causal=False, supports_cross=False, complexity="", paper="")(object)
+    az.register("thing", exact=False, supports_causal=False, supports_cross=False, complexity="",
+                paper="")(object)
 
   class Other(az.Attention):
     pass
 
   with pytest.raises(ValueError, match="already registered"):
-    az.register("full", exact=False, supports_causal=False, supports_cross=False, complexity="", paper="")(Other)
+    az.register("full", exact=False, supports_causal=False, supports_cross=False, complexity="",
+                paper="")(Other)
 
 
 def test_unregistered_subclass_is_refused():
@@ -105,7 +108,8 @@ def test_unregistered_subclass_is_refused():
 
 def test_plugin_variant_follows_the_contract(scratch_registry):
   """The extension contract (README: Adding a variant), used as a plug-in would use it."""
-  @az.register("plain", exact=True, supports_causal=True, supports_cross=True, complexity="O(n^2)", paper="-")
+  @az.register("plain", exact=True, supports_causal=True, supports_cross=True, complexity="O(n^2)",
+               paper="-")
   class Plain(az.Attention):
     OPTIONS = {"temperature": az.Float(1.0, above=0)}
 
@@ -118,7 +122,8 @@ def test_plugin_variant_follows_the_contract(scratch_registry):
       return np.ones((1, q_len, kv_len), bool)
 
   assert "plain" in az.available() and az.spec("plain").options["temperature"] == 1.0
-  attn = az.create("plain", num_heads=4, head_dim=8, num_kv_heads=2, rngs=nnx.Rngs(0), temperature=2.0)
+  attn = az.create("plain", num_heads=4, head_dim=8, num_kv_heads=2, rngs=nnx.Rngs(0),
+                   temperature=2.0)
   q, k, v = _qkv()
   q_mask = jnp.ones((2, 6), bool).at[1, 2].set(False)
   out = attn(q, k, v, q_mask=q_mask)
@@ -144,7 +149,8 @@ def test_masked_softmax_attention_matches_dense_oracle():
   q, k, v = _qkv(q_len=5, kv_len=9)
   kv_mask = jnp.ones((2, 9), bool).at[0, 7:].set(False)
   out = reference.masked_softmax_attention(q, k, v, kv_mask=kv_mask, causal=True)
-  allowed = reference.causal_allowed(jnp.arange(5)[:, None], jnp.arange(9)[None, :], 5, 9) & kv_mask[:, None, None, :]
+  allowed = (reference.causal_allowed(jnp.arange(5)[:, None], jnp.arange(9)[None, :], 5, 9)
+             & kv_mask[:, None, None, :])                                  # [b, 1, q, k]
   np.testing.assert_allclose(out, reference.dense_attention(q, k, v, allowed), atol=1e-5)
 
 
@@ -198,7 +204,8 @@ def test_options_must_be_typed(scratch_registry):
 def test_max_len_is_checked():
   with pytest.raises(ValueError, match="full: max_len must be a positive integer or None, got 0"):
     az.create("full", num_heads=2, head_dim=4, max_len=0, rngs=nnx.Rngs(0))
-  assert az.create("full", num_heads=2, head_dim=4, max_len=np.int64(8), rngs=nnx.Rngs(0)).max_len == 8
+  sized = az.create("full", num_heads=2, head_dim=4, max_len=np.int64(8), rngs=nnx.Rngs(0))
+  assert sized.max_len == 8
 
 
 # -- scoped registration --------------------------------------------------------------------
@@ -307,7 +314,8 @@ def test_pallas_is_imported_only_for_a_pallas_path():
       print(sorted(m for m in sys.modules if m.startswith("jax.experimental.pallas")
                    or m.startswith("attention_zoo.flash.pallas")))
       az.create("flash", num_heads=2, head_dim=4, rngs=nnx.Rngs(0), impl="pallas")
-      print("jax.experimental.pallas" in sys.modules, "attention_zoo.flash.pallas_gpu" in sys.modules)
+      print("jax.experimental.pallas" in sys.modules,
+            "attention_zoo.flash.pallas_gpu" in sys.modules)
       """)
   result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, env={"JAX_PLATFORMS": "cpu", "PATH": ""},

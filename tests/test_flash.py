@@ -1,5 +1,6 @@
 """flash: the Pallas kernels (GPU kernels interpreted on CPU; TPU kernels in the TPU interpreter)
-and the chunked path against the dense oracle, their lowering for GPU and TPU (memory: test_scaling.py)."""
+and the chunked path against the dense oracle, their lowering for GPU and TPU (memory:
+test_scaling.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,13 +12,13 @@ import attention_zoo as az
 from attention_zoo import reference
 from attention_zoo.flash import pallas_gpu, pallas_tpu
 
-BLOCKS = dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16)   # several tiles at lengths <= 50
+BLOCKS = dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16)   # several tiles at n <= 50
 CASES = {
     # cross-attention (q_len < kv_len, neither a multiple of the blocks), GQA, padding, ALiBi
     "cross_gqa_padding_alibi": dict(q_len=21, kv_len=50, num_kv_heads=2, causal=False, alibi=True),
     # causal bottom-right with q_len < kv_len, MQA; batch row 1 has no real key at all
-    "causal_cross_mqa_empty_row": dict(q_len=19, kv_len=37, num_kv_heads=1, causal=True, alibi=False,
-                                       empty_row=True),
+    "causal_cross_mqa_empty_row": dict(q_len=19, kv_len=37, num_kv_heads=1, causal=True,
+                                       alibi=False, empty_row=True),
     # causal with q_len > kv_len: the first q_len - kv_len queries see no key; ALiBi
     "causal_q_longer": dict(q_len=45, kv_len=19, num_kv_heads=2, causal=True, alibi=True),
 }
@@ -41,8 +42,9 @@ def make_inputs(q_len, kv_len, num_kv_heads, empty_row=False, dtype=jnp.float32,
 
 
 def build(impl, case, **options):
-  return az.create("flash", num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_kv_heads=case["num_kv_heads"],
-                   causal=case["causal"], rngs=nnx.Rngs(0), impl=impl, **options)
+  return az.create("flash", num_heads=NUM_HEADS, head_dim=HEAD_DIM,
+                   num_kv_heads=case["num_kv_heads"], causal=case["causal"], rngs=nnx.Rngs(0),
+                   impl=impl, **options)
 
 
 def slopes_for(case):
@@ -54,7 +56,8 @@ def oracle(case, q_mask, kv_mask, scale):
   q_len, kv_len = case["q_len"], case["kv_len"]
   allowed = q_mask[:, None, :, None] & kv_mask[:, None, None, :]
   if case["causal"]:
-    allowed &= reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len, kv_len)
+    allowed &= reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :],
+                                        q_len, kv_len)
   slopes = slopes_for(case)
   bias = None if slopes is None else reference.alibi_bias(
       slopes, jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len, kv_len)[None]
@@ -73,8 +76,8 @@ def output_and_grads(attend, q, k, v, d_out):
 def assert_matches_oracle(attend, case, inputs, scale, tol):
   q, k, v, d_out, q_mask, kv_mask = inputs
   got = jax.jit(output_and_grads, static_argnums=0)(attend, q, k, v, d_out)
-  want = jax.jit(output_and_grads, static_argnums=0)(oracle(case, q_mask, kv_mask, scale),
-                                                   *(x.astype(jnp.float32) for x in (q, k, v, d_out)))
+  want = jax.jit(output_and_grads, static_argnums=0)(
+      oracle(case, q_mask, kv_mask, scale), *(x.astype(jnp.float32) for x in (q, k, v, d_out)))
   for what, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert g.dtype == q.dtype, what
     assert bool(jnp.all(jnp.isfinite(g))), f"{what} has NaN/Inf"
@@ -89,18 +92,22 @@ def test_equals_dense_attention_f32(impl, case_name):
   attn = build(impl, case, **BLOCKS)
   inputs = make_inputs(**case)
   q_mask, kv_mask = inputs[4], inputs[5]
-  attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes_for(case))
+  attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
+                                alibi_slopes=slopes_for(case))
   assert_matches_oracle(attend, case, inputs, attn.scale, tol=2e-5)
 
 
-@pytest.mark.parametrize("impl, dtype", [("pallas", jnp.bfloat16), ("chunked", jnp.bfloat16), ("chunked", jnp.float16)])
+@pytest.mark.parametrize("impl, dtype", [("pallas", jnp.bfloat16), ("chunked", jnp.bfloat16),
+                                         ("chunked", jnp.float16)])
 def test_equals_dense_attention_low_precision(impl, dtype):
-  """bf16/f16 inputs, f32 accumulation: within 2e-2 of the f32 oracle on the same (rounded) inputs."""
+  """bf16/f16 inputs, f32 accumulation: within 2e-2 of the f32 oracle on the same (rounded)
+  inputs."""
   case = CASES["causal_q_longer"]
   attn = build(impl, case, **BLOCKS)
   inputs = make_inputs(**case, dtype=dtype, seed=1)
   q_mask, kv_mask = inputs[4], inputs[5]
-  attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes_for(case))
+  attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
+                                alibi_slopes=slopes_for(case))
   assert_matches_oracle(attend, case, inputs, attn.scale, tol=2e-2)
 
 
@@ -129,11 +136,12 @@ def test_kernels_lower_for_their_hardware(platform, kernels, call_target):
   kv = jax.ShapeDtypeStruct((2, 700, 2, 80), jnp.bfloat16)
 
   def fwd_bwd(q, k, v, kv_mask, slopes):
-    attend = lambda q, k, v: kernels.flash_attention(q, k, v, kv_mask, slopes, causal=True, scale=0.1,
-                                                     interpret=False)
+    attend = lambda q, k, v: kernels.flash_attention(q, k, v, kv_mask, slopes, causal=True,
+                                                     scale=0.1, interpret=False)
     return output_and_grads(attend, q, k, v, q)
-  lowered = jax.jit(fwd_bwd).trace(q, kv, kv, jax.ShapeDtypeStruct((2, 700), jnp.bool_),
-                                   jax.ShapeDtypeStruct((8,), jnp.float32)).lower(lowering_platforms=(platform,))
+  traced = jax.jit(fwd_bwd).trace(q, kv, kv, jax.ShapeDtypeStruct((2, 700), jnp.bool_),
+                                  jax.ShapeDtypeStruct((8,), jnp.float32))
+  lowered = traced.lower(lowering_platforms=(platform,))
   assert lowered.as_text().count(call_target) == 3     # forward, dq, dk/dv
 
 

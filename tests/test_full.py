@@ -19,10 +19,12 @@ def test_full_equals_jax_dot_product_attention(q_len, kv_len, num_kv_heads, caus
   k = jax.random.normal(kk, (2, kv_len, num_kv_heads, 16))
   v = jax.random.normal(kv, (2, kv_len, num_kv_heads, 16))
   kv_mask = jnp.ones((2, kv_len), bool).at[1, -2:].set(False)
-  attn = az.create("full", num_heads=4, head_dim=16, num_kv_heads=num_kv_heads, causal=causal, rngs=nnx.Rngs(0))
+  attn = az.create("full", num_heads=4, head_dim=16, num_kv_heads=num_kv_heads, causal=causal,
+                   rngs=nnx.Rngs(0))
   mask = kv_mask[:, None, None, :]
   if causal:   # jax's is_causal is top-left aligned; spell out our bottom-right rule as a mask
-    mask = mask & reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None], q_len, kv_len)
+    mask = mask & reference.causal_allowed(jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None],
+                                           q_len, kv_len)
 
   def ours(q, k, v):
     return attn(q, k, v, kv_mask=kv_mask)
@@ -49,7 +51,8 @@ def _forward_and_grads(fn, q, k, v, cotangent):
 def test_full_scale_option():
   q = jax.random.normal(jax.random.key(0), (1, 5, 2, 8))
   attn = az.create("full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0), scale=0.3)
-  np.testing.assert_allclose(attn(q, q, q), jax.nn.dot_product_attention(q, q, q, scale=0.3), atol=1e-5)
+  np.testing.assert_allclose(attn(q, q, q), jax.nn.dot_product_attention(q, q, q, scale=0.3),
+                             atol=1e-5)
 
 
 def test_full_gqa_does_not_repeat_kv():

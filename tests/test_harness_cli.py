@@ -102,9 +102,11 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
 
 def test_batch_not_divisible_by_devices(listops_dir, tmp_path, monkeypatch):
   monkeypatch.setattr(trainer.jax, "device_count", lambda: 2)
-  config = reproduce.task_config("listops", "full", "tiny", 0, [f"data_dir={listops_dir}", "batch_size=3"])
-  with pytest.raises(trainer.HarnessError, match="batch_size / grad_accum_steps = 3 is not divisible "
-                                                 "by the 2 devices.*use a multiple of 2"):
+  config = reproduce.task_config("listops", "full", "tiny", 0,
+                                 [f"data_dir={listops_dir}", "batch_size=3"])
+  with pytest.raises(trainer.HarnessError,
+                     match="batch_size / grad_accum_steps = 3 is not divisible "
+                           "by the 2 devices.*use a multiple of 2"):
     trainer.Trainer(config, tmp_path)
 
 
@@ -125,7 +127,8 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   assert code == 0, stderr
   assert "test accuracy" in stdout
   two = json.loads((tmp_path / "two" / "results.json").read_text())
-  assert two["attention"] == "harness_cli_plugin" and two["environment"]["device"].startswith("2 x ")
+  assert two["attention"] == "harness_cli_plugin"
+  assert two["environment"]["device"].startswith("2 x ")
   assert two["test_accuracy_final"] == one["test_accuracy_final"]
   assert two["num_params"] == one["num_params"]
   losses = [[e["train_loss"] for e in read_metrics(tmp_path / name) if "train_loss" in e]
@@ -179,14 +182,16 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(listops_dir
 def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path, monkeypatch):
   out = tmp_path / "out"
   args = ["experiments.reproduce", "--preset=tiny", "--tasks=listops", "--attentions=full",
-          "--seeds=0,1", f"--out={out}", *overrides("--override=", {**SMALL, "data_dir": listops_dir})]
+          "--seeds=0,1", f"--out={out}",
+          *overrides("--override=", {**SMALL, "data_dir": listops_dir})]
   code, stdout, stderr = finish(start(args))
   assert code == 0, stderr
   assert "| Model | listops |" in stdout and "*majority class*" in stdout
   row = next(line for line in stdout.splitlines() if line.startswith("| full |"))
   assert " ± " in row and "(36.37, " in row  # two seeds; the paper's number beside ours
   for seed in (0, 1):
-    results = json.loads((out / "runs" / "listops" / "full" / f"seed{seed}" / "results.json").read_text())
+    run = out / "runs" / "listops" / "full" / f"seed{seed}"
+    results = json.loads((run / "results.json").read_text())
     assert results["seed"] == seed and results["config"]["model"]["emb_dim"] == 16
   assert {p.name for p in out.iterdir()} >= {"table.md", "table.csv", "bars_tiny_listops.png",
                                             "curves_tiny_listops.png", "runs"}
@@ -196,4 +201,5 @@ def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path,
 
   monkeypatch.setattr(trainer, "train_and_evaluate", must_not_train)
   assert reproduce.run_grid(preset="tiny", tasks=["listops"], attentions=["full"], seeds=[0, 1],
-                            out=out, overrides=overrides("", {**SMALL, "data_dir": listops_dir})) == []
+                            out=out,
+                            overrides=overrides("", {**SMALL, "data_dir": listops_dir})) == []

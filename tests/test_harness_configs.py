@@ -132,7 +132,8 @@ def test_length_options_scale_with_the_built_max_len():
   # An option set in the config is taken as it is.
   tiny.model.attention_options.block_size = 7
   assert build.model_config(tiny).attention_options["block_size"] == 7
-  assert common.scale_length_options({"block_size": 64, "k": 16}, 0.25) == {"block_size": 16, "k": 16}
+  assert (common.scale_length_options({"block_size": 64, "k": 16}, 0.25)
+          == {"block_size": 16, "k": 16})
   assert common.scale_length_options({"window": 256}, 1.0) == {"window": 256}
   # Pixel tasks keep their length, and so their blocks.
   assert build.model_config(get_config("image", "local,tiny")).attention_options["block_size"] == 64
@@ -230,7 +231,8 @@ def test_optimizers_weight_decay_and_clipping():
   decoupled = optim.make_optimizer(config(weight_decay=0.5), constant)
   update, _ = decoupled.update({"w": jnp.zeros(3)}, decoupled.init(params), params)
   np.testing.assert_allclose(update["w"], -0.1 * 0.5 * np.ones(3), atol=1e-6)  # lr * wd * w
-  clipped = optim.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1), constant)
+  clipped = optim.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1),
+                                 constant)
   state = clipped.init(params)
   clipped.update(grads, state, params)  # runs with clipping and L2 decay
   with pytest.raises(cli.HarnessError, match="unknown optimizer.name 'sgd'"):
@@ -278,7 +280,8 @@ def test_listops_generator_length_bounds(tmp_path):
     ds = lra.load("listops", split, data_dir=tmp_path, max_len=64, cache=False)
     lengths = ds.masks.sum(1)
     assert ((lengths > 10) & (lengths < 40)).all()
-  with pytest.raises(ValueError, match="no ListOps expression has min_length=10 < length < max_length=11"):
+  with pytest.raises(ValueError,
+                     match="no ListOps expression has min_length=10 < length < max_length=11"):
     lra.generate_listops(tmp_path, num_train=1, num_val=0, num_test=0, min_length=10, max_length=11)
   with pytest.raises(ValueError, match="max_length must be an integer"):
     lra.generate_listops(tmp_path, num_train=1, num_val=0, num_test=0, max_length=2.5)
@@ -310,22 +313,26 @@ def test_report_table_csv_and_plots(tmp_path, capsys):
   write_results(runs, "listops", "zz_unpublished", 0, 0.25, 0.17)
   text = report.write_report(runs, tmp_path / "out")
   final, best = text.split("### ")[1:]
-  assert final.startswith("LRA Table 1, preset `tiny`, final step") and "released LRA code's" in final
+  assert final.startswith("LRA Table 1, preset `tiny`, final step")
+  assert "released LRA code's" in final
   assert best.startswith("LRA Table 1, preset `tiny`, best validation step")
   assert "| 26.00 |" in best   # zz_unpublished: 0.25 + 0.01
-  lines = {line.split(" | ")[0].strip("| "): line for line in final.splitlines() if line.startswith("|")}
+  lines = {line.split(" | ")[0].strip("| "): line for line in final.splitlines()
+           if line.startswith("|")}
   assert lines["Model"] == "| Model | listops | text | pathx | Avg |"
   paper = LRA_TABLE1["full"]
   listops_full = f"35.00 ± 7.07 ({paper['listops']:.2f}, {35 - paper['listops']:+.2f})"
   assert listops_full in lines["full"] and "50.00 (FAIL)" in lines["full"]
   assert f"60.50 ± 0.71 ({paper['text']:.2f}" in lines["full"]
   average = (35 + 60.5) / 2, (paper["listops"] + paper["text"]) / 2
-  assert lines["full"].endswith(f"{average[0]:.2f} ({average[1]:.2f}, {average[0] - average[1]:+.2f}) |")
+  assert lines["full"].endswith(
+      f"{average[0]:.2f} ({average[1]:.2f}, {average[0] - average[1]:+.2f}) |")
   assert "21.00 ± 1.41 (18.01, +2.99)" in lines["performer"] and lines["performer"].endswith("— |")
   assert "| 25.00 |" in lines["zz_unpublished"]  # no paper number: ours only
   assert lines["*majority class*"] == "| *majority class* | 17.00 | 50.00 | 50.00 |  |"
   rows = [name for name in lines if name != "Model" and not name.startswith("-")]
-  assert rows == ["full", "performer", "zz_unpublished", "*majority class*"]  # the paper's order first
+  # the paper's order first
+  assert rows == ["full", "performer", "zz_unpublished", "*majority class*"]
   out = tmp_path / "out"
   assert (out / "table.md").read_text() == text
   csv_rows = (out / "table.csv").read_text().splitlines()

@@ -143,7 +143,8 @@ SAME = ("test_accuracy_final", "test_loss_final", "test_accuracy_best_validation
         "test_loss_best_validation", "best_eval_accuracy", "best_step", "steps", "num_params")
 
 
-def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, data_root, tmp_path, caplog):
+def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, data_root, tmp_path,
+                                                                       caplog):
   run, results_a, events_a = run_a
   config = run_config("listops", data_root)
   with batches_spy(stop_before_step=6), pytest.raises(KeyboardInterrupt):
@@ -308,7 +309,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_root, tmp_path):
     trainer.Trainer(config, tmp_path).run()
   bad_step = int(re.search(r"at step (\d)", str(info.value)).group(1))
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
-  assert saved == list(range(1, bad_step)) and f"last good checkpoint is step {bad_step - 1}" in str(info.value)
+  assert saved == list(range(1, bad_step))
+  assert f"last good checkpoint is step {bad_step - 1}" in str(info.value)
   assert not (tmp_path / "results.json").exists()
 
 
@@ -365,7 +367,8 @@ def test_each_task_trains_and_writes_results(task, data_root, tmp_path, run_a):
                 "test_accuracy_best_validation", "best_eval_accuracy", "best_step", "num_params",
                 "steps", "wall_seconds", "environment", "data", "model", "config"):
     assert field in written
-  assert (written["task"], written["attention"], written["preset"], written["seed"]) == (task, "full", "tiny", 1)
+  assert ((written["task"], written["attention"], written["preset"], written["seed"])
+          == (task, "full", "tiny", 1))
   assert 0 <= written["test_accuracy_final"] <= 1 and written["best_step"] in (1, 2)
   assert written["steps"] == 2
   assert written["environment"]["versions"]["jax"] == jax.__version__

@@ -18,12 +18,14 @@ from attention_zoo.conformance import apply
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def make_inputs(seed, *, batch=2, q_len=10, kv_len=10, num_heads=4, num_kv_heads=2, head_dim=8, std=1.0):
+def make_inputs(seed, *, batch=2, q_len=10, kv_len=10, num_heads=4, num_kv_heads=2, head_dim=8,
+                std=1.0):
   """q, k ~ N(0, std²), v ~ N(0, 1), f32 (numpy-drawn: cheaper than compiling a draw per shape)."""
   rng = np.random.default_rng(seed)
-  draw = lambda length, heads, s: jnp.asarray(s * rng.standard_normal((batch, length, heads, head_dim)),
-                                              jnp.float32)
-  return draw(q_len, num_heads, std), draw(kv_len, num_kv_heads, std), draw(kv_len, num_kv_heads, 1.0)
+  draw = lambda length, heads, s: jnp.asarray(
+      s * rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+  return (draw(q_len, num_heads, std), draw(kv_len, num_kv_heads, std),
+          draw(kv_len, num_kv_heads, 1.0))
 
 
 def holes_mask(batch, length):
@@ -64,7 +66,8 @@ def rel_err(a, b):
 
 # -- linear_transformer: the explicit formula ----------------------------------------------------
 
-@pytest.mark.parametrize("causal,q_len,kv_len", [(False, 9, 14), (True, 14, 14), (True, 9, 14), (True, 14, 9)])
+@pytest.mark.parametrize("causal,q_len,kv_len",
+                         [(False, 9, 14), (True, 14, 14), (True, 9, 14), (True, 14, 9)])
 def test_linear_transformer_equals_explicit_formula(causal, q_len, kv_len):
   """Self- and cross-attention (bottom-right causal either way round), padded keys, GQA;
   output and gradients."""
@@ -198,10 +201,12 @@ def test_performer_redraw():
   assert not np.allclose(draw_a, draw_b) and not np.allclose(draw_a, fixed)
   train_a = call(attn, q, k, v, deterministic=False)
   train_b = call(attn, q, k, v, deterministic=False)
-  assert np.max(np.abs(np.asarray(train_a) - np.asarray(train_b))) > 1e-3                  # fresh features each call
+  # fresh features each call
+  assert np.max(np.abs(np.asarray(train_a) - np.asarray(train_b))) > 1e-3
   assert np.array_equal(attn.features[...], fixed)                         # the stored Ω is kept
   frozen = build("performer", nb_features=16, seed=1, redraw=False)
-  assert np.array_equal(frozen.projection(deterministic=False), fixed)      # redraw=False: fixed in training too
+  # redraw=False: fixed in training too
+  assert np.array_equal(frozen.projection(deterministic=False), fixed)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -215,7 +220,8 @@ def test_performer_stabiliser_ignores_padded_and_future_keys(causal):
   q, k, v = make_inputs(4, batch=1, q_len=n, kv_len=n, num_heads=2, num_kv_heads=1,
                         head_dim=head_dim, std=0.5)
   omega = np.asarray(attn.features[...][0], np.float64)                     # [m, d]
-  dominant = omega[np.argmax(np.linalg.norm(omega, axis=-1))] * head_dim ** 0.25   # k̂ = k·d^(-1/4) = ω
+  # k̂ = k·d^(-1/4) = ω
+  dominant = omega[np.argmax(np.linalg.norm(omega, axis=-1))] * head_dim ** 0.25
   exponent = lambda keys: (np.max(keys @ omega.T, axis=-1) - 0.5 * np.sum(keys ** 2, axis=-1))
   typical = exponent(np.asarray(k[0, :, 0], np.float64) * head_dim ** -0.25)  # [n]
   gap = exponent(dominant * head_dim ** -0.25) - typical.max()
@@ -237,7 +243,8 @@ def test_performer_stabiliser_ignores_padded_and_future_keys(causal):
 def test_causal_padding_invariance(name):
   """Causal with padding (the conformance padding check is non-causal): huge padded values
   change no real output."""
-  attn = build(name, causal=True, chunk_size=4, **({"nb_features": 32} if name == "performer" else {}))
+  attn = build(name, causal=True, chunk_size=4,
+               **({"nb_features": 32} if name == "performer" else {}))
   q, k, v = make_inputs(5, q_len=14, kv_len=14)
   mask = holes_mask(2, 14)
   out = call(attn, q, k, v, q_mask=mask, kv_mask=mask)
@@ -296,12 +303,13 @@ def test_recurrent_decode_equals_causal_forward(name):
   """20 one-token steps against the (S, z) state vs the chunked causal forward (chunk 8).
   Key norms grow with position, so the running max of the performer state keeps rising."""
   steps = 20
-  attn = build(name, causal=True, chunk_size=8, **({"nb_features": 32} if name == "performer" else {}))
+  attn = build(name, causal=True, chunk_size=8,
+               **({"nb_features": 32} if name == "performer" else {}))
   q, k, v = make_inputs(7, batch=2, q_len=steps, kv_len=steps)
   k = k * jnp.linspace(0.2, 2.0, steps)[None, :, None, None]
   forward = call(attn, q, k, v)
   cache = attn.init_cache(2, steps, jnp.float32)
-  assert cache["kv"].shape == (2, 2, attn.nb_features, 8)                   # [b, kvh, m, d], not a KV cache
+  assert cache["kv"].shape == (2, 2, attn.nb_features, 8)         # [b, kvh, m, d], not a KV cache
   step = nnx.jit(lambda m, q, k, v, cache: m.decode(q, k, v, cache))
   outs = []
   for t in range(steps):

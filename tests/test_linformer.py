@@ -13,7 +13,8 @@ from attention_zoo.conformance import apply
 
 def make_inputs(seed, *, batch=2, q_len=12, kv_len=12, num_heads=4, num_kv_heads=2, head_dim=8):
   rng = np.random.default_rng(seed)
-  draw = lambda length, heads: jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+  draw = lambda length, heads: jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)),
+                                          jnp.float32)
   return draw(q_len, num_heads), draw(kv_len, num_kv_heads), draw(kv_len, num_kv_heads)
 
 

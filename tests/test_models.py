@@ -11,8 +11,8 @@ from flax import nnx
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
                                   TransformerConfig, num_params, pool)
 
-TINY = TransformerConfig(vocab_size=24, max_len=32, num_layers=2, emb_dim=32, num_heads=4, mlp_dim=64,
-                         num_classes=3, dropout_rate=0.0)
+TINY = TransformerConfig(vocab_size=24, max_len=32, num_layers=2, emb_dim=32, num_heads=4,
+                         mlp_dim=64, num_classes=3, dropout_rate=0.0)
 
 
 def _tokens(shape, seed=0, vocab=24):
@@ -78,7 +78,8 @@ def test_encoder_decoder_generation_with_and_without_cache():
   source_mask = jnp.ones((2, 9), bool).at[1, 6:].set(False)
   start = jnp.zeros((2, 1), jnp.int32)
   cached = model.generate(source, start, 6, source_mask=source_mask)
-  np.testing.assert_array_equal(cached, model.generate(source, start, 6, source_mask=source_mask, use_cache=False))
+  recomputed = model.generate(source, start, 6, source_mask=source_mask, use_cache=False)
+  np.testing.assert_array_equal(cached, recomputed)
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -86,7 +87,7 @@ def test_classifier_logits_do_not_change_when_padding_is_appended(pooling):
   model = Classifier(dataclasses.replace(TINY, pooling=pooling), rngs=nnx.Rngs(0))
   tokens = _tokens((2, 10), seed=6)
   short = model(tokens, jnp.ones((2, 10), bool))
-  padded_tokens = jnp.concatenate([tokens, _tokens((2, 7), seed=7)], axis=1)   # padding is not token 0
+  padded_tokens = jnp.concatenate([tokens, _tokens((2, 7), seed=7)], axis=1)  # padding: not token 0
   padded_mask = jnp.arange(17)[None].repeat(2, 0) < 10
   np.testing.assert_allclose(model(padded_tokens, padded_mask), short, atol=1e-5)
 
@@ -97,7 +98,8 @@ def test_dual_encoder_pads_each_tower_independently():
   ones = lambda t: jnp.ones(t.shape, bool)
   logits = model(a, ones(a), b, ones(b))
   b_padded = jnp.concatenate([b, _tokens((2, 3), seed=10)], axis=1)
-  np.testing.assert_allclose(model(a, ones(a), b_padded, jnp.arange(8)[None].repeat(2, 0) < 5), logits, atol=1e-5)
+  b_padded_mask = jnp.arange(8)[None].repeat(2, 0) < 5
+  np.testing.assert_allclose(model(a, ones(a), b_padded, b_padded_mask), logits, atol=1e-5)
 
 
 def test_gqa_reduces_parameters_by_the_kv_projections():

@@ -1,4 +1,5 @@
-"""Nyströmformer: the paper's formula, convergence to softmax attention, padding (memory: test_scaling.py).
+"""Nyströmformer: the paper's formula, convergence to softmax attention, padding (memory:
+test_scaling.py).
 
 The oracle is written independently of `attention_zoo.nystromformer`, in float64 numpy, the way
 the paper's code forms landmarks (a reshape into equal segments, so lengths divisible by m).
@@ -135,9 +136,11 @@ def test_pinv_converges_and_keeps_empty_landmarks_empty():
 
 
 def test_refusals_say_why():
-  with pytest.raises(ValueError, match="cannot be causal: each landmark is the mean of a whole segment"):
+  with pytest.raises(ValueError,
+                     match="cannot be causal: each landmark is the mean of a whole segment"):
     az.create("nystromformer", num_heads=2, head_dim=8, causal=True, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="option num_landmarks=0 is invalid: expected an integer >= 1"):
+  with pytest.raises(ValueError,
+                     match="option num_landmarks=0 is invalid: expected an integer >= 1"):
     build(num_landmarks=0)
   with pytest.raises(ValueError, match=r"option conv_kernel_size=4 is invalid: expected an integer "
                                        r">= 0 that is 0 \(no skip convolution\) or odd"):

@@ -1,4 +1,5 @@
-"""Typed options: one declaration per option, one validation, one message shape for every variant."""
+"""Typed options: one declaration per option, one validation, one message shape for every
+variant."""
 import re
 
 import numpy as np
@@ -34,10 +35,12 @@ def test_what_each_option_allows_is_described(option, expected):
 
 def test_validate_fills_defaults_and_normalises_types():
   values = validate("v", DECLARED, {"block_size": np.int64(16), "seed": np.int32(0),
-                                    "temperature": 2, "flag": np.bool_(False), "rate": np.float32(0.5)})
+                                    "temperature": 2, "flag": np.bool_(False),
+                                    "rate": np.float32(0.5)})
   assert values == {"block_size": 16, "seed": 0, "odd": 3, "rate": 0.5, "temperature": 2.0,
                     "flag": False, "mode": "a"}
-  assert [type(values[k]) for k in ("block_size", "seed", "temperature", "flag")] == [int, int, float, bool]
+  assert ([type(values[k]) for k in ("block_size", "seed", "temperature", "flag")]
+          == [int, int, float, bool])
   assert validate("v", DECLARED, {"seed": None})["seed"] is None
 
 

@@ -20,16 +20,18 @@ def test_rope_scores_depend_only_on_relative_position():
   kq, kk = jax.random.split(jax.random.key(0))
   q = jax.random.normal(kq, (1, 1, 1, 16))
   k = jax.random.normal(kk, (1, 1, 1, 16))
-  score = lambda m, n: float(jnp.sum(positions.rope(q, jnp.array([m])) * positions.rope(k, jnp.array([n]))))
+  score = lambda m, n: float(jnp.sum(positions.rope(q, jnp.array([m]))
+                                     * positions.rope(k, jnp.array([n]))))
   assert score(5, 2) == pytest.approx(score(105, 102), abs=1e-4)
   assert score(5, 2) == pytest.approx(score(3, 0), abs=1e-4)
   assert abs(score(5, 2) - score(5, 4)) > 1e-3          # and it does depend on the offset
-  np.testing.assert_allclose(positions.rope(q, jnp.array([0])), q, atol=1e-6)   # position 0: identity
+  # position 0: identity
+  np.testing.assert_allclose(positions.rope(q, jnp.array([0])), q, atol=1e-6)
 
 
 @pytest.mark.parametrize("num_heads, expected", [
     (8, [2.0 ** -(i + 1) for i in range(8)]),
-    (6, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]),   # 4 of 2^(-2i), then odd ones of 8
+    (6, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]),  # 4 of 2^(-2i), then odd ones of 8
     (1, [2 ** -8]),
 ])
 def test_alibi_slopes(num_heads, expected):
@@ -46,7 +48,8 @@ def _param_count(module):
 
 
 def test_gqa_and_mqa_shrink_the_kv_projections():
-  counts = {kvh: _param_count(MultiHeadAttention(64, 8, num_kv_heads=kvh, rngs=nnx.Rngs(0))) for kvh in (8, 2, 1)}
+  counts = {kvh: _param_count(MultiHeadAttention(64, 8, num_kv_heads=kvh, rngs=nnx.Rngs(0)))
+            for kvh in (8, 2, 1)}
   head_dim = 8
   # q and out: 2 · (64·64 + 64); k and v: 2 · (64·kvh·head_dim + kvh·head_dim)
   for kvh, count in counts.items():
@@ -55,7 +58,8 @@ def test_gqa_and_mqa_shrink_the_kv_projections():
 
 @pytest.mark.parametrize("position_kind", ["rope", "alibi", "none"])
 def test_one_token_decoding_equals_the_causal_forward(position_kind):
-  mha = MultiHeadAttention(16, 4, num_kv_heads=2, causal=True, position_kind=position_kind, rngs=nnx.Rngs(0))
+  mha = MultiHeadAttention(16, 4, num_kv_heads=2, causal=True, position_kind=position_kind,
+                           rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 6, 16))
   full = mha(x)
   mha.init_cache(2, 9)

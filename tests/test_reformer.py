@@ -62,7 +62,8 @@ def oracle(q, v, allowed):
 # Compiled once per module structure (a module is an argument, so equal configs share a compile).
 @nnx.jit(static_argnames=("deterministic",))
 def forward(attn, q, v, mask, deterministic=True):
-  """-> output, and the evaluation-time buckets [b, h, r, n] (q's length must be a chunk multiple)."""
+  """-> output, and the evaluation-time buckets [b, h, r, n] (q's length must be a chunk
+  multiple)."""
   out = attn(q, v, v, q_mask=mask, kv_mask=mask, deterministic=deterministic)
   return out, attn.hash_buckets(q, mask, attn.num_buckets(q.shape[1]), deterministic=True)
 
@@ -140,7 +141,8 @@ def test_equals_softmax_over_the_union_of_hashed_chunks(causal, n_hashes):
 
 
 def test_causal_and_padding_under_random_hashing():
-  """Several hash rounds: no dependence on future values, on padded tokens, or on appended padding."""
+  """Several hash rounds: no dependence on future values, on padded tokens, or on appended
+  padding."""
   n = 24
   q, v = qkv(n, seed=4)
   mask = padding(n)
@@ -192,7 +194,8 @@ def test_more_hashes_converge_to_full_attention():
       out, buckets = forward(attn, q, v, mask)
       union = union_pattern(buckets, 4, mask, False)
       np.testing.assert_allclose(out, dense(q, v, jnp.asarray(union)), atol=1e-5)
-      err += float(jnp.mean(jnp.abs(out - dense(q, v, jnp.broadcast_to(~np.eye(n, dtype=bool), union.shape)))))
+      not_self = jnp.broadcast_to(~np.eye(n, dtype=bool), union.shape)
+      err += float(jnp.mean(jnp.abs(out - dense(q, v, not_self))))
       size += float(union.sum(-1).mean())
     errors.append(err)
     sizes.append(size)
@@ -203,7 +206,8 @@ def test_more_hashes_converge_to_full_attention():
 
 def test_hashing_groups_similar_tokens():
   """With n_buckets = 2·n/chunk_len (the default) the chunks capture more of the exact softmax mass
-  than chunks of positions (n_buckets=1) of the same size; the default bucket count is as documented."""
+  than chunks of positions (n_buckets=1) of the same size; the default bucket count is as
+  documented."""
   n, cl = 32, 4
   assert make(chunk_len=cl).num_buckets(n) == 2 * n // cl
   assert make(chunk_len=cl).num_buckets(cl) == 2
@@ -244,7 +248,8 @@ def test_rotations_fixed_in_evaluation_fresh_in_training():
   train = [forward(attn, q, v, mask, deterministic=False)[0] for _ in range(2)]
   assert float(jnp.abs(train[0] - train[1]).max()) > 1e-3
   assert float(jnp.abs(train[0] - first).max()) > 1e-3
-  assert isinstance(attn.rotation_key, nnx.Variable) and not isinstance(attn.rotation_key, nnx.Param)
+  assert isinstance(attn.rotation_key, nnx.Variable)
+  assert not isinstance(attn.rotation_key, nnx.Param)
   assert not jax.tree.leaves(nnx.state(attn, nnx.Param))
 
 

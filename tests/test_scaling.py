@@ -16,16 +16,19 @@ import attention_zoo as az
 
 # (name, causal, options): every variant whose memory should be linear in the length.
 LINEAR_MEMORY = [
-    ("local", False, {}), ("local", True, {}), ("sliding_window", False, {}), ("sliding_window", True, {}),
-    ("sparse_transformer", False, {}), ("sparse_transformer", True, {}), ("longformer", False, {}),
-    ("bigbird", False, {}), ("bigbird", True, {}), ("performer", False, {}), ("performer", True, {}),
+    ("local", False, {}), ("local", True, {}), ("sliding_window", False, {}),
+    ("sliding_window", True, {}), ("sparse_transformer", False, {}),
+    ("sparse_transformer", True, {}), ("longformer", False, {}), ("bigbird", False, {}),
+    ("bigbird", True, {}), ("performer", False, {}), ("performer", True, {}),
     ("linear_transformer", False, {}), ("linear_transformer", True, {}), ("linformer", False, {}),
-    ("reformer", False, {}), ("reformer", True, {}), ("sinkhorn", False, {}), ("sinkhorn", True, {}),
-    ("nystromformer", False, {}), ("flash", False, {"impl": "chunked"}), ("flash", True, {"impl": "chunked"}),
+    ("reformer", False, {}), ("reformer", True, {}), ("sinkhorn", False, {}),
+    ("sinkhorn", True, {}), ("nystromformer", False, {}), ("flash", False, {"impl": "chunked"}),
+    ("flash", True, {"impl": "chunked"}),
 ]
 # Approximations (plus the kernel-based exact path) that must stay finite at 16K in bf16.
-LONG_BF16 = [("performer", False), ("performer", True), ("linear_transformer", True), ("linformer", False),
-             ("reformer", False), ("reformer", True), ("sinkhorn", True), ("nystromformer", False)]
+LONG_BF16 = [("performer", False), ("performer", True), ("linear_transformer", True),
+             ("linformer", False), ("reformer", False), ("reformer", True), ("sinkhorn", True),
+             ("nystromformer", False)]
 
 
 def _build(name, length, causal, options):

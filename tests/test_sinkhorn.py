@@ -119,7 +119,8 @@ def routed_inputs(n, targets, seed):
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
   block = np.arange(n) // BS
   basis = 5.0 * jnp.eye(D)
-  q = basis[np.asarray(targets)[block]][None, :, None, :] + 0.3 * jax.random.normal(kq, (B, n, H, D))
+  q = (basis[np.asarray(targets)[block]][None, :, None, :]
+       + 0.3 * jax.random.normal(kq, (B, n, H, D)))
   k = basis[block][None, :, None, :] + 0.3 * jax.random.normal(kk, (B, n, KVH, D))
   return q, k, jax.random.normal(kv, (B, n, KVH, D))
 
@@ -145,11 +146,13 @@ def test_sorting_network_routes_blocks_and_its_parameters_choose_the_route():
 
   nb = n // BS
   cycle = np.eye(D)
-  cycle[:nb, :nb] = np.roll(np.eye(nb), 1, axis=1)       # e_j -> e_(j+1 mod nb): key block j looks like j+1
+  # e_j -> e_(j+1 mod nb): key block j looks like j+1
+  cycle[:nb, :nb] = np.roll(np.eye(nb), 1, axis=1)
   attn.sort_key[...] = jnp.broadcast_to(3.0 * jnp.asarray(cycle, jnp.float32), attn.sort_key.shape)
   out2, sort2 = forward_and_sort(attn, q, k, v, mask)
   rerouted = [(t - 1) % nb for t in pi]                   # so block i now matches block π(i) - 1
-  np.testing.assert_allclose(sort2, jnp.broadcast_to(hard_sort(rerouted, n), sort2.shape), atol=1e-4)
+  np.testing.assert_allclose(sort2, jnp.broadcast_to(hard_sort(rerouted, n), sort2.shape),
+                             atol=1e-4)
   assert float(jnp.abs(out2 - out).max()) > 0.5
   np.testing.assert_allclose(out2, routed_oracle(q, k, v, rerouted, n), atol=1e-4)
 
@@ -168,9 +171,10 @@ def test_learned_sort_gets_gradients_and_changes_the_output():
   identity = jnp.eye(n // BS)[None, None, None]
   local = nnx.jit(lambda m, q, k, v: m.attend_sorted(q, k, v, identity, q_mask=mask, kv_mask=mask,
                                                      deterministic=True))(attn, q, k, v)
-  assert float(jnp.abs(out - local).max()) > 0.05            # the sorted block brings other blocks in
+  assert float(jnp.abs(out - local).max()) > 0.05       # the sorted block brings other blocks in
   grads = sort_gradients(attn, q, k, v)
-  assert float(jnp.abs(grads.sort_query[...]).sum()) > 0 and float(jnp.abs(grads.sort_key[...]).sum()) > 0
+  assert float(jnp.abs(grads.sort_query[...]).sum()) > 0
+  assert float(jnp.abs(grads.sort_key[...]).sum()) > 0
 
 
 def test_more_sinkhorn_iterations_balance_rows_and_columns():
@@ -244,7 +248,8 @@ def test_causal_sort_with_noise_uses_only_the_past():
 
 
 def test_bad_options():
-  for options, what in [(dict(block_size=0), "block_size"), (dict(sinkhorn_iters=0), "sinkhorn_iters"),
+  for options, what in [(dict(block_size=0), "block_size"),
+                        (dict(sinkhorn_iters=0), "sinkhorn_iters"),
                         (dict(temperature=0.0), "temperature"),
                         (dict(gumbel_noise=1), "gumbel_noise")]:
     with pytest.raises(ValueError, match=what):

@@ -17,8 +17,8 @@ HEADS, HEAD_DIM = 4, 8
 
 
 def build(name, *, causal=False, num_kv_heads=2, **options):
-  return az.create(name, num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads, causal=causal,
-                   rngs=nnx.Rngs(0), **options)
+  return az.create(name, num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
+                   causal=causal, rngs=nnx.Rngs(0), **options)
 
 
 def normal(seed, shape):   # numpy draws: no random kernel to compile for each shape
@@ -26,7 +26,8 @@ def normal(seed, shape):   # numpy draws: no random kernel to compile for each s
 
 
 def qkv(seed, q_len, kv_len, num_kv_heads):
-  return (normal(seed, (2, q_len, HEADS, HEAD_DIM)), normal(seed + 1, (2, kv_len, num_kv_heads, HEAD_DIM)),
+  return (normal(seed, (2, q_len, HEADS, HEAD_DIM)),
+          normal(seed + 1, (2, kv_len, num_kv_heads, HEAD_DIM)),
           normal(seed + 2, (2, kv_len, num_kv_heads, HEAD_DIM)))
 
 
@@ -54,25 +55,32 @@ ORACLE_CASES = [
     ("sliding_window", dict(window=50), 13, 13, 2, False),  # window longer than the sequence
     ("sliding_window", dict(window=3), 9, 23, 2, False),
     ("sliding_window", dict(window=3), 23, 9, 4, True),
-    ("sparse_transformer", dict(block_size=5, num_summary=2, query_chunk=10), 23, 23, 2, False),  # 3 loop steps
-    ("sparse_transformer", dict(block_size=4, num_summary=1), 37, 37, 1, True),                   # one step
+    # 3 loop steps in the first case, one step in the second
+    ("sparse_transformer", dict(block_size=5, num_summary=2, query_chunk=10), 23, 23, 2, False),
+    ("sparse_transformer", dict(block_size=4, num_summary=1), 37, 37, 1, True),
     ("sparse_transformer", dict(block_size=5, num_summary=2, query_chunk=5), 9, 23, 2, True),
-    ("sparse_transformer", dict(block_size=5, num_summary=5), 23, 9, 4, False),  # summaries = whole blocks
+    # summaries = whole blocks
+    ("sparse_transformer", dict(block_size=5, num_summary=5), 23, 9, 4, False),
     ("longformer", dict(window=3, dilation=1, num_global_tokens=1), 23, 23, 2, True),
     ("longformer", dict(window=2, dilation=3, num_global_tokens=2), 29, 29, 1, False),
     ("longformer", dict(window=4, dilation=2, num_global_tokens=0), 17, 17, 4, True),
     ("longformer", dict(window=2, num_global_tokens=2, global_projections=False), 19, 19, 2, True),
-    ("bigbird", dict(block_size=3, num_window_blocks=3, num_random_blocks=2, seed=1), 35, 35, 2, False),
-    ("bigbird", dict(block_size=4, num_window_blocks=1, num_random_blocks=3, seed=2), 30, 30, 1, True),
-    ("bigbird", dict(block_size=2, num_window_blocks=5, num_random_blocks=4, seed=3), 13, 13, 4, False),  # few to draw
+    ("bigbird", dict(block_size=3, num_window_blocks=3, num_random_blocks=2, seed=1),
+     35, 35, 2, False),
+    ("bigbird", dict(block_size=4, num_window_blocks=1, num_random_blocks=3, seed=2),
+     30, 30, 1, True),
+    ("bigbird", dict(block_size=2, num_window_blocks=5, num_random_blocks=4, seed=3),
+     13, 13, 4, False),  # few to draw
 ]
 
 
 @pytest.mark.parametrize("name, options, q_len, kv_len, num_kv_heads, causal, alibi",
-                         [(*c, i % 2 == 0) for i, c in enumerate(ORACLE_CASES)],   # ALiBi in every other case
-                         ids=[f"{c[0]}-{c[2]}x{c[3]}-{'causal' if c[5] else 'bidir'}{'-alibi' * (i % 2 == 0)}"
-                              for i, c in enumerate(ORACLE_CASES)])
-def test_equals_dense_oracle_over_own_pattern(name, options, q_len, kv_len, num_kv_heads, causal, alibi):
+                         # ALiBi in every other case
+                         [(*c, i % 2 == 0) for i, c in enumerate(ORACLE_CASES)],
+                         ids=[f"{c[0]}-{c[2]}x{c[3]}-{'causal' if c[5] else 'bidir'}"
+                              f"{'-alibi' * (i % 2 == 0)}" for i, c in enumerate(ORACLE_CASES)])
+def test_equals_dense_oracle_over_own_pattern(name, options, q_len, kv_len, num_kv_heads, causal,
+                                              alibi):
   attn = build(name, causal=causal, num_kv_heads=num_kv_heads, **options)
   seed = q_len * 7 + kv_len
   q, k, v = qkv(seed, q_len, kv_len, num_kv_heads)
@@ -80,7 +88,8 @@ def test_equals_dense_oracle_over_own_pattern(name, options, q_len, kv_len, num_
   slopes = jnp.linspace(0.3, 0.05, HEADS) if alibi else None
   pattern = attn.pattern(q_len, kv_len)
   assert pattern.dtype == bool and pattern.shape in ((1, q_len, kv_len), (HEADS, q_len, kv_len))
-  allowed = pattern[None] & np.asarray(q_mask)[:, None, :, None] & np.asarray(kv_mask)[:, None, None, :]
+  allowed = (pattern[None] & np.asarray(q_mask)[:, None, :, None]
+             & np.asarray(kv_mask)[:, None, None, :])                    # [b, h, q, k]
   bias = None if slopes is None else reference.alibi_bias(
       slopes, jnp.arange(q_len)[:, None], jnp.arange(kv_len)[None, :], q_len, kv_len)[None]
 
@@ -116,9 +125,11 @@ SHAPES = [(14, 14), (5, 14), (14, 5), (1, 9)]
 def test_local_pattern(q_len, kv_len, causal):
   block = 4
   expected = definition(lambda i, j: i // block == j // block, q_len, kv_len, causal)
-  np.testing.assert_array_equal(build("local", causal=causal, block_size=block).pattern(q_len, kv_len)[0], expected)
+  pattern = build("local", causal=causal, block_size=block).pattern(q_len, kv_len)[0]
+  np.testing.assert_array_equal(pattern, expected)
   if q_len == kv_len and not causal:   # contiguous blocks on the diagonal, not strided groups
-    blocks = [np.ones((min(block, q_len - s), min(block, q_len - s)), bool) for s in range(0, q_len, block)]
+    blocks = [np.ones((min(block, q_len - s), min(block, q_len - s)), bool)
+              for s in range(0, q_len, block)]
     np.testing.assert_array_equal(expected, jax.scipy.linalg.block_diag(*blocks))
 
 
@@ -127,20 +138,24 @@ def test_local_pattern(q_len, kv_len, causal):
 def test_sliding_window_pattern(q_len, kv_len, causal):
   w = 3
   expected = definition(lambda i, j: abs(i - j) <= w, q_len, kv_len, causal)
-  np.testing.assert_array_equal(build("sliding_window", causal=causal, window=w).pattern(q_len, kv_len)[0], expected)
+  pattern = build("sliding_window", causal=causal, window=w).pattern(q_len, kv_len)[0]
+  np.testing.assert_array_equal(pattern, expected)
 
 
-@pytest.mark.parametrize("length, window, num_kv_heads, causal", [(29, 3, 2, False), (16, 5, 1, True),
-                                                                   (12, 20, 4, False), (21, 4, 2, True)])
+@pytest.mark.parametrize("length, window, num_kv_heads, causal",
+                         [(29, 3, 2, False), (16, 5, 1, True), (12, 20, 4, False),
+                          (21, 4, 2, True)])
 def test_sliding_window_equals_jax_local_window(length, window, num_kv_heads, causal):
   """An implementation we did not write: jax.nn.dot_product_attention(local_window_size=...)."""
   q, k, v = qkv(length, length, length, num_kv_heads)
   kv_mask = padding(length, 1)
   attn = build("sliding_window", causal=causal, num_kv_heads=num_kv_heads, window=window)
   theirs = lambda q, k, v: jax.nn.dot_product_attention(
-      q, k, v, mask=kv_mask[:, None, None, :], is_causal=causal, local_window_size=(window, 0 if causal else window))
+      q, k, v, mask=kv_mask[:, None, None, :], is_causal=causal,
+      local_window_size=(window, 0 if causal else window))
   ours = lambda q, k, v: attn(q, k, v, kv_mask=kv_mask)
-  np.testing.assert_allclose(*jax.jit(lambda *x: (ours(*x), theirs(*x)))(q, k, v), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(*jax.jit(lambda *x: (ours(*x), theirs(*x)))(q, k, v), atol=1e-5,
+                             rtol=0)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -150,9 +165,10 @@ def test_sparse_transformer_pattern(q_len, kv_len, causal):
   own_block = lambda i, j: i // block == j // block
   summary = lambda j: j % block in range(block - c, block)    # the last c positions of a block
   expected = definition(lambda i, j: own_block(i, j) or summary(j), q_len, kv_len, causal)
-  pattern = build("sparse_transformer", causal=causal, block_size=block, num_summary=c).pattern(q_len, kv_len)[0]
+  attn = build("sparse_transformer", causal=causal, block_size=block, num_summary=c)
+  pattern = attn.pattern(q_len, kv_len)[0]
   np.testing.assert_array_equal(pattern, expected)
-  if causal and q_len == kv_len:   # causal: the own block up to i, and only earlier blocks' summaries
+  if causal and q_len == kv_len:   # causal: own block up to i, and only earlier blocks' summaries
     for i in range(q_len):
       others = [j for j in np.flatnonzero(pattern[i]) if not own_block(i, j)]
       assert all(summary(j) and j // block < i // block for j in others)
@@ -168,9 +184,10 @@ def test_longformer_pattern(window, dilation, num_global, causal):
     in_window = abs(i - j) <= window * dilation and (i - j) % dilation == 0
     return in_window or i < num_global or j < num_global
 
-  attn = build("longformer", causal=causal, window=window, dilation=dilation, num_global_tokens=num_global)
+  attn = build("longformer", causal=causal, window=window, dilation=dilation,
+               num_global_tokens=num_global)
   np.testing.assert_array_equal(attn.pattern(n, n)[0], definition(rule, n, n, causal))
-  if dilation > 1 and num_global == 0 and not causal:   # a row sees 2w + 1 keys, spaced by the dilation
+  if dilation > 1 and num_global == 0 and not causal:   # a row sees 2w + 1 keys, dilation apart
     assert attn.pattern(n, n)[0, n // 2].sum() == 2 * window + 1
 
 
@@ -244,9 +261,11 @@ def bigbird_blocks_seen(pattern, block):
   return seen
 
 
-@pytest.mark.parametrize("n, block, window_blocks, r", [(40, 4, 3, 2), (37, 3, 3, 3), (14, 2, 5, 3)])
+@pytest.mark.parametrize("n, block, window_blocks, r",
+                         [(40, 4, 3, 2), (37, 3, 3, 3), (14, 2, 5, 3)])
 def test_bigbird_pattern(n, block, window_blocks, r):
-  attn = build("bigbird", block_size=block, num_window_blocks=window_blocks, num_random_blocks=r, seed=5)
+  attn = build("bigbird", block_size=block, num_window_blocks=window_blocks, num_random_blocks=r,
+               seed=5)
   pattern = attn.pattern(n, n)
   assert pattern.shape == (HEADS, n, n)
   last, half = -(-n // block) - 1, window_blocks // 2
@@ -268,7 +287,8 @@ def test_bigbird_pattern(n, block, window_blocks, r):
 
 def test_bigbird_causal_pattern():
   n, block, half, r = 45, 3, 1, 2
-  attn = build("bigbird", causal=True, block_size=block, num_window_blocks=2 * half + 1, num_random_blocks=r)
+  attn = build("bigbird", causal=True, block_size=block, num_window_blocks=2 * half + 1,
+               num_random_blocks=r)
   pattern = attn.pattern(n, n)
   assert not (pattern & ~np.tril(np.ones((n, n), bool))).any()
   for (h, a), seen in bigbird_blocks_seen(pattern, block).items():
@@ -289,7 +309,8 @@ def test_bigbird_random_blocks_fixed_by_seed_and_drawn_from_whole_sequence():
   assert table.shape == (HEADS, 64, 3) and (table[:, 1:-1] >= 1).all()
   q, k, v = qkv(0, 60, 60, 2)
   small = build("bigbird", block_size=4, num_random_blocks=2)
-  first, again = (jax.jit(lambda q, k, v: small(q, k, v))(q, k, v) for _ in range(2))   # two compilations
+  # two compilations
+  first, again = (jax.jit(lambda q, k, v: small(q, k, v))(q, k, v) for _ in range(2))
   np.testing.assert_array_equal(first, again)                             # same every call
 
 

@@ -12,7 +12,8 @@ B, H, KVH, D, MAX_LEN, N = 2, 4, 2, 8, 16, 12
 
 def make(mode, mix, causal=False, seed=0, max_len=MAX_LEN, **options):
   return az.create("synthesizer", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
-                   max_len=max_len, rngs=nnx.Rngs(seed), mode=mode, mix_dot_product=mix, k=3, **options)
+                   max_len=max_len, rngs=nnx.Rngs(seed), mode=mode, mix_dot_product=mix, k=3,
+                   **options)
 
 
 def qkv(seed=0, n=N):
@@ -76,8 +77,9 @@ def formula(attn, q, k, v, mask, weights=None):
 
 
 @pytest.mark.parametrize("mode, mix, causal", [
-    ("dense", True, False), ("dense", False, True), ("random", True, True), ("random", False, False),
-    ("factorized_random", True, False), ("factorized_random", False, True)])
+    ("dense", True, False), ("dense", False, True), ("random", True, True),
+    ("random", False, False), ("factorized_random", True, False),
+    ("factorized_random", False, True)])
 def test_mode_matches_its_formula(mode, mix, causal):
   attn = make(mode, mix, causal)
   q, k, v = qkv(1)
@@ -97,7 +99,8 @@ def test_padding_and_causal_mask_the_synthesized_logits(mode):
   changed = forward(attn, *(jnp.where(pad, x + 3 * e, x) for x, e in zip((q, k, v), noise)), mask)
   np.testing.assert_allclose(changed, out, atol=1e-6)
   future = jnp.arange(N)[None, :, None, None] >= 7
-  changed = forward(attn, *(jnp.where(future, x + 3 * e, x) for x, e in zip((q, k, v), noise)), mask)
+  changed = forward(attn, *(jnp.where(future, x + 3 * e, x) for x, e in zip((q, k, v), noise)),
+                    mask)
   np.testing.assert_allclose(changed[:, :7], out[:, :7], atol=1e-6)
   assert float(jnp.abs(changed[:, 7:] - out[:, 7:]).max()) > 1e-3
 

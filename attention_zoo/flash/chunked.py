@@ -121,15 +121,16 @@ class Kernels:
           full, jnp.swapaxes(block_t, 2, 3).astype(full.dtype), j * bk, axis=2)
       return dq, put(dk, dk_t * geo.scale), put(dv, dv_t)
 
-    grads = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype))
+    grads = (jnp.zeros(q.shape, jnp.float32), jnp.zeros(k.shape, k.dtype),
+             jnp.zeros(v.shape, v.dtype))
     dq, dk, dv = jax.lax.fori_loop(0, k.shape[2] // bk, key_block, grads)
     return (_from_blocks(dq, group) * geo.scale).astype(q.dtype), dk, dv
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
                     block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None):
-  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool [b, kv_len];
-  alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+  """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d];
+  kv_mask bool [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
 
   The backward blocks default to the forward ones; lengths are padded to a multiple of both.
   """
@@ -137,12 +138,14 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
   block_q = DEFAULT_BLOCKS["block_q"] if block_q is None else block_q
   block_k = DEFAULT_BLOCKS["block_k"] if block_k is None else block_k
-  asked = dict(block_q=block_q, block_k=block_k, block_q_bwd=block_q_bwd or block_q, block_k_bwd=block_k_bwd or block_k)
+  asked = dict(block_q=block_q, block_k=block_k, block_q_bwd=block_q_bwd or block_q,
+               block_k_bwd=block_k_bwd or block_k)
   blocks = {}
   for name, value in asked.items():
     if value <= 0:
       raise ValueError(f"flash (chunked): {name} must be positive, got {value}")
-    blocks[name] = min(value, kv_len if name.startswith("block_k") else q_len)   # short inputs: one block
+    # short inputs: one block
+    blocks[name] = min(value, kv_len if name.startswith("block_k") else q_len)
   q, k, v, kv_valid, slopes = common.pad_inputs(
       q, k, v, kv_mask, alibi_slopes, head_dim=head_dim,
       q_multiple=math.lcm(blocks["block_q"], blocks["block_q_bwd"]),
@@ -152,7 +155,7 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
   kernels = Kernels(fwd=geometry(block_q=blocks["block_q"], block_k=blocks["block_k"]),
                     bwd=geometry(block_q=blocks["block_q_bwd"], block_k=blocks["block_k_bwd"]))
   q_grouped = jnp.moveaxis(reference.group_heads(q, num_kv_heads), 1, 3)    # [b, kvh, g, q, d]
-  heads_major = lambda x: jnp.swapaxes(x, 1, 2)                             # [b, kv, kvh, d] -> [b, kvh, kv, d]
+  heads_major = lambda x: jnp.swapaxes(x, 1, 2)              # [b, kv, kvh, d] -> [b, kvh, kv, d]
   out = common.attention_with_vjp(kernels, q_grouped, heads_major(k), heads_major(v),
                                   kv_valid[:, None], slopes.reshape(num_kv_heads, -1))
   # out [b, kvh, g, q, d]

@@ -9,7 +9,8 @@ columns (2-D, as the TPU lowering wants). With m the running row maximum and ℓ
 
 Backward (FlashAttention-2, Dao 2023, Alg. 2), with Δ = rowsum(dO ∘ O):
 
-    P = exp2(S₂ - lse₂)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - Δ)   dQ = dS K·scale   dK = dSᵀ Q·scale
+    P = exp2(S₂ - lse₂)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - Δ)
+    dQ = dS K·scale       dK = dSᵀ Q·scale
 
 Disallowed entries hold the finite MASK_VALUE, so exp2 of them minus any row statistic is 0; a
 row that has seen no key yet (m' = MASK_VALUE) subtracts 0 instead, so its P is 0 too (never
@@ -54,7 +55,8 @@ class Geometry:
 
 
 def matmul_precision(dtype):
-  """f32 inputs get true f32 products (the variant is exact); bf16/f16 use the native MXU/tensor cores."""
+  """f32 inputs get true f32 products (the variant is exact); bf16/f16 use the native MXU/tensor
+  cores."""
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
@@ -107,30 +109,31 @@ def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry):
 
 
 def softmax_init(block_q: int, head_dim: int):
-  """(acc [bq, d], m [bq, 1], l [bq, 1]) before the first key block."""
-  return (jnp.zeros((block_q, head_dim), jnp.float32), jnp.full((block_q, 1), MASK_VALUE, jnp.float32),
+  """(acc [bq, d], m [bq, 1], row_sum [bq, 1]) before the first key block."""
+  return (jnp.zeros((block_q, head_dim), jnp.float32),
+          jnp.full((block_q, 1), MASK_VALUE, jnp.float32),
           jnp.zeros((block_q, 1), jnp.float32))
 
 
 def softmax_update(state, scores, v):
-  """One online-softmax step over a key block: state (acc, m, l), scores [..., rows, bk],
+  """One online-softmax step over a key block: state (acc, m, row_sum), scores [..., rows, bk],
   v [..., bk, d]."""
-  acc, m, l = state
+  acc, m, row_sum = state
   m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))           # [..., rows, 1]
   m_used = jnp.where(m_new == MASK_VALUE, 0.0, m_new)                      # no key seen yet: P = 0
   p = jnp.exp2(scores - m_used)                                            # [..., rows, bk]
   rescale = jnp.exp2(m - m_used)                                           # [..., rows, 1]
-  l_new = rescale * l + jnp.sum(p, axis=-1, keepdims=True)
+  row_sum_new = rescale * row_sum + jnp.sum(p, axis=-1, keepdims=True)
   acc_new = rescale * acc + dot_nn(p.astype(v.dtype), v)                   # [..., rows, d]
-  return acc_new, m_new, l_new
+  return acc_new, m_new, row_sum_new
 
 
 def softmax_finish(state):
   """-> (out [..., rows, d] f32, lse₂ [..., rows, 1]); rows that saw no key give 0 and lse₂ = 0."""
-  acc, m, l = state
-  seen = l > 0
-  out = acc / jnp.where(seen, l, 1.0)
-  lse = jnp.where(seen, m + jnp.log2(jnp.where(seen, l, 1.0)), 0.0)
+  acc, m, row_sum = state
+  seen = row_sum > 0
+  out = acc / jnp.where(seen, row_sum, 1.0)
+  lse = jnp.where(seen, m + jnp.log2(jnp.where(seen, row_sum, 1.0)), 0.0)
   return out, lse
 
 
@@ -161,7 +164,8 @@ def first_q_block_seeing(kv_block, geo: Geometry):
   """The first query block with a row that may see key block `kv_block` (causal), else 0."""
   if not geo.causal:
     return 0
-  first_row = jnp.maximum(kv_block * geo.block_k - geo.offset, 0)          # row i sees key j iff i >= j - offset
+  # row i sees key j iff i >= j - offset
+  first_row = jnp.maximum(kv_block * geo.block_k - geo.offset, 0)
   return jax.lax.div(first_row, geo.block_q)
 
 
@@ -208,7 +212,8 @@ def pad_inputs(q, k, v, kv_mask, alibi_slopes, *, q_multiple: int, kv_multiple: 
   k, v = (pad_to_multiple(x, kv_multiple, axis=1) for x in (k, v))
   if head_dim != q.shape[-1]:
     q, k, v = (pad_to_multiple(x, head_dim, axis=3) for x in (q, k, v))
-  kv_valid = pad_to_multiple(kv_mask, kv_multiple, axis=1, value=False).astype(jnp.int32)[:, None, :]
+  kv_valid = pad_to_multiple(kv_mask, kv_multiple, axis=1, value=False)
+  kv_valid = kv_valid.astype(jnp.int32)[:, None, :]                        # [b, 1, kv_padded]
   num_heads = q.shape[2]
   slopes = (jnp.zeros((num_heads,), jnp.float32) if alibi_slopes is None
             else jnp.asarray(alibi_slopes, jnp.float32).reshape(num_heads))

@@ -187,7 +187,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
       rows = pl.ds(i * bq, bq)
       q, do = q_ref[rows, g, :], do_ref[rows, g, :]                       # [bq, d]
       scores = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo)
-      p, ds = common.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :], do, v)
+      p, ds = common.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :],
+                                            do, v)
       return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
 
     return jax.lax.fori_loop(first_q_block, num_q_blocks, query_block, grads)

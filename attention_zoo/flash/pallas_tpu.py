@@ -154,8 +154,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_
 
   @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
   def _step():
-    scores = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
-                                kv_valid_ref[...], slopes_ref[head], geo)
+    scores = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q,
+                                kv_block * geo.block_k, kv_valid_ref[...], slopes_ref[head], geo)
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
         (acc_ref[...], m_ref[...], l_ref[...]), scores, v_ref[...])
 
@@ -180,7 +180,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, d
     k = k_ref[...]
     scores = common.tile_scores(q_ref[...], k, q_block * geo.block_q, kv_block * geo.block_k,
                                 kv_valid_ref[...], slopes_ref[head], geo)
-    _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...], v_ref[...])
+    _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...],
+                                          v_ref[...])
     dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
 
   @pl.when(kv_block == pl.num_programs(3) - 1)

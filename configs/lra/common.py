@@ -132,7 +132,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.seed = 0
   config.data_dir = DATA_DIRS[preset]
   config.data = ml_collections.ConfigDict()       # extra lra.load arguments (pixel tasks)
-  config.generate = ml_collections.ConfigDict()   # generator sizes (tiny: listops, pathfinder, pathx)
+  config.generate = ml_collections.ConfigDict()   # generator sizes (tiny listops/pathfinder/pathx)
 
   config.batch_size = 32
   config.eval_batch_size = 0                      # 0 = batch_size

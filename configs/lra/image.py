@@ -1,6 +1,7 @@
 """Image: CIFAR-10 in grayscale, one pixel per token (1024 tokens), 10 classes.
 
-COMMAND: python -m experiments.train --config=configs/lra/image.py:performer --workdir=runs/image/performer
+COMMAND: python -m experiments.train --config=configs/lra/image.py:performer \
+             --workdir=runs/image/performer
 Data: data_dir/cifar-10-batches-py (the python pickles) or TFDS cifar10 (pip install -e ".[data]").
 """
 from configs.lra import common

@@ -1,7 +1,9 @@
 """ListOps: nested MIN / MAX / MED / SM expressions, classify the value (10 classes).
 
-COMMAND: python -m experiments.train --config=configs/lra/listops.py:performer --workdir=runs/listops/performer
-         python -m experiments.train --config=configs/lra/listops.py:full,tiny --workdir=runs/tiny/listops
+COMMAND: python -m experiments.train --config=configs/lra/listops.py:performer \
+             --workdir=runs/listops/performer
+         python -m experiments.train --config=configs/lra/listops.py:full,tiny \
+             --workdir=runs/tiny/listops
 The paper and fair presets read data_dir (`python -m lra.generate listops --out data/lra` writes
 it); the tiny preset generates its small data when missing.
 """
@@ -13,7 +15,8 @@ RELEASED = {
     "shared": {
         "model.max_len": 2000, "model.num_layers": 4, "model.emb_dim": 512, "model.qkv_dim": 512,
         "model.num_heads": 8, "model.mlp_dim": 1024, "model.dropout_rate": 0.1,
-        "model.attention_dropout_rate": 0.1, "model.pooling": "cls", "model.positions": "sinusoidal",
+        "model.attention_dropout_rate": 0.1, "model.pooling": "cls",
+        "model.positions": "sinusoidal",
         "batch_size": 32, "num_train_steps": 5_000, "eval_every": 50,
         "optimizer.weight_decay": 0.1,
         "schedule.factors": common.RSQRT, "schedule.base_learning_rate": 0.05,

@@ -8,19 +8,24 @@ TABLE2: the efficiency benchmark on the Text task, batch 32, TPU v3: steps/s and
     rounded steps/s).
 """
 TABLE1 = {
-    "full": {"listops": 36.37, "text": 64.27, "retrieval": 57.46, "image": 42.44, "pathfinder": 71.40},
-    "local": {"listops": 15.82, "text": 52.98, "retrieval": 53.39, "image": 41.46, "pathfinder": 66.63},
+    "full": {"listops": 36.37, "text": 64.27, "retrieval": 57.46, "image": 42.44,
+             "pathfinder": 71.40},
+    "local": {"listops": 15.82, "text": 52.98, "retrieval": 53.39, "image": 41.46,
+              "pathfinder": 66.63},
     "sparse_transformer": {"listops": 17.07, "text": 63.58, "retrieval": 59.59, "image": 44.24,
                            "pathfinder": 71.71},
     "longformer": {"listops": 35.63, "text": 62.85, "retrieval": 56.89, "image": 42.22,
                    "pathfinder": 69.71},
     "linformer": {"listops": 35.70, "text": 53.94, "retrieval": 52.27, "image": 38.56,
                   "pathfinder": 76.34},
-    "reformer": {"listops": 37.27, "text": 56.10, "retrieval": 53.40, "image": 38.07, "pathfinder": 68.50},
-    "sinkhorn": {"listops": 33.67, "text": 61.20, "retrieval": 53.83, "image": 41.23, "pathfinder": 67.45},
+    "reformer": {"listops": 37.27, "text": 56.10, "retrieval": 53.40, "image": 38.07,
+                 "pathfinder": 68.50},
+    "sinkhorn": {"listops": 33.67, "text": 61.20, "retrieval": 53.83, "image": 41.23,
+                 "pathfinder": 67.45},
     "synthesizer": {"listops": 36.99, "text": 61.68, "retrieval": 54.67, "image": 41.61,
                     "pathfinder": 69.45},
-    "bigbird": {"listops": 36.05, "text": 64.02, "retrieval": 59.29, "image": 40.83, "pathfinder": 74.87},
+    "bigbird": {"listops": 36.05, "text": 64.02, "retrieval": 59.29, "image": 40.83,
+                "pathfinder": 74.87},
     "linear_transformer": {"listops": 16.13, "text": 65.90, "retrieval": 53.09, "image": 42.34,
                            "pathfinder": 75.30},
     "performer": {"listops": 18.01, "text": 65.40, "retrieval": 53.82, "image": 42.77,
@@ -40,7 +45,8 @@ TABLE2 = {   # name in the paper, steps/s per length, peak memory (GB) per lengt
     "performer": ("Performer", (9.5, 9.4, 8.7, 8.0), (0.37, 0.59, 0.82, 1.06)),
 }
 TABLE2_SPEEDUPS = {
-    "local": (1.1, 1.7, 3.2, 5.3), "linformer": (1.2, 1.9, 3.7, 5.5), "reformer": (0.5, 0.4, 0.7, 0.8),
-    "sinkhorn": (1.1, 1.6, 2.9, 3.8), "synthesizer": (1.1, 1.2, 2.9, 1.4), "bigbird": (0.9, 0.8, 1.2, 1.1),
+    "local": (1.1, 1.7, 3.2, 5.3), "linformer": (1.2, 1.9, 3.7, 5.5),
+    "reformer": (0.5, 0.4, 0.7, 0.8), "sinkhorn": (1.1, 1.6, 2.9, 3.8),
+    "synthesizer": (1.1, 1.2, 2.9, 1.4), "bigbird": (0.9, 0.8, 1.2, 1.1),
     "linear_transformer": (1.1, 1.9, 3.7, 5.6), "performer": (1.2, 1.9, 3.8, 5.7),
 }

@@ -1,6 +1,7 @@
 """Pathfinder: are the two dots on one dashed contour? 32x32 pixels (1024 tokens), 2 classes.
 
-COMMAND: python -m experiments.train --config=configs/lra/pathfinder.py:performer --workdir=runs/pathfinder/performer
+COMMAND: python -m experiments.train --config=configs/lra/pathfinder.py:performer \
+             --workdir=runs/pathfinder/performer
 The paper and fair presets read data_dir (`python -m lra.generate pathfinder --resolution 32
 --difficulty hard --num 200000 --out data/lra` writes it); the tiny preset generates 2,000
 images when missing.

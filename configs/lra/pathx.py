@@ -1,6 +1,7 @@
 """Path-X: Pathfinder at 128x128 pixels (16,384 tokens); every LRA model failed it.
 
-COMMAND: python -m experiments.train --config=configs/lra/pathx.py:performer --workdir=runs/pathx/performer
+COMMAND: python -m experiments.train --config=configs/lra/pathx.py:performer \
+             --workdir=runs/pathx/performer
 The paper and fair presets read data_dir (`python -m lra.generate pathfinder --resolution 128
 --difficulty hard --num 200000 --out data/lra`). The tiny preset uses 64x64 images (4,096
 tokens, generated when missing): 128x128 does not fit a CPU run.

@@ -1,7 +1,8 @@
 """Retrieval: do two ACL Anthology papers cite each other? Byte level, one shared tower per
 document, classified from [u, v, u * v, u - v] (the paper's NLI interaction).
 
-COMMAND: python -m experiments.train --config=configs/lra/retrieval.py:performer --workdir=runs/retrieval/performer
+COMMAND: python -m experiments.train --config=configs/lra/retrieval.py:performer \
+             --workdir=runs/retrieval/performer
 Data: data_dir/tsv_data/new_aan_pairs.{train,eval,test}.tsv from the LRA release.
 """
 from configs.lra import common
@@ -12,7 +13,8 @@ RELEASED = {
     "shared": {
         "model.max_len": 4000, "model.num_layers": 4, "model.emb_dim": 128, "model.qkv_dim": 128,
         "model.num_heads": 4, "model.mlp_dim": 512, "model.dropout_rate": 0.1,
-        "model.attention_dropout_rate": 0.1, "model.pooling": "cls", "model.positions": "sinusoidal",
+        "model.attention_dropout_rate": 0.1, "model.pooling": "cls",
+        "model.positions": "sinusoidal",
         "model.interaction": "nli",
         "batch_size": 32, "num_train_steps": 5_000, "eval_every": 100,
         "optimizer.weight_decay": 0.1,

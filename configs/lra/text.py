@@ -1,7 +1,9 @@
 """Text: IMDb reviews, byte level, positive / negative.
 
-COMMAND: python -m experiments.train --config=configs/lra/text.py:performer --workdir=runs/text/performer
-Data: data_dir/aclImdb (the raw IMDb archive unpacked) or TFDS imdb_reviews (pip install -e ".[data]").
+COMMAND: python -m experiments.train --config=configs/lra/text.py:performer \
+             --workdir=runs/text/performer
+Data: data_dir/aclImdb (the raw IMDb archive unpacked) or TFDS imdb_reviews
+(pip install -e ".[data]").
 Validation is carved from the training reviews (lra.load), never the test set.
 """
 from configs.lra import common
@@ -13,7 +15,8 @@ RELEASED = {
     "shared": {
         "model.max_len": 1000, "model.num_layers": 4, "model.emb_dim": 256, "model.qkv_dim": 256,
         "model.num_heads": 4, "model.mlp_dim": 1024, "model.dropout_rate": 0.1,
-        "model.attention_dropout_rate": 0.1, "model.pooling": "cls", "model.positions": "sinusoidal",
+        "model.attention_dropout_rate": 0.1, "model.pooling": "cls",
+        "model.positions": "sinusoidal",
         "batch_size": 32, "num_train_steps": 20_000, "eval_every": 100,
         "optimizer.weight_decay": 0.1,
         "schedule.factors": common.RSQRT, "schedule.base_learning_rate": 0.05,
