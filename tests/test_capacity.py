@@ -134,3 +134,13 @@ def test_capacity_command_refuses_bad_flags_in_one_line(tmp_path):
                         text=True, timeout=300)
   assert done.returncode == 1
   assert "error: --dtypes=float64: choose from" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_search_stopped_by_the_time_budget_says_so():
+  result = capacity.measure_capacity("local", "none", "float32", (16, 32), device_memory=1e12,
+                                     memory_limit=1e12, deadline=-math.inf,
+                                     base=capacity.Settings(attentions=("local",), lengths=(16,),
+                                                            num_layers=1, emb_dim=32,
+                                                            num_heads=2, mlp_dim=64))
+  assert result.longest is None and not result.complete and result.compiled == ()
+  assert result.note == "not timed: over the time budget"

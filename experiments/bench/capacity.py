@@ -195,10 +195,10 @@ def measure_capacity(name: str, remat: str, dtype: str, lengths, *, device_memor
   timed, timed_complete = search.longest(timing_limit)
   result.compiled = tuple(search.compiled)
   result.timed_length = timed
-  if timed is None:
-    result.note = "nothing fits the memory limit"
-  elif not timed_complete or time.monotonic() > deadline:
+  if not timed_complete or time.monotonic() > deadline:
     result.note = "not timed: over the time budget"
+  elif timed is None:
+    result.note = "nothing fits the memory limit"
   else:
     flops = measure.compile_facts(kept[timed]).flops
     predicted = clock.predicted_s(flops)
