@@ -50,7 +50,7 @@ from experiments import build
 from experiments import data as data_lib
 from experiments import objectives
 from experiments import provenance
-from experiments.benchmarking import device_memory_bytes
+from experiments.memory import compiled_memory, device_memory_bytes
 from experiments.checkpoints import Checkpoints
 from experiments.cli import HarnessError
 from experiments.optim import learning_rate_schedule, make_optimizer
@@ -107,7 +107,8 @@ def check_config(config) -> None:
     raise HarnessError(f"unknown preset {config.preset!r}; presets: {', '.join(PRESETS)}")
   if config.model.attention not in az.available():
     raise HarnessError(f"unknown attention {config.model.attention!r}; registered: "
-                       f"{', '.join(az.available())} (a variant in your own module: --plugins=MODULE)")
+                       f"{', '.join(az.available())} (a variant in your own module: "
+                       "--plugins=MODULE)")
   for name in ("batch_size", "eval_batch_size", "num_train_steps", "eval_every",
                "checkpoint_every", "log_every", "grad_accum_steps", "keep_checkpoints"):
     if config[name] < 1:
@@ -116,7 +117,8 @@ def check_config(config) -> None:
   if config.batch_size % config.grad_accum_steps:
     raise HarnessError(f"batch_size={config.batch_size} is not divisible by "
                        f"grad_accum_steps={config.grad_accum_steps}")
-  for name, size in (("batch_size / grad_accum_steps", config.batch_size // config.grad_accum_steps),
+  for name, size in (("batch_size / grad_accum_steps",
+                      config.batch_size // config.grad_accum_steps),
                      ("eval_batch_size", config.eval_batch_size)):
     if size % devices or size % processes:
       raise HarnessError(f"{name} = {size} is not divisible by the {devices} devices "
@@ -137,14 +139,12 @@ def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
 
 def check_memory(compiled, config) -> None:
   """HarnessError if the compiled train step needs more memory than the device has (XLA's
-  memory_analysis: arguments + outputs - donated + temporaries, per device), naming what
-  would make it fit. CPU devices share the host's memory."""
-  analysis = compiled.memory_analysis()
-  if analysis is None:   # a backend without the analysis: nothing to compare
+  memory_analysis: arguments + outputs - donated + temporaries, per device; see
+  experiments/memory.py), naming what would make it fit. CPU devices share the host's memory."""
+  memory = compiled_memory(compiled)
+  if memory is None:   # a backend without the analysis: nothing to compare
     return
-  temporary = analysis.temp_size_in_bytes
-  buffers = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-             - analysis.alias_size_in_bytes)
+  temporary, buffers = memory.temp_bytes, memory.buffer_bytes
   on_cpu = jax.default_backend() == "cpu"
   sharing = jax.local_device_count() if on_cpu else 1
   need, have = (temporary + buffers) * sharing, device_memory_bytes()
@@ -192,7 +192,8 @@ class Steps:
   @classmethod
   def for_config(cls, config, make: "Callable[[], Steps]") -> "Steps":
     key = json.dumps({"task": config.task, "model": config.model.to_dict(),
-                      "optimizer": config.optimizer.to_dict(), "schedule": config.schedule.to_dict(),
+                      "optimizer": config.optimizer.to_dict(),
+                      "schedule": config.schedule.to_dict(),
                       "grad_accum_steps": config.grad_accum_steps,
                       "devices": [d.id for d in jax.devices()]}, sort_keys=True)
     if key not in cls._cache:
@@ -253,6 +254,24 @@ class Steps:
     return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
 
 
+def make_steps(config, graphdef, replicated) -> Steps:
+  """The step functions of `config`'s model (`graphdef`) with its optimiser (config.optimizer)
+  under its learning-rate schedule (config.schedule). The trainer keeps them per config
+  (Steps.for_config); the efficiency benchmark compiles and times this same train step."""
+  s = config.schedule
+  schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
+                                    warmup_steps=s.warmup_steps, steps_per_cycle=s.steps_per_cycle)
+  return Steps(graphdef, make_optimizer(config.optimizer, schedule), schedule,
+               config.grad_accum_steps, replicated)
+
+
+def initial_state(steps: Steps, params, rest) -> TrainState:
+  """Step 0: the model's parameters and other state, and the optimiser's initial state (of
+  shapes alone under jax.eval_shape)."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, rest=rest,
+                    opt_state=steps.tx.init(params))
+
+
 class Trainer:
   """Builds everything a run needs from the config; `run()` trains, tests, writes results."""
 
@@ -271,16 +290,9 @@ class Trainer:
     model, self.model_config = build_model(config)
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    s = config.schedule
-    schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
-                                      warmup_steps=s.warmup_steps, steps_per_cycle=s.steps_per_cycle)
-    tx = make_optimizer(config.optimizer, schedule)
-    self.steps = Steps.for_config(
-        config, lambda: Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated))
+    self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, replicated))
     self.eval_step = self.steps.eval
-    self.state = self.steps.replicate(
-        TrainState(step=jnp.zeros((), jnp.int32), params=params, rest=rest,
-                   opt_state=tx.init(params)))
+    self.state = self.steps.replicate(initial_state(self.steps, params, rest))
     self.best = self.steps.copy_model(self.state)
     self.train_step = self.steps.compiled_train(
         self.state, data_lib.batch_spec(self.datasets["train"], config.batch_size,
