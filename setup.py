@@ -29,7 +29,7 @@ setup(
         "tensorboardX",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "matplotlib", *TFDS],
+        "test": ["pytest", "pytest-xdist", "matplotlib", "ruff", *TFDS],
         "data": TFDS,
         "plots": ["matplotlib"],
     },
