@@ -32,11 +32,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from attention_zoo import reference
 from attention_zoo.flash import chunked, pallas_gpu, pallas_tpu
-from experiments import provenance
+from experiments import cli, provenance
 from experiments.flops import attention_flops, median_call_s
 from experiments.memory import compiled_memory, is_out_of_memory
 
@@ -72,7 +72,7 @@ def attention_fn(impl: str, causal: bool, scale: float, interpret: bool):
       return f"n/a on {backend.upper()}"
     return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
                                                         implementation="cudnn")
-  raise app.UsageError(f"unknown impl {impl!r}; choose from {', '.join(IMPL_NAMES)}")
+  raise cli.HarnessError(f"unknown impl {impl!r}; choose from {', '.join(IMPL_NAMES)}")
 
 
 def forward_backward(fn):
@@ -242,4 +242,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("verify", True, "check pallas/chunked against the dense oracle before timing")
   flags.DEFINE_float("budget_s", 420.0, "start no new row after this many seconds")
   flags.DEFINE_string("out", "results/flash_bench.md", "markdown file to write")
-  app.run(main)
+  cli.run(main, preload_plugins=False)
