@@ -6,7 +6,10 @@ with B = -inf outside the allowed keys (padding, causal) and B = ALiBi when slop
 `impl="xla"` is reference.masked_softmax_attention: the dense path with grouped heads (no K/V
 copy for GQA/MQA) and a hand-written backward that saves only the weights;
 `impl="cudnn"` calls `jax.nn.dot_product_attention(implementation="cudnn")` and runs only on
-an NVIDIA GPU.
+an NVIDIA GPU (f32 inputs are rounded to bf16 for it); `impl="auto"` (the default) takes cuDNN
+for a call it computes without rounding: on a GPU, bf16/f16 inputs, head_dim <= 128 and a
+multiple of 8, no attention dropout, no causal cross-attention; every other call takes "xla",
+so f32 stays exact everywhere.
 """
 from __future__ import annotations
 
@@ -18,39 +21,63 @@ from attention_zoo.base import Attention
 from attention_zoo.options import Choice
 from attention_zoo.registry import register
 
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128
+
+
+def cudnn_refusal(q, k, *, causal: bool, dropout: bool) -> str | None:
+  """Why the cuDNN path cannot compute this call, or None when it can."""
+  if dropout:
+    return "impl='cudnn' has no attention dropout here; use impl='xla' for training with " \
+           "dropout_rate > 0"
+  if causal and q.shape[1] != k.shape[1]:
+    return "cuDNN's causal mask is top-left aligned; use impl='xla' for causal cross-attention"
+  return None
+
+
+def auto_picks_cudnn(q, k, *, causal: bool, dropout: bool, backend: str) -> bool:
+  """impl='auto': cuDNN only where it is exact to the inputs' precision and supported."""
+  head_dim = q.shape[-1]
+  return (backend == "gpu" and q.dtype in CUDNN_DTYPES
+          and head_dim <= CUDNN_MAX_HEAD_DIM and head_dim % 8 == 0
+          and cudnn_refusal(q, k, causal=causal, dropout=dropout) is None)
+
 
 @register("full", exact=True, supports_causal=True, supports_cross=True, complexity="O(n²)",
           paper="Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)",
           can_decode=True, supports_alibi=True)
 class FullAttention(Attention):
-  OPTIONS = {"impl": Choice("xla", ("xla", "cudnn"))}
+  OPTIONS = {"impl": Choice("auto", ("auto", "xla", "cudnn"))}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     if self.options["impl"] == "cudnn" and jax.default_backend() != "gpu":
-      raise self.option_error("impl", f"'xla' on the {jax.default_backend()!r} backend "
-                                      f"(impl='cudnn' needs an NVIDIA GPU)")
+      raise self.option_error("impl", f"'xla' or 'auto' on the {jax.default_backend()!r} "
+                                      f"backend (impl='cudnn' needs an NVIDIA GPU)")
 
   def pattern(self, q_len: int, kv_len: int):
     return reference.causal_pattern(q_len, kv_len, self.causal)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
-    if self.options["impl"] == "cudnn":
-      return self._cudnn(q, k, v, kv_mask, alibi_slopes, deterministic)
+    dropout_rng = self.dropout_rng(deterministic)
+    impl = self.options["impl"]
+    if impl == "auto":
+      impl = "cudnn" if auto_picks_cudnn(q, k, causal=self.causal,
+                                         dropout=dropout_rng is not None,
+                                         backend=jax.default_backend()) else "xla"
+    if impl == "cudnn":
+      refusal = cudnn_refusal(q, k, causal=self.causal, dropout=dropout_rng is not None)
+      if refusal:
+        raise ValueError(f"full: {refusal}")
+      return self._cudnn(q, k, v, kv_mask, alibi_slopes)
     # Masked query rows are zeroed by the base class, so only the keys are masked here.
     return reference.masked_softmax_attention(
         q, k, v, kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
-        dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic))
+        dropout_rate=self.dropout_rate, dropout_rng=dropout_rng)
 
-  def _cudnn(self, q, k, v, kv_mask, alibi_slopes, deterministic):
-    if self.dropout_rng(deterministic) is not None:
-      raise ValueError("full: impl='cudnn' has no attention dropout here; use impl='xla' for "
-                       "training with dropout_rate > 0")
+  def _cudnn(self, q, k, v, kv_mask, alibi_slopes):
     q_len, kv_len = q.shape[1], k.shape[1]
-    if q_len != kv_len and self.causal:
-      raise ValueError("full: cuDNN's causal mask is top-left aligned; use impl='xla' for causal "
-                       "cross-attention")
-    dtype = q.dtype if q.dtype in (jnp.bfloat16, jnp.float16) else jnp.bfloat16
+    dtype = q.dtype if q.dtype in CUDNN_DTYPES else jnp.bfloat16
     bias = None
     if alibi_slopes is not None:
       bias = reference.alibi_bias(alibi_slopes, jnp.arange(q_len)[:, None],

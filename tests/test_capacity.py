@@ -98,6 +98,24 @@ def test_step_clock_predicts_from_the_slowest_rate_seen():
   assert clock.predicted_s(5e9) == pytest.approx(20.0)
 
 
+def test_each_dtype_has_its_own_step_clock(monkeypatch):
+  """A slow bf16 step must not make the f32 steps after it look too slow to time."""
+  clocks = []
+
+  def fake_measure(name, remat, dtype, lengths, *, clock, **unused):
+    clock.record(1e9, {"float32": 1.0, "bfloat16": 10.0}[dtype])
+    clocks.append((dtype, clock))
+    return capacity.Capacity(name, remat, dtype)
+
+  monkeypatch.setattr(capacity, "measure_capacity", fake_measure)
+  monkeypatch.setattr(capacity.memory, "device_memory_bytes", lambda: 1e9)
+  capacity.run_capacity(["a", "b"], LENGTHS, memory_limit=1e9, step_budget_s=30.0)
+  by_dtype = {dtype: {id(clock) for d, clock in clocks if d == dtype} for dtype, _ in clocks}
+  assert len(by_dtype["float32"]) == len(by_dtype["bfloat16"]) == 1
+  f32_clock = next(clock for dtype, clock in clocks if dtype == "float32")
+  assert f32_clock.predicted_s(5e9) == pytest.approx(5.0)     # f32's rate, not bf16's
+
+
 TINY = ["--num_layers=1", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64"]
 
 

@@ -46,14 +46,14 @@ def test_unknown_name_lists_available():
 
 def test_unknown_option_names_it_and_the_accepted_ones():
   with pytest.raises(ValueError, match=r"unknown option\(s\) bogus; accepted: "
-                                       r"dropout_rate=0.0, impl='xla', scale=None"):
+                                       r"dropout_rate=0.0, impl='auto', scale=None"):
     az.create("full", num_heads=2, head_dim=4, rngs=nnx.Rngs(0), bogus=3)
 
 
 def test_spec_fields():
   spec = az.spec("full")
   assert spec.exact and spec.supports_causal and spec.supports_cross and spec.can_decode
-  assert spec.options == {"scale": None, "dropout_rate": 0.0, "impl": "xla"}
+  assert spec.options == {"scale": None, "dropout_rate": 0.0, "impl": "auto"}
   assert "Vaswani" in spec.paper and spec.complexity == "O(n²)"
 
 

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import reference
+from attention_zoo import full, reference
 
 
 @pytest.mark.parametrize("q_len, kv_len, num_kv_heads, causal", [
@@ -105,3 +105,32 @@ def test_full_compiled_memory_at_most_jax_dense_attention():
   ours = temp_bytes(lambda q, k, v: attn(q, k, v))
   theirs = temp_bytes(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))
   assert ours <= theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("dtype, head_dim, q_len, causal, dropout, picks", [
+    (jnp.bfloat16, 64, 8, True, False, True),
+    (jnp.float16, 128, 4, False, False, True),
+    (jnp.float32, 64, 8, False, False, False),     # cuDNN would round f32 to bf16
+    (jnp.bfloat16, 64, 8, False, True, False),     # attention dropout
+    (jnp.bfloat16, 64, 4, True, False, False),     # causal cross-attention: cuDNN aligns top-left
+    (jnp.bfloat16, 256, 8, False, False, False),   # head_dim over 128
+    (jnp.bfloat16, 12, 8, False, False, False),    # head_dim not a multiple of 8
+])
+def test_auto_takes_cudnn_only_where_it_computes_the_call_as_given(dtype, head_dim, q_len, causal,
+                                                                   dropout, picks):
+  q, k = jnp.zeros((1, q_len, 2, head_dim), dtype), jnp.zeros((1, 8, 2, head_dim), dtype)
+  assert full.auto_picks_cudnn(q, k, causal=causal, dropout=dropout, backend="gpu") is picks
+  assert not full.auto_picks_cudnn(q, k, causal=causal, dropout=dropout, backend="cpu")
+
+
+def test_auto_routes_a_gpu_call_by_its_dtype(monkeypatch):
+  attn = az.create("full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0))
+  routed = []
+  monkeypatch.setattr(full.FullAttention, "_cudnn", lambda self, q, *args: routed.append(q) or q)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 8))
+  attn(q.astype(jnp.bfloat16), q.astype(jnp.bfloat16), q.astype(jnp.bfloat16))
+  assert len(routed) == 1
+  np.testing.assert_array_equal(attn(q, q, q), az.create(
+      "full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0), impl="xla")(q, q, q))
+  assert len(routed) == 1                                            # f32 stayed on "xla"

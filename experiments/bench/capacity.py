@@ -236,14 +236,16 @@ def run_capacity(attentions, lengths, *, settings=SETTINGS, time_budget_s: float
   device_memory = memory.device_memory_bytes()
   memory_limit = memory_limit or default_memory_limit_bytes()
   deadline = time.monotonic() + time_budget_s
-  clock = StepClock(step_budget_s)
+  # One clock per dtype: a bf16 step on a CPU without bf16 matmuls runs far below f32's rate,
+  # and would make every f32 step after it look too slow to time.
+  clocks = {dtype: StepClock(step_budget_s) for _, dtype in settings}
   results = []
   for name in attentions:
     for remat, dtype in settings:
       timed = time_steps and (timed_dtypes is None or dtype in timed_dtypes)
       results.append(measure_capacity(name, remat, dtype, lengths, device_memory=device_memory,
                                       memory_limit=memory_limit, deadline=deadline,
-                                      time_steps=timed, clock=clock, base=base))
+                                      time_steps=timed, clock=clocks[dtype], base=base))
       if on_result is not None:
         on_result(results)
   return results
