@@ -6,7 +6,8 @@ bfloat16, and the time of a step.
         [--attentions=full,local] [--min_length=1024] [--max_length=131072] \
         [--remats=none,block] [--dtypes=float32,bfloat16] [--time_budget_s=3600] \
         [--memory_limit_gb=8] [--time_steps=true] [--timed_dtypes=float32] \
-        [--step_budget_s=120] [--num_layers=4 --emb_dim=256 ...] [--plugins=my_variants]
+        [--step_budget_s=120] [--probe_lengths=2048,4096] \
+        [--num_layers=4 --emb_dim=256 ...] [--plugins=my_variants]
 
 Decided from shapes and compiled memory only, never by running what might not fit; see
 experiments/bench/capacity.py for the search. Writes capacity.md, capacity.csv and capacity.png
@@ -49,6 +50,13 @@ def main(argv):
     lengths = capacity.candidates(FLAGS.min_length, FLAGS.max_length)
   except ValueError as e:
     raise cli.HarnessError(str(e)) from None
+  try:
+    probe_lengths = tuple(int(n) for n in FLAGS.probe_lengths)
+  except ValueError:
+    probe_lengths = ()
+  if len(probe_lengths) != 2 or min(probe_lengths) < 1 or len(set(probe_lengths)) != 2:
+    raise cli.HarnessError(f"--probe_lengths={','.join(FLAGS.probe_lengths)}: give two "
+                           f"different positive lengths, e.g. 2048,4096")
   memory_limit = (FLAGS.memory_limit_gb * 1e9 if FLAGS.memory_limit_gb
                   else default_memory_limit_bytes())
   try:
@@ -80,7 +88,8 @@ def main(argv):
       names, lengths, settings=tuple(itertools.product(FLAGS.remats, FLAGS.dtypes)),
       time_budget_s=FLAGS.time_budget_s, memory_limit=memory_limit,
       time_steps=FLAGS.time_steps, timed_dtypes=tuple(FLAGS.timed_dtypes or FLAGS.dtypes),
-      step_budget_s=FLAGS.step_budget_s, base=base, on_result=progress)
+      step_budget_s=FLAGS.step_budget_s, probe_lengths=probe_lengths, base=base,
+      on_result=progress)
   for kind, path in capacity.write_outputs(results, FLAGS.out, facts=facts,
                                            command=command).items():
     logging.info("wrote %s: %s", kind, path)
@@ -101,9 +110,11 @@ if __name__ == "__main__":
   flags.DEFINE_bool("time_steps", True, "Time a step of each variant and setting.")
   flags.DEFINE_list("timed_dtypes", [], "Time steps only in these dtypes (default: all of "
                     "--dtypes).")
-  flags.DEFINE_float("step_budget_s", 120.0, "Do not time a step predicted (from its FLOPs at "
-                     "the slowest rate seen so far) to take longer; a step slower than this is "
-                     "timed by its first call alone.")
+  flags.DEFINE_float("step_budget_s", 120.0, "Do not time a step predicted (a power law "
+                     "through the steps at --probe_lengths) to take longer; a step slower "
+                     "than this is timed by its first call alone.")
+  flags.DEFINE_list("probe_lengths", [str(n) for n in capacity.PROBE_LENGTHS], "The two short "
+                    "lengths timed to predict each step.")
   flags.DEFINE_integer("num_layers", None, "Model size (default: the LRA Text config's: 4 "
                        "layers, emb 256, 4 heads, MLP 1024).")
   flags.DEFINE_integer("emb_dim", None, "Embedding width (and qkv_dim).")

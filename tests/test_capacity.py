@@ -88,32 +88,33 @@ def test_the_deadline_stops_the_search_with_a_lower_bound(monkeypatch):
   assert search.longest(5000.0) == (None, False)
 
 
-def test_step_clock_predicts_from_the_slowest_rate_seen():
-  clock = capacity.StepClock(budget_s=10.0)
-  assert clock.predicted_s(1e9) is None              # nothing timed yet: the first step runs
-  clock.record(1e9, 1.0)
-  clock.record(1e9, 4.0)                             # the slower rate wins: 2.5e8 FLOP/s
-  assert clock.predicted_s(5e9) == pytest.approx(20.0)
-  clock.record(None, 1.0)                            # unknown FLOPs change nothing
-  assert clock.predicted_s(5e9) == pytest.approx(20.0)
+def test_extrapolate_fits_a_power_law_of_at_least_linear_growth():
+  predicted, exponent = capacity.extrapolate({1024: 0.5, 2048: 1.0, 4096: 4.0}, 16384)
+  assert exponent == pytest.approx(2.0) and predicted == pytest.approx(64.0)   # the last two
+  predicted, exponent = capacity.extrapolate({2048: 1.0, 4096: 1.5}, 8192)
+  assert exponent == 1.0 and predicted == pytest.approx(3.0)    # never slower than linear
 
 
-def test_each_dtype_has_its_own_step_clock(monkeypatch):
-  """A slow bf16 step must not make the f32 steps after it look too slow to time."""
-  clocks = []
+TINY_SETTINGS = capacity.Settings(attentions=("local",), lengths=(16,), num_layers=1, emb_dim=32,
+                                  num_heads=2, mlp_dim=64)
 
-  def fake_measure(name, remat, dtype, lengths, *, clock, **unused):
-    clock.record(1e9, {"float32": 1.0, "bfloat16": 10.0}[dtype])
-    clocks.append((dtype, clock))
-    return capacity.Capacity(name, remat, dtype)
 
-  monkeypatch.setattr(capacity, "measure_capacity", fake_measure)
-  monkeypatch.setattr(capacity.memory, "device_memory_bytes", lambda: 1e9)
-  capacity.run_capacity(["a", "b"], LENGTHS, memory_limit=1e9, step_budget_s=30.0)
-  by_dtype = {dtype: {id(clock) for d, clock in clocks if d == dtype} for dtype, _ in clocks}
-  assert len(by_dtype["float32"]) == len(by_dtype["bfloat16"]) == 1
-  f32_clock = next(clock for dtype, clock in clocks if dtype == "float32")
-  assert f32_clock.predicted_s(5e9) == pytest.approx(5.0)     # f32's rate, not bf16's
+def test_a_step_predicted_over_the_budget_is_not_run(monkeypatch):
+  """Probe steps of 1 s at 16 and 4 s at 32 predict 64 s at 128 (n²): over a 10 s budget."""
+  timed = []
+
+  def fake_time_step(workload, compiled, budget_s):
+    timed.append(budget_s)
+    return (1.0, 4.0)[len(timed) - 1], 2
+
+  monkeypatch.setattr(capacity, "time_step", fake_time_step)
+  result = capacity.measure_capacity("local", "none", "float32", (64, 128), device_memory=1e12,
+                                     memory_limit=1e12, step_budget_s=10.0, probe_lengths=(16, 32),
+                                     base=TINY_SETTINGS)
+  assert len(timed) == 2 and result.probes == (16, 32) and result.timed_length == 128
+  assert result.exponent == pytest.approx(2.0) and result.predicted_s == pytest.approx(64.0)
+  assert result.step_s is None and result.calls == 0
+  assert result.note == "not timed: predicted 64 s @ 128 > step budget 10 s"
 
 
 TINY = ["--num_layers=1", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64"]
@@ -126,7 +127,7 @@ def test_capacity_command_end_to_end(tmp_path):
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   args = [sys.executable, "-m", "experiments.capacity", "--attentions=synthesizer",
           "--min_length=64", "--max_length=128", "--remats=none", "--dtypes=float32",
-          "--memory_limit_gb=0.0015", f"--out={tmp_path}", *TINY]
+          "--memory_limit_gb=0.0015", "--probe_lengths=16,32", f"--out={tmp_path}", *TINY]
   done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
   with open(tmp_path / "capacity.csv", newline="") as f:
@@ -137,28 +138,30 @@ def test_capacity_command_end_to_end(tmp_path):
   assert float(row["memory_limit_bytes"]) == pytest.approx(1.5e6)
   assert row["compiled"] == "128 64"
   assert row["timed_length"] == "64" and float(row["step_s"]) > 0 and row["calls"] == "2"
+  assert row["probes"] == "16 32" and float(row["predicted_s"]) > 0   # predicted from 16 and 32
+  assert float(row["exponent"]) >= 1
   text = (tmp_path / "capacity.md").read_text()
   assert "| synthesizer | 128 (the longest tried)" in text and "s @ 64 (" in text
-  assert "1 layers, emb 32, 2 heads, MLP 64" in text
+  assert "1 layers, emb 32, 2 heads, MLP 64" in text and "n^" in text
   with Image.open(tmp_path / "capacity.png") as image:
     image.verify()
     assert image.format == "PNG"
 
 
-def test_capacity_command_refuses_bad_flags_in_one_line(tmp_path):
+@pytest.mark.parametrize("flag, message", [
+    ("--dtypes=float64", "error: --dtypes=float64: choose from"),
+    ("--probe_lengths=4096", "error: --probe_lengths=4096: give two different positive lengths"),
+])
+def test_capacity_command_refuses_bad_flags_in_one_line(tmp_path, flag, message):
   env = {**os.environ, "PYTHONPATH": str(REPO)}
-  done = subprocess.run([sys.executable, "-m", "experiments.capacity", "--dtypes=float64",
-                         f"--out={tmp_path}"], cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=300)
+  done = subprocess.run([sys.executable, "-m", "experiments.capacity", flag, f"--out={tmp_path}"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 1
-  assert "error: --dtypes=float64: choose from" in done.stderr and "Traceback" not in done.stderr
+  assert message in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_search_stopped_by_the_time_budget_says_so():
   result = capacity.measure_capacity("local", "none", "float32", (16, 32), device_memory=1e12,
-                                     memory_limit=1e12, deadline=-math.inf,
-                                     base=capacity.Settings(attentions=("local",), lengths=(16,),
-                                                            num_layers=1, emb_dim=32,
-                                                            num_heads=2, mlp_dim=64))
+                                     memory_limit=1e12, deadline=-math.inf, base=TINY_SETTINGS)
   assert result.longest is None and not result.complete and result.compiled == ()
   assert result.note == "not timed: over the time budget"

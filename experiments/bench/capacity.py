@@ -19,9 +19,13 @@ at 1K (8 s for the Text model on 2 CPU cores), so the number of compiles is the 
 
 Timing. The longest length that fits the device may not fit beside everything else on the
 host: the step is timed at the longest length that fits the memory limit (on CPU, by default,
-half the free host memory), found by the same search from the figures already known. It runs
-twice, the second call timed (once, when the first took longer than the step budget; not at all
-when its FLOPs predict more than that budget, see StepClock).
+half the free host memory), found by the same search from the figures already known. First the
+step is timed at two short probe lengths (2K and 4K), and a power law through them (exponent
+at least 1) predicts the step at the timed length: a variant's own growth, whatever its FLOPs
+(XLA's cost analysis counts a loop's body once, so FLOPs hide the growth of the blockwise
+variants). A step predicted over the step budget is not run, and the prediction is reported as
+one; otherwise it runs twice, the second call timed (once, when the first took longer than the
+budget).
 """
 from __future__ import annotations
 
@@ -36,10 +40,13 @@ import numpy as np
 import attention_zoo as az
 
 from experiments import memory, provenance
-from experiments.bench import measure, output, workloads
+from experiments.bench import output, workloads
 from experiments.bench.settings import Settings, default_memory_limit_bytes, length_label
 
 SETTINGS = (("none", "float32"), ("block", "float32"), ("none", "bfloat16"), ("block", "bfloat16"))
+# Where a step is timed to predict the step at the timed length: long enough for attention's
+# share of the step to show its growth, short enough to take seconds on a CPU.
+PROBE_LENGTHS = (2048, 4096)
 
 
 def candidates(min_length: int, max_length: int) -> tuple[int, ...]:
@@ -124,41 +131,32 @@ class Capacity:
   limit: str = ""                   # what the next candidate exceeds: parameters or compiled
   complete: bool = True             # False: the time budget stopped the search (a lower bound)
   timed_length: int | None = None   # the longest that fits the memory limit
-  step_s: float | None = None
+  step_s: float | None = None       # measured there
   calls: int = 0
-  compiled: tuple[int, ...] = ()    # the lengths compiled, in order: the search's cost
+  predicted_s: float | None = None  # extrapolated there from the probe steps
+  exponent: float | None = None     # of that extrapolation
+  probes: tuple[int, ...] = ()      # the shorter lengths timed to predict it
+  compiled: tuple[int, ...] = ()    # the lengths compiled for the search, in order: its cost
   note: str = ""
 
 
-class StepClock:
-  """Which steps to time: within `budget_s` per step, predicted from the step's FLOPs (XLA's
-  cost analysis) at the slowest FLOP rate of the steps timed so far (the first step is always
-  timed). A step that turns out slower than the budget is timed by its first call alone."""
-
-  def __init__(self, budget_s: float = math.inf):
-    self.budget_s = budget_s
-    self.slowest_flops_per_s: float | None = None
-
-  def predicted_s(self, flops: float | None) -> float | None:
-    if not flops or not self.slowest_flops_per_s:
-      return None
-    return flops / self.slowest_flops_per_s
-
-  def record(self, flops: float | None, seconds: float) -> None:
-    if flops and seconds > 0:
-      rate = flops / seconds
-      self.slowest_flops_per_s = min(rate, self.slowest_flops_per_s or rate)
+def extrapolate(times: dict[int, float], length: int) -> tuple[float, float]:
+  """(seconds at `length`, exponent): the power law through the two longest timed lengths, its
+  exponent at least 1 (no step grows slower than its length)."""
+  (n0, t0), (n1, t1) = sorted(times.items())[-2:]
+  exponent = max(1.0, math.log(t1 / t0) / math.log(n1 / n0))
+  return t1 * (length / n1) ** exponent, exponent
 
 
 def measure_capacity(name: str, remat: str, dtype: str, lengths, *, device_memory: float,
                      memory_limit: float, deadline: float = math.inf, time_steps: bool = True,
-                     clock: StepClock | None = None, base: Settings | None = None) -> Capacity:
+                     step_budget_s: float = math.inf, probe_lengths=PROBE_LENGTHS,
+                     base: Settings | None = None) -> Capacity:
   """One variant in one setting: the search, then (with time_steps) one timed step. `base`:
   settings whose model sizes and seed to use (default: the Text model's, batch 1)."""
   settings = dataclasses.replace(base or Settings(attentions=(name,), lengths=tuple(lengths)),
                                  attentions=(name,), lengths=tuple(lengths), dtype=dtype,
                                  remat=remat, mode="train")
-  clock = clock or StepClock()
   timing_limit = min(memory_limit, device_memory)
   shapes = {}   # length -> Workload (shapes only: nothing created)
   kept = {}     # the longest compiled step within the memory limit: the one timed
@@ -200,14 +198,17 @@ def measure_capacity(name: str, remat: str, dtype: str, lengths, *, device_memor
   elif timed is None:
     result.note = "nothing fits the memory limit"
   else:
-    flops = measure.compile_facts(kept[timed]).flops
-    predicted = clock.predicted_s(flops)
-    if predicted is not None and predicted > clock.budget_s:
-      result.note = (f"not timed: predicted {predicted:.3g} s @ {length_label(timed)} > step "
-                     f"budget {clock.budget_s:g} s")
+    # Shorter than `timed`, so within the memory limit too (memory grows with length).
+    result.probes = tuple(n for n in sorted(probe_lengths) if n < timed)[-2:]
+    if len(result.probes) == 2:
+      times = {n: time_step(workload(n), workload(n).programs["step"].compile(), step_budget_s)[0]
+               for n in result.probes}
+      result.predicted_s, result.exponent = extrapolate(times, timed)
+    if result.predicted_s is not None and result.predicted_s > step_budget_s:
+      result.note = (f"not timed: predicted {result.predicted_s:.3g} s @ {length_label(timed)} "
+                     f"> step budget {step_budget_s:g} s")
     else:
-      result.step_s, result.calls = time_step(workload(timed), kept[timed], clock.budget_s)
-      clock.record(flops, result.step_s)
+      result.step_s, result.calls = time_step(workload(timed), kept[timed], step_budget_s)
   return result
 
 
@@ -229,23 +230,21 @@ def time_step(workload: workloads.Workload, compiled, budget_s: float) -> tuple[
 def run_capacity(attentions, lengths, *, settings=SETTINGS, time_budget_s: float = math.inf,
                  memory_limit: float | None = None, time_steps: bool = True,
                  timed_dtypes=None, step_budget_s: float = math.inf,
-                 base: Settings | None = None,
+                 probe_lengths=PROBE_LENGTHS, base: Settings | None = None,
                  on_result: Callable | None = None) -> list[Capacity]:
   """Every variant in every (remat, dtype) setting, within one time budget; steps are timed
-  in `timed_dtypes` (default: all) within `step_budget_s` each (see StepClock)."""
+  in `timed_dtypes` (default: all) when predicted within `step_budget_s` each."""
   device_memory = memory.device_memory_bytes()
   memory_limit = memory_limit or default_memory_limit_bytes()
   deadline = time.monotonic() + time_budget_s
-  # One clock per dtype: a bf16 step on a CPU without bf16 matmuls runs far below f32's rate,
-  # and would make every f32 step after it look too slow to time.
-  clocks = {dtype: StepClock(step_budget_s) for _, dtype in settings}
   results = []
   for name in attentions:
     for remat, dtype in settings:
       timed = time_steps and (timed_dtypes is None or dtype in timed_dtypes)
       results.append(measure_capacity(name, remat, dtype, lengths, device_memory=device_memory,
                                       memory_limit=memory_limit, deadline=deadline,
-                                      time_steps=timed, clock=clocks[dtype], base=base))
+                                      time_steps=timed, step_budget_s=step_budget_s,
+                                      probe_lengths=probe_lengths, base=base))
       if on_result is not None:
         on_result(results)
   return results
@@ -258,7 +257,8 @@ def _gb(n: float) -> str:
 # -- outputs --------------------------------------------------------------------------------
 
 CSV_COLUMNS = ("attention", "remat", "dtype", "longest", "longest_bytes", "limit", "complete",
-               "timed_length", "step_s", "calls", "compiled", "note", "device",
+               "timed_length", "step_s", "calls", "predicted_s", "exponent", "probes",
+               "compiled", "note", "device",
                "device_memory_bytes", "memory_limit_bytes", "jax_version", "date")
 
 
@@ -273,8 +273,8 @@ def write_outputs(results: list[Capacity], out_dir: str, *, facts: dict, command
   facts: device, device_memory_bytes, memory_limit_bytes, jax_version, date, lengths and
   (optional) model, the model's sizes in words."""
   paths = output_paths(out_dir)
-  rows = [{**dataclasses.asdict(r), "compiled": " ".join(map(str, r.compiled)), **facts}
-          for r in results]
+  rows = [{**dataclasses.asdict(r), "compiled": " ".join(map(str, r.compiled)),
+           "probes": " ".join(map(str, r.probes)), **facts} for r in results]
   output.write_csv(rows, paths["csv"], CSV_COLUMNS)
   provenance.write_text(paths["markdown"], markdown(results, facts, command=command))
   if not plots:
@@ -300,6 +300,13 @@ def _time_cell(r: Capacity) -> str:
           + (", 1 call)" if r.calls == 1 else ")"))
 
 
+def _growth_cell(r: Capacity) -> str:
+  if r.exponent is None:
+    return ""
+  return (f"n^{r.exponent:.2f} (from {', '.join(map(length_label, r.probes))}), "
+          f"predicted {r.predicted_s:.3g} s @ {length_label(r.timed_length)}")
+
+
 def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
   lengths = facts["lengths"]
   names = list(dict.fromkeys(r.attention for r in results))
@@ -319,8 +326,9 @@ def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
       "compiled memory, never by running. ≥: the time budget stopped the search.",
       f"- Step time: one train step at the longest length within the memory limit "
       f"({_gb(facts['memory_limit_bytes'])}), the second of two calls (1 call: the first, "
-      "when it took longer than the step budget); not timed when predicted over that budget "
-      "from its FLOPs.",
+      "when it took longer than the step budget); not run when predicted over that budget. "
+      "The prediction: a power law through the steps timed at two short probe lengths "
+      "(exponent at least 1), extrapolated to that length.",
   ]
   if command:
     lines.append(f"- Command: `{command}`")
@@ -333,6 +341,14 @@ def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
             output.table_row(["---"] * len(header))]
   for name in names:
     lines.append(output.table_row([name] + [_time_cell(by_key[(name, *s)])
+                                       if (name, *s) in by_key else "" for s in settings]))
+  lines += ["", "## Growth of the step time", "",
+            "The exponent of the power law through the steps timed at the probe lengths, and "
+            "the step time it predicts at the timed length (the step is run only when that is "
+            "within the step budget).", "", output.table_row(header),
+            output.table_row(["---"] * len(header))]
+  for name in names:
+    lines.append(output.table_row([name] + [_growth_cell(by_key[(name, *s)])
                                        if (name, *s) in by_key else "" for s in settings]))
   by_parameters = [name for name in names
                    if any(r.limit.startswith("parameters") for r in results if r.attention == name)]
