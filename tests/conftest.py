@@ -5,12 +5,21 @@ options, layers and models at small shapes; `pytest -q` (what CI runs) runs ever
 is slow when it trains through the harness, starts subprocesses, writes or reads datasets, or
 compiles at long lengths: the modules below as a whole, and single tests marked `slow`.
 """
+import os
+
 import pytest
 
 from experiments import cli
 
 # Before JAX starts its CPU backend: the XLA scheduler setting the command-line tools use too.
 cli.avoid_cpu_scheduler_deadlock()
+# The tests compile hundreds of small programs and run each a few times, so LLVM's optimisation
+# of the generated code costs more than it saves (the suite took 16 minutes without it, 22 with
+# it, on 2 cores). XLA's own passes (fusion, buffer assignment: what the memory tests read)
+# still run, and no test times anything. Subprocesses inherit it.
+XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+if "xla_backend_optimization_level" not in XLA_FLAGS:
+  os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_backend_optimization_level=0".strip()
 
 SLOW_MODULES = {
     "test_approximation",          # trains tiny ListOps models to compare approximations
