@@ -42,22 +42,23 @@ from attention_zoo import reference, registry
 
 # -- attention_fn --------------------------------------------------------------------------
 
-def attention_fn(name: str, *, causal: bool = False, seed: int = 0, check_mask: bool = True,
-                 **options):
+def attention_fn(name: str, *, causal: bool = False, max_len: int | None = None, seed: int = 0,
+                 check_mask: bool = True, **options):
   """A Flax `attention_fn` computed by the zoo variant `name` (options as for `az.create`).
 
   causal: every call is causal (bottom-right aligned), whatever the mask; the layer's
-  `is_causal=True` also makes a call causal. seed: the key of each variant's construction-time
+  `is_causal=True` also makes a call causal. max_len as for `az.create`. seed: the key of each variant's construction-time
   draws (performer's fixed features, reformer's evaluation rotations, bigbird's random blocks),
   the same for every call. Fresh draws (performer's redraw, reformer's training rotations)
   and dropout come from the `dropout_rng` the layer passes, which Flax does only in training
   with dropout_rate > 0. `dropout_rate` in options overrides the layer's rate.
   """
   spec = registry.spec(name)
-  # A small probe validates the options and the causal request before any call.
-  probe = registry.create(name, num_heads=1, head_dim=8, causal=causal,
-                          max_len=8 if spec.needs_max_len else None, rngs=nnx.Rngs(seed),
-                          **options)
+  # A small probe validates the options and the causal request before any call (with a
+  # stand-in max_len, so that a variant with parameters hears about swap_attention first).
+  probe_len = 8 if max_len is None and spec.needs_max_len else max_len
+  probe = registry.create(name, num_heads=1, head_dim=8, causal=causal, max_len=probe_len,
+                          rngs=nnx.Rngs(seed), **options)
   if _param_names(probe):
     free = [n for n in registry.available() if not _param_names(_probe(n))]
     raise ValueError(
@@ -89,7 +90,7 @@ def attention_fn(name: str, *, causal: bool = False, seed: int = 0, check_mask: 
     rngs = nnx.Rngs(params=seed, dropout=dropout_rng if training else seed)
     attention = registry.create(name, num_heads=query.shape[-2], head_dim=query.shape[-1],
                                 num_kv_heads=key.shape[-2], causal=causal or is_causal,
-                                rngs=rngs, **{**options, "dropout_rate": rate})
+                                max_len=max_len, rngs=rngs, **{**options, "dropout_rate": rate})
     _refuse_left_aligned_decode(attention, query.shape[-3], key.shape[-3])
     return attend(attention, query, key, value, mask, check_mask=check_mask,
                   deterministic=not training)
