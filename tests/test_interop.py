@@ -33,7 +33,8 @@ def lengths_mask(lengths, n):
 
 def flax_mask(kind, q_len=N, kv_len=N):
   """A mask as Flax's helpers make it: [B, 1, q_len, kv_len], float32."""
-  q_pad, kv_pad = lengths_mask([q_len, q_len - 3], q_len), lengths_mask([kv_len - 4, kv_len], kv_len)
+  q_pad = lengths_mask([q_len, q_len - 3], q_len)
+  kv_pad = lengths_mask([kv_len - 4, kv_len], kv_len)
   padding = nnx.make_attention_mask(q_pad, kv_pad)
   causal = nnx.make_causal_mask(jnp.ones((B, q_len)))
   return {"padding": padding, "causal": causal, "both": nnx.combine_masks(padding, causal)}[kind]
@@ -45,12 +46,12 @@ def compare(zoo, flax, q, k, v, mask):
   sees = jnp.ones(q.shape[:-2], bool) if mask is None else jnp.any(mask != 0, axis=(-3, -1))
   weights = jax.random.normal(jax.random.key(9), q.shape) * sees[..., None, None]
   loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) * weights)
-  out_zoo, out_flax = zoo(q, k, v), flax(q, k, v)
+  out_zoo, out_flax = jax.jit(zoo)(q, k, v), jax.jit(flax)(q, k, v)
   np.testing.assert_allclose(out_zoo * sees[..., None, None], out_flax * sees[..., None, None],
                              atol=1e-5, rtol=1e-5)
   assert not np.any(np.asarray(out_zoo)[~np.asarray(sees)])
-  for g_zoo, g_flax in zip(jax.grad(loss(zoo), (0, 1, 2))(q, k, v),
-                           jax.grad(loss(flax), (0, 1, 2))(q, k, v)):
+  for g_zoo, g_flax in zip(jax.jit(jax.grad(loss(zoo), (0, 1, 2)))(q, k, v),
+                           jax.jit(jax.grad(loss(flax), (0, 1, 2)))(q, k, v)):
     np.testing.assert_allclose(g_zoo, g_flax, atol=1e-5, rtol=1e-5)
 
 
@@ -126,22 +127,21 @@ def test_linen_layer_init_and_apply():
 def test_stochastic_variants_draw_from_the_layers_dropout_key():
   q, k, v = qkv()
   reformer = attention_fn("reformer", chunk_len=4)
-  draw = lambda seed: reformer(q, q, v, dropout_rng=jax.random.key(seed), dropout_rate=0.1,
-                               deterministic=False)
-  np.testing.assert_array_equal(draw(0), draw(0))
-  assert not np.allclose(draw(0), draw(1))
-  evaluation = reformer(q, q, v, deterministic=True)
-  np.testing.assert_array_equal(evaluation, reformer(q, q, v, deterministic=True))
+  hashed = jax.jit(lambda seed: reformer(q, q, v, dropout_rng=jax.random.key(seed),
+                                         dropout_rate=0.1, deterministic=False))
+  np.testing.assert_array_equal(hashed(0), hashed(0))
+  assert not np.allclose(hashed(0), hashed(1))
   performer = attention_fn("performer", nb_features=16, dropout_rate=0.0)   # redraws, no dropout
-  redraw = lambda seed: performer(q, k, v, dropout_rng=jax.random.key(seed), dropout_rate=0.1,
-                                  deterministic=False)
-  assert not np.allclose(redraw(0), redraw(1))
-  linen = nn.MultiHeadDotProductAttention(num_heads=H, dropout_rate=0.1,
-                                          attention_fn=attention_fn("reformer", chunk_len=4))
+  redraw = jax.jit(lambda seed, deterministic: performer(
+      q, k, v, dropout_rng=jax.random.key(seed), dropout_rate=0.1, deterministic=deterministic),
+      static_argnums=1)
+  assert not np.allclose(redraw(0, False), redraw(1, False))
+  np.testing.assert_array_equal(redraw(0, True), redraw(1, True))   # evaluation: fixed features
+  linen = nn.MultiHeadDotProductAttention(num_heads=H, dropout_rate=0.1, attention_fn=performer)
   x = jax.random.normal(jax.random.key(3), (B, N, 16))
   params = linen.init(jax.random.key(0), x, x, deterministic=True)
-  train = lambda seed: linen.apply(params, x, x, deterministic=False,
-                                   rngs={"dropout": jax.random.key(seed)})
+  train = jax.jit(lambda seed: linen.apply(params, x, x, deterministic=False,
+                                           rngs={"dropout": jax.random.key(seed)}))
   assert not np.allclose(train(0), train(1))
 
 
