@@ -49,9 +49,10 @@ def attention_fn(name: str, *, causal: bool = False, max_len: int | None = None,
   causal: every call is causal (bottom-right aligned), whatever the mask; the layer's
   `is_causal=True` also makes a call causal. max_len as for `az.create`. seed: the key of each
   variant's construction-time draws (performer's fixed features, reformer's evaluation
-  rotations, bigbird's random blocks), the same for every call. Fresh draws (performer's redraw, reformer's training rotations)
-  and dropout come from the `dropout_rng` the layer passes, which Flax does only in training
-  with dropout_rate > 0. `dropout_rate` in options overrides the layer's rate.
+  rotations, bigbird's random blocks), the same for every call. Fresh draws (performer's
+  redraw, reformer's training rotations) and dropout come from the `dropout_rng` the layer
+  passes, which Flax does only in training with dropout_rate > 0. `dropout_rate` in options
+  overrides the layer's rate.
   """
   spec = registry.spec(name)
   # A small probe validates the options and the causal request before any call (with a
