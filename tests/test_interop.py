@@ -145,6 +145,20 @@ def test_stochastic_variants_draw_from_the_layers_dropout_key():
   assert not np.allclose(train(0), train(1))
 
 
+@pytest.mark.parametrize("name", ["full", "performer"])
+def test_flax_cache_decoding_through_attention_fn(name):
+  """Flax decodes one query against its left-aligned cache (later slots masked): exact for a
+  variant whose single query sees every key."""
+  fn = attention_fn(name, causal=True, **({"nb_features": 16} if name == "performer" else {}))
+  layer = nnx.MultiHeadAttention(H, 16, attention_fn=fn, decode=False, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(3), (1, 6, 16))
+  whole = layer(x, mask=nnx.make_causal_mask(jnp.ones((1, 6))))
+  layer.init_cache((1, 6, 16))
+  step = nnx.jit(lambda layer, token: layer(token, decode=True))
+  steps = jnp.concatenate([step(layer, x[:, t:t + 1]) for t in range(6)], axis=1)
+  np.testing.assert_allclose(steps, whole, atol=1e-5)
+
+
 # -- swap_attention ------------------------------------------------------------------------
 
 def tiny_decoder():
