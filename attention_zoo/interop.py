@@ -179,8 +179,10 @@ class ZooMultiHeadAttention(nnx.Module):
   """`nnx.MultiHeadAttention`'s projections (the same modules, so the same weights) around a
   zoo variant, called as `nnx.MultiHeadAttention` is. Made by `swap_attention`.
 
-  Not supported: decode=True (Flax's cache), sow_weights=True, call-time rngs (the variant
-  draws from the rngs given to swap_attention).
+  Decoding (`init_cache(input_shape)`, then one token per call with decode=True) uses the
+  variant's own cache: a right-aligned KV cache, or the recurrent state of the kernelised
+  variants (variants whose spec says can_decode, built causal). Not supported: sow_weights,
+  call-time rngs (the variant draws from the rngs given to swap_attention).
   """
 
   def __init__(self, original: nnx.MultiHeadAttention, attention, *, check_mask: bool):
@@ -190,15 +192,19 @@ class ZooMultiHeadAttention(nnx.Module):
     self.in_features, self.deterministic = original.in_features, original.deterministic
     self.decode = original.decode
     self.attention, self.check_mask = attention, check_mask
+    self.cache = nnx.data(None)   # set by init_cache
+
+  def init_cache(self, input_shape, dtype=jnp.float32):
+    """Prepares decoding for inputs [batch, max_len, features] (as Flax's layer does)."""
+    if len(input_shape) != 3:
+      raise ValueError(f"{self.attention.spec.name}: init_cache takes an input shape "
+                       f"[batch, max_len, features], got {tuple(input_shape)}")
+    self.cache = nnx.Cache(self.attention.init_cache(input_shape[0], input_shape[1], dtype))
 
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, deterministic=None,
                rngs=None, sow_weights=False, decode=None, is_causal=False, out_sharding=None,
                qkv_sharding=None):
     name = self.attention.spec.name
-    if decode or (decode is None and self.decode):
-      raise ValueError(f"{name} (swapped in by swap_attention) does not decode with Flax's "
-                       f"cache; generate with the original layers, or with "
-                       f"attention_zoo.models.DecoderLM")
     if sow_weights or rngs is not None:
       raise ValueError(f"{name} (swapped in by swap_attention): sow_weights and call-time rngs "
                        f"are not supported; the variant draws from the rngs given to "
@@ -217,6 +223,15 @@ class ZooMultiHeadAttention(nnx.Module):
     value = self.value(inputs_v, out_sharding=qkv_sharding)
     if self.query_ln is not None:
       query, key = self.query_ln(query), self.key_ln(key)
+    if decode if decode is not None else self.decode:
+      if self.cache is None:
+        raise ValueError(f"{name}: decode=True needs init_cache(input_shape) first")
+      if mask is not None or query.shape[-3] != 1 or inputs_k is not inputs_q:
+        raise ValueError(f"{name}: decode=True takes one token of self-attention per call, "
+                         f"with mask=None (the cache masks what is not yet decoded)")
+      out, new_cache = self.attention.decode(query, key, value, self.cache.get_value())
+      self.cache.set_value(new_cache)
+      return self.out(out, out_sharding=out_sharding)
     if deterministic is None:
       deterministic = self.deterministic
     if deterministic is None:
@@ -227,10 +242,6 @@ class ZooMultiHeadAttention(nnx.Module):
     out = attend(self.attention, query, key, value, mask, check_mask=self.check_mask,
                  deterministic=deterministic)
     return self.out(out, out_sharding=out_sharding)
-
-  def init_cache(self, *args, **kwargs):
-    raise ValueError(f"{self.attention.spec.name} (swapped in by swap_attention) does not "
-                     f"decode with Flax's cache")
 
 
 def swap_attention(model, name: str, *, causal: bool = False, max_len: int | None = None,

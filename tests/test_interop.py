@@ -209,6 +209,23 @@ def test_swapped_model_trains_under_nnx_jit(name, options):
   assert all(jax.tree.leaves(changed))
 
 
+@pytest.mark.parametrize("name, options", [("sliding_window", {"window": 2}),
+                                           ("performer", {"nb_features": 16})])
+def test_swapped_layer_decodes_with_the_variants_cache(name, options):
+  flax_layer = nnx.MultiHeadAttention(H, 16, decode=False, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(3), (1, 6, 16))
+  (swapped,) = swap_attention(nnx.List([nnx.clone(flax_layer)]), name, causal=True, **options)
+  if name == "sliding_window":   # exact: Flax's layer under the causal window's dense mask
+    pattern = swapped.attention.pattern(6, 6)
+    whole = flax_layer(x, mask=nnx.make_causal_mask(jnp.ones((1, 6))) * pattern)
+  else:                          # approximate: the same variant over the whole sequence
+    whole = swapped(x)
+  swapped.init_cache(x.shape)
+  step = nnx.jit(lambda layer, token: layer(token, decode=True))
+  steps = jnp.concatenate([step(swapped, x[:, t:t + 1]) for t in range(6)], axis=1)
+  np.testing.assert_allclose(steps, whole, atol=1e-5)
+
+
 def test_swap_selects_layers_with_where():
   model = swap_attention(tiny_decoder(), "full", causal=True, where=lambda path, _: 0 in path)
   kinds = [type(b.attention).__name__ for b in model.blocks]
@@ -264,8 +281,10 @@ def test_swap_refusals():
   model = swap_attention(tiny_decoder(), "sliding_window", window=4)     # not causal
   with pytest.raises(ValueError, match="causal=True"):
     model(tokens_with_padding())
-  with pytest.raises(ValueError, match="does not decode"):
+  with pytest.raises(ValueError, match="needs init_cache"):
     model.blocks[0].attention(jnp.ones((1, 1, 16)), decode=True)
+  with pytest.raises(ValueError, match="decoding needs causal=True"):
+    model.blocks[0].attention.init_cache((1, 8, 16))
   lm1b_like = nnx.MultiHeadAttention(H, 16, dropout_rate=0.1, rngs=nnx.Rngs(0))
   holder = nnx.List([lm1b_like])
   with pytest.raises(ValueError, match="pass dropout_rate=0.0"):
