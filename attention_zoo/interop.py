@@ -181,8 +181,9 @@ class ZooMultiHeadAttention(nnx.Module):
 
   Decoding (`init_cache(input_shape)`, then one token per call with decode=True) uses the
   variant's own cache: a right-aligned KV cache, or the recurrent state of the kernelised
-  variants (variants whose spec says can_decode, built causal). Not supported: sow_weights,
-  call-time rngs (the variant draws from the rngs given to swap_attention).
+  variants (variants whose spec says can_decode, built causal); `nnx.view(model, decode=True,
+  batch_size=..., max_length=...)` prepares it too. Not supported: sow_weights, call-time rngs
+  (the variant draws from the rngs given to swap_attention).
   """
 
   def __init__(self, original: nnx.MultiHeadAttention, attention, *, check_mask: bool):
@@ -200,6 +201,19 @@ class ZooMultiHeadAttention(nnx.Module):
       raise ValueError(f"{self.attention.spec.name}: init_cache takes an input shape "
                        f"[batch, max_len, features], got {tuple(input_shape)}")
     self.cache = nnx.Cache(self.attention.init_cache(input_shape[0], input_shape[1], dtype))
+
+  def set_view(self, deterministic: bool | None = None, decode: bool | None = None,
+               batch_size: int | None = None, max_length: int | None = None):
+    """For `nnx.view(model, deterministic=..., decode=..., batch_size=..., max_length=...)`,
+    as on Flax's layer; decode=True with batch_size and max_length prepares the cache."""
+    if deterministic is not None:
+      self.deterministic = deterministic
+    if decode is not None:
+      self.decode = decode
+      if decode and self.cache is None:
+        if batch_size is None or max_length is None:
+          raise TypeError("batch_size and max_length must be given to prepare the cache")
+        self.init_cache((batch_size, max_length, self.in_features))
 
   def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None, deterministic=None,
                rngs=None, sow_weights=False, decode=None, is_causal=False, out_sharding=None,

@@ -220,9 +220,9 @@ def test_swapped_layer_decodes_with_the_variants_cache(name, options):
     whole = flax_layer(x, mask=nnx.make_causal_mask(jnp.ones((1, 6))) * pattern)
   else:                          # approximate: the same variant over the whole sequence
     whole = swapped(x)
-  swapped.init_cache(x.shape)
-  step = nnx.jit(lambda layer, token: layer(token, decode=True))
-  steps = jnp.concatenate([step(swapped, x[:, t:t + 1]) for t in range(6)], axis=1)
+  decoder = nnx.view(swapped, decode=True, batch_size=1, max_length=6)   # Flax's way, or
+  step = nnx.jit(lambda layer, token: layer(token))                        # init_cache(shape)
+  steps = jnp.concatenate([step(decoder, x[:, t:t + 1]) for t in range(6)], axis=1)
   np.testing.assert_allclose(steps, whole, atol=1e-5)
 
 
