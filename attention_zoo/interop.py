@@ -270,7 +270,7 @@ def swap_attention(model, name: str, *, causal: bool = False, max_len: int | Non
   `dropout_rate` defaults to each layer's. Returns the model; ValueError when it has no layer
   to swap.
   """
-  registry.spec(name)
+  spec = registry.spec(name)
   rngs = nnx.Rngs(0) if rngs is None else rngs
   found = [(path, layer) for path, layer in nnx.iter_graph(model)
            if isinstance(layer, nnx.MultiHeadAttention) and (where is None or where(path, layer))]
@@ -283,7 +283,6 @@ def swap_attention(model, name: str, *, causal: bool = False, max_len: int | Non
                      "model that contains it")
   for path, layer in found:
     layer_options = {"dropout_rate": layer.dropout_rate, **options}
-    spec = registry.spec(name)
     if layer_options["dropout_rate"] and not spec.supports_dropout:
       raise ValueError(f"swap_attention({name!r}): the layer at {'.'.join(map(str, path))} "
                        f"has attention dropout (dropout_rate={layer.dropout_rate}), which "
