@@ -20,7 +20,7 @@ from attention_zoo.registry import (AttentionSpec, available, create, register, 
 
 # Modules that are not variants (conformance is a command: `python -m attention_zoo.conformance`).
 _NOT_VARIANTS = {"base", "registry", "reference", "conformance", "layers", "positions", "models",
-                 "options", "plugins"}
+                 "options", "plugins", "interop"}
 
 for _module in pkgutil.iter_modules(__path__):
   if _module.name not in _NOT_VARIANTS and not _module.name.startswith("_"):
