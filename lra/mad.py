@@ -189,20 +189,29 @@ class FuzzyInContextRecall(_Settings):
     stream = np.full((n, seq_len), pad, np.int64)
     asked = np.zeros((n, seq_len), bool)   # the position holds a value token of a repeated key
     num_values, longest = pad - num_keys, self.k_motif_size + self.v_motif_size
+    # Drawn up front for at most `slots` pairs per sequence: each pair's key (the first
+    # k_size ids of a random order of the key ids) and, if the key is new, its value.
+    slots = seq_len // 2
+    key_orders = np.argsort(rng.random((n, slots, num_keys)), axis=-1)
+    key_lengths = rng.choice(key_sizes, (n, slots))
+    value_orders = num_keys + np.argsort(rng.random((n, slots, num_values)), axis=-1)
+    value_lengths = rng.integers(1, self.v_motif_size + 1, (n, slots))
+    last_pick = rng.random(n)
     for row in range(n):
       value_of, tokens, is_asked = {}, [], []
 
-      def add(key):   # a pair; its value is asked when the key was seen before
+      def add(key, pair):   # a pair; its value is asked when the key was seen before
         repeated = key in value_of
         if not repeated:
-          size = rng.integers(1, self.v_motif_size + 1)
-          value_of[key] = tuple(num_keys + rng.choice(num_values, size, replace=False))
+          value_of[key] = tuple(value_orders[row, pair, :value_lengths[row, pair]].tolist())
         tokens.extend([*key, *value_of[key]])
         is_asked.extend([False] * len(key) + [repeated] * len(value_of[key]))
 
+      pair = 0
       while len(tokens) + 2 * longest <= seq_len:   # room for this pair and the last one
-        add(tuple(rng.choice(num_keys, rng.choice(key_sizes), replace=False)))
-      add(list(value_of)[rng.integers(len(value_of))])   # the last key was seen before
+        add(tuple(key_orders[row, pair, :key_lengths[row, pair]].tolist()), pair)
+        pair += 1
+      add(list(value_of)[int(last_pick[row] * len(value_of))], pair)   # a key seen before
       stream[row, seq_len - len(tokens):] = tokens
       asked[row, seq_len - len(tokens):] = is_asked
     if split == "train":

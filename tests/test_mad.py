@@ -239,3 +239,17 @@ def test_every_mad_task_trains_through_the_harness_and_reports(tmp_path):
   text = report.write_report(tmp_path / "runs", tmp_path)
   assert "### MAD, preset `tiny`, final step" in text and "| linformer | n/a |" in text
   assert (tmp_path / "mad_tiny.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("task, max_len, options", [
+    ("in_context_recall", 16, {}), ("noisy_in_context_recall", 16, {}),
+    ("fuzzy_in_context_recall", 24, {}), ("selective_copying", 16, {"num_tokens_to_copy": 4}),
+    ("compression", 8, {}), ("memorization", 12, {"vocab_size": 16})])
+def test_the_worked_examples_in_the_docs_are_the_generators_output(task, max_len, options):
+  from pathlib import Path
+
+  docs = (Path(__file__).resolve().parents[1] / "docs" / "mad.md").read_text(encoding="utf-8")
+  ds = lra.load(task, "test", max_len=max_len, num_train=2, num_validation=2, num_test=2,
+                **options)
+  assert "tokens : " + " ".join(f"{t:>2}" for t in ds.inputs[0]) in docs
+  assert "targets: " + " ".join(" ." if t < 0 else f"{t:>2}" for t in ds.targets[0]) in docs
