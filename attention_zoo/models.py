@@ -365,6 +365,34 @@ class DecoderLM(nnx.Module):
                      step=_lm_decode_step, forward=_lm_forward)
 
 
+class BottleneckLM(nnx.Module):
+  """A causal decoder read out through its last position only (MAD's compression task): the
+  last real position's hidden state h [b, emb] must hold the whole sequence, and an MLP
+  reconstructs token i from h + sinusoidal(i):
+
+      logits_i = W_out LN(gelu(W_2 LN(gelu(W_1 LN(h + p_i)))))      # [b, n, vocab]
+
+  Every position's logits see the sequence only through h, so a mixer scores by how much of
+  the sequence one state holds."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.decoder = Decoder(config, rngs=rngs)
+    dim = config.emb_dim
+    self.norms = nnx.List([nnx.LayerNorm(dim, rngs=rngs) for _ in range(3)])
+    self.hidden = nnx.List([nnx.Linear(dim, dim, rngs=rngs) for _ in range(2)])
+    self.lm_head = nnx.Linear(dim, config.vocab_size, rngs=rngs)
+
+  def __call__(self, tokens, mask=None, *, deterministic=True):
+    hidden, mask = self.decoder(tokens, mask, deterministic=deterministic)
+    last = jnp.maximum(mask.sum(axis=1) - 1, 0)                                     # [b]
+    state = jnp.take_along_axis(hidden.astype(jnp.float32), last[:, None, None], 1)  # [b, 1, emb]
+    x = state + positions.sinusoidal(jnp.arange(tokens.shape[1]), self.config.emb_dim)
+    for norm, linear in zip(self.norms[:2], self.hidden):                           # [b, n, emb]
+      x = nnx.gelu(linear(norm(x)))
+    return self.lm_head(self.norms[2](x))                                           # [b, n, vocab]
+
+
 class EncoderDecoder(nnx.Module):
   """Encoder over the source, causal decoder with cross-attention to it:
   logits [b, tgt_len, vocab]."""

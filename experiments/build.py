@@ -13,7 +13,8 @@ from flax import nnx
 
 import attention_zoo as az
 import lra
-from attention_zoo.models import Classifier, DecoderLM, DualEncoderClassifier, TransformerConfig
+from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
+                                  TransformerConfig)
 from configs.lra import common
 
 
@@ -29,11 +30,12 @@ def model_config(config) -> TransformerConfig:
 
 
 def model_class(task: str) -> type:
-  """A causal DecoderLM for a token task (the diagnostics), else a classifier (a dual encoder
-  for Retrieval)."""
+  """A causal DecoderLM for a token task (the diagnostics; a BottleneckLM when the task reads
+  every position from the last one, MAD's compression), else a classifier (a dual encoder for
+  Retrieval)."""
   spec = lra.task_spec(task)
   if spec.objective == "next_token":
-    return DecoderLM
+    return BottleneckLM if spec.readout == "last_position" else DecoderLM
   return DualEncoderClassifier if spec.dual else Classifier
 
 

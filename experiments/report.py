@@ -2,7 +2,9 @@
 
     python -m experiments.report --runs=results/tiny/runs --out=results/tiny
 
-Reads every `results.json` (and `metrics.jsonl`) under --runs. Each cell is a test accuracy (%),
+Reads every `results.json` (and `metrics.jsonl`) under --runs. The LRA tasks, the MAD tasks (one
+column per task and their average, as MAD's table) and the other diagnostics get a table each.
+Each cell is a test accuracy (%),
 mean ± std over seeds, with the LRA paper's number and our difference beside it; a "majority
 class" row gives each task's chance level (the most frequent class of its test split). Two
 tables per preset, each saying which model it tests: the final step's (what the released LRA
@@ -57,16 +59,22 @@ def _order(attentions) -> list[str]:
   return known + sorted(set(attentions) - set(known))
 
 
+def kinds() -> tuple[tuple[str, tuple[str, ...]], ...]:
+  """(kind, its tasks): "lra" (LRA Table 1), "mad" (the MAD suite), "diagnostics" (the rest)."""
+  others = tuple(t for t in lra.diagnostic_tasks() if t not in lra.mad_tasks())
+  return ("lra", lra.available_tasks()), ("mad", lra.mad_tasks()), ("diagnostics", others)
+
+
 def summarize(runs: list[dict]) -> dict:
   """{(preset, policy, kind): {"tasks", "attentions", "cells": {(attention, task): stats},
   "majority", "not_applicable": {(attention, task): reason}}} for each preset, each policy in
-  POLICIES and each kind of task ("lra": the LRA tasks, LRA Table 1; "diagnostics")."""
+  POLICIES and each kind of task (see `kinds`)."""
   by_preset = defaultdict(list)
   for run in runs:
     by_preset[run["preset"]].append(run)
   tables = {}
   for preset, group in sorted(by_preset.items()):
-    for kind, known in (("lra", lra.available_tasks()), ("diagnostics", lra.diagnostic_tasks())):
+    for kind, known in kinds():
       runs_here = [run for run in group if run["task"] in known]
       finished = [run for run in runs_here if "not_applicable" not in run]
       majority = defaultdict(list)
@@ -125,13 +133,20 @@ def markdown(tables: dict) -> str:
                 f"our difference). Seeds per cell: {', '.join(map(str, seeds))}."
                 + (" The tiny preset is a CPU-sized run: its numbers are not comparable with the "
                    "paper's." if preset == "tiny" else ""), ""]
+    elif kind == "mad":
+      lines += [f"### MAD, preset `{preset}`, {which}: test accuracy on the asked tokens (%)", "",
+                f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
+                f"Seeds per cell: {', '.join(map(str, seeds))}. The six tasks of Poli et al. "
+                "2024 (docs/mad.md); Avg: the mean over the tasks of the row."
+                + (" The tiny preset is a CPU-sized run: its numbers are not comparable with "
+                   "the paper's." if preset == "tiny" else ""), ""]
     else:
       lines += [f"### Diagnostics, preset `{preset}`, {which}: test accuracy on the asked "
                 "tokens (%)", "",
                 f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
                 f"Seeds per cell: {', '.join(map(str, seeds))}. mqar: multi-query associative "
                 "recall, the share of queried values a causal model emits exactly.", ""]
-    has_avg = kind == "lra" and sum(t != "pathx" for t in tasks) > 1
+    has_avg = kind in ("lra", "mad") and sum(t != "pathx" for t in tasks) > 1
     header = ["Model"] + tasks + (["Avg"] if has_avg else [])
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for attention in table["attentions"]:
@@ -145,7 +160,9 @@ def markdown(tables: dict) -> str:
                      _cell(cell["mean"], cell["std"], paper_accuracy(attention, task)))
       if has_avg:
         average = _average(table, attention)
-        row.append("—" if average is None else _cell(average[0], None, average[1]))
+        not_applicable = all((attention, t) in table["not_applicable"] for t in tasks)
+        row.append("n/a" if not_applicable else
+                   "—" if average is None else _cell(average[0], None, average[1]))
       lines.append("| " + " | ".join(row) + " |")
     majority = [f"{table['majority'][t]:.2f}" for t in tasks]
     lines.append("| " + " | ".join([f"*{MAJORITY}*"] + majority + ([""] if has_avg else [])) + " |")
@@ -227,7 +244,35 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       loss_ax.set(xlabel="step", ylabel="training loss")
       acc_ax.legend(fontsize="x-small", ncol=2)
       written.append(save_figure(fig, out / f"curves_{preset}_{task}.png"))
+    if kind == "mad":
+      written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})"))
   return written
+
+
+def plot_profile(table: dict, path: Path, title: str) -> Path:
+  """One group of bars per task (and the average), one bar per variant: the table as a chart,
+  error bars the std over seeds; n/a variants are left out."""
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  tasks = table["tasks"]
+  attentions = [a for a in table["attentions"] if any((a, t) in table["cells"] for t in tasks)]
+  width = 0.8 / max(len(attentions), 1)
+  fig, ax = plt.subplots(figsize=(max(7, 1.2 * (len(tasks) + 1) + 2), 4))
+  for i, attention in enumerate(attentions):
+    cells = [table["cells"].get((attention, t)) for t in tasks]
+    average = _average(table, attention)
+    means = [c["mean"] if c else np.nan for c in cells] + [average[0] if average else np.nan]
+    stds = [(c["std"] or 0) if c else 0 for c in cells] + [0]
+    ax.bar(np.arange(len(tasks) + 1) + (i - (len(attentions) - 1) / 2) * width, means, width,
+           yerr=stds, capsize=2, label=attention)
+  ax.scatter(np.arange(len(tasks)), [table["majority"][t] for t in tasks], color="black",
+             marker="_", s=200, zorder=3, label=MAJORITY)
+  ax.set_xticks(np.arange(len(tasks) + 1), [t.replace("_", "\n") for t in tasks] + ["average"],
+                fontsize="small")
+  ax.set(ylabel="test accuracy (%)", ylim=(0, 100), title=title)
+  ax.legend(fontsize="x-small", ncol=2)
+  return save_figure(fig, path)
 
 
 def save_figure(fig, path: Path) -> Path:

@@ -3,6 +3,7 @@
     python -m experiments.reproduce --preset=tiny --tasks=listops
     python -m experiments.reproduce --preset=paper --tasks=listops,text,retrieval,image,pathfinder \
         --attentions=full,performer --seeds=1,2,3 --out=results/paper
+    python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full --seeds=0,1
 
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
 skipped and an interrupted one resumes, so the same command continues a grid. The report
@@ -71,6 +72,16 @@ def all_tasks() -> tuple[str, ...]:
   return lra.available_tasks() + lra.diagnostic_tasks()
 
 
+# Names that stand for several tasks in --tasks.
+TASK_GROUPS = {"mad": lra.mad_tasks()}
+
+
+def expand_tasks(tasks) -> list[str]:
+  """--tasks with each group name ("mad") replaced by its tasks, in order, without repeats."""
+  expanded = [t for task in tasks for t in TASK_GROUPS.get(task, (task,))]
+  return list(dict.fromkeys(expanded))
+
+
 def not_applicable(task: str, attention: str) -> str | None:
   """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
   spec = az.spec(attention)
@@ -82,7 +93,9 @@ def not_applicable(task: str, attention: str) -> str | None:
 def check_names(tasks: list[str], attentions: list[str]) -> None:
   for task in tasks:
     if task not in all_tasks():
-      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}")
+      groups = ", ".join(f"{name} ({', '.join(members)})" for name, members in TASK_GROUPS.items())
+      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}; "
+                             f"groups: {groups}")
   for attention in attentions:
     if attention not in az.available():
       raise cli.HarnessError(f"unknown attention {attention!r}; registered: "
@@ -95,6 +108,7 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   """Trains every missing run of the grid; returns a line per failed run."""
   from experiments import trainer  # imports jax: after the cheap checks
 
+  tasks = expand_tasks(tasks)
   check_names(tasks, attentions)
   grid = [(t, a, s) for t in tasks for a in attentions for s in seeds]
   configs = {key: task_config(*key[:2], preset, key[2], overrides) for key in grid}
@@ -157,7 +171,7 @@ if __name__ == "__main__":
                     "LRA code as it ran; fair: the same budget with its quirks fixed.")
   flags.DEFINE_list("tasks", list(lra.available_tasks()), "Tasks to run: the LRA tasks "
                     f"({', '.join(lra.available_tasks())}) and diagnostics "
-                    f"({', '.join(lra.diagnostic_tasks())}).")
+                    f"({', '.join(lra.diagnostic_tasks())}); `mad` stands for the six MAD tasks.")
   flags.DEFINE_list("attentions", [], "Attention variants; default: every registered one.")
   flags.DEFINE_list("seeds", ["0"], "Seeds; the table shows mean ± std over them.")
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")

@@ -11,7 +11,9 @@
 
 The diagnostic task `mqar` (multi-query associative recall, lra.mqar) is generated in memory
 from its options: `lra.load("mqar", "train", max_len=64, num_pairs=8)`; its targets are
-int32 [N, L], the token to emit at each position (-1 where nothing is asked).
+int32 [N, L], the token to emit at each position (-1 where nothing is asked). So are the six
+tasks of the MAD suite (lra.mad; `lra.mad_tasks()`), e.g.
+`lra.load("selective_copying", "test", max_len=64, num_tokens_to_copy=8)`.
 
 Data can be generated in the official layout:
     python -m lra.generate listops --out DIR
@@ -26,9 +28,9 @@ from lra.listops import generate_listops
 from lra.loader import load
 from lra.provenance import provenance
 from lra.readers import rgb_to_grayscale
-from lra import mqar
+from lra import mad, mqar
 from lra.tasks import (PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, SPLITS, TaskSpec,
-                       available_tasks, diagnostic_tasks, task_spec)
+                       available_tasks, diagnostic_tasks, mad_tasks, task_spec)
 
 
 def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "hard", num: int,
@@ -48,5 +50,6 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
 __all__ = [
     "Dataset", "PATHFINDER_DIFFICULTIES", "PATHFINDER_RESOLUTIONS", "SPLITS", "TaskSpec",
     "available_tasks", "check_dataset", "diagnostic_tasks", "generate_listops",
-    "generate_pathfinder", "iterate", "load", "mqar", "provenance", "rgb_to_grayscale", "task_spec",
+    "generate_pathfinder", "iterate", "load", "mad", "mad_tasks", "mqar", "provenance",
+    "rgb_to_grayscale", "task_spec",
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lra import cache as cache_lib
-from lra import mqar, readers
+from lra import mad, mqar, readers
 from lra.checks import check_dataset
 from lra.dataset import Dataset
 from lra.tasks import TaskSpec, check_split, task_spec
@@ -22,8 +22,11 @@ _READERS = {
     "image": readers.read_image,
     "pathfinder": readers.read_pathfinder,
     "pathx": readers.read_pathfinder,
-    "mqar": readers.read_mqar,
+    "mqar": readers.read_generated,
+    **{task: readers.read_generated for task in mad.SETTINGS},
 }
+# The diagnostic tasks generated in memory: their settings, whose fields are the load options.
+GENERATED = {"mqar": mqar.Settings, **mad.SETTINGS}
 _PIXEL_TASKS = ("pathfinder", "pathx")
 _TFDS_TASKS = ("text", "image")
 
@@ -53,7 +56,7 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
       if it is not prepared yet (off by default: this package never downloads unasked).
     **generator_options: diagnostic tasks only, generated in memory (no data_dir): the fields
       of `lra.mqar.Settings` (vocab_size, num_pairs, num_queries, min_gap, power_a, num_train,
-      num_validation, num_test, seed).
+      num_validation, num_test, seed), or of the MAD task's settings (`lra.mad.SETTINGS`).
 
   Returns:
     A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
@@ -94,12 +97,12 @@ def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
   parameters that key the cache, and the keyword options of the task's reader."""
   spec = task_spec(name)
   options, params = {}, {}
-  if name == "mqar":
+  if name in GENERATED:
     try:
-      settings = mqar.Settings(**generator_options)
+      settings = GENERATED[name](**generator_options)
     except TypeError:
-      fields = ", ".join(f.name for f in dataclasses.fields(mqar.Settings))
-      raise ValueError(f"mqar: unknown option(s) {', '.join(sorted(generator_options))}; its "
+      fields = ", ".join(f.name for f in dataclasses.fields(GENERATED[name]))
+      raise ValueError(f"{name}: unknown option(s) {', '.join(sorted(generator_options))}; its "
                        f"options: {fields}") from None
     options = {"settings": settings}
     params.update(dataclasses.asdict(settings))

@@ -84,15 +84,20 @@ def _no_examples(path: Path, what: str) -> ValueError:
                     "one; generate or unpack it again.")
 
 
-# ------------------------------------------------------------------------------------- MQAR
+# ------------------------------------------------------------------- MQAR and the MAD tasks
 
-def read_mqar(data_dir, split: str, max_len: int, settings) -> Source:
-  """Generated in memory from `settings` (lra.mqar.Settings); data_dir is not used."""
+def read_generated(data_dir, split: str, max_len: int, settings) -> Source:
+  """Generated in memory from `settings` (lra.mqar.Settings, or a task's of lra.mad.SETTINGS);
+  data_dir is not used."""
   from lra import mqar
 
   settings.check(max_len)
-  return Source(None, lambda: mqar.generate(settings, max_len, split),
-                f"lra.mqar generator ({split}, seed {settings.seed})", generated=settings)
+  if isinstance(settings, mqar.Settings):
+    return Source(None, lambda: mqar.generate(settings, max_len, split),
+                  f"lra.mqar generator ({split}, seed {settings.seed})", generated=settings)
+  return Source(None, lambda: settings.generate(max_len, split),
+                f"lra.mad {settings.task} generator ({split}, seed {settings.seed})",
+                generated=settings)
 
 
 # ---------------------------------------------------------------------------------- ListOps

@@ -35,6 +35,10 @@ class TaskSpec:
   objective: "classification": targets int32 [N], one class per example (the LRA tasks);
       "next_token": targets int32 [N, L], the token a causal model must emit at each position,
       IGNORED (-1) where nothing is asked (num_classes = vocab_size).
+  readout: for a token task, where the logits of each position are read: "every_position" (a
+      causal language model: position t's own representation) or "last_position" (every
+      position's logits from the last position's representation alone, the bottleneck of MAD's
+      compression task).
   """
 
   name: str
@@ -46,6 +50,7 @@ class TaskSpec:
   pad_id: int = 0
   image_size: int | None = None
   objective: str = "classification"
+  readout: str = "every_position"
 
 
 _BYTE_VOCAB = 257  # byte + 1, 0 = pad
@@ -67,12 +72,25 @@ TASKS = {
 }
 
 
-# Diagnostics: generated in memory (lra.mqar), loaded like the LRA tasks. The vocabulary and
-# lengths here are defaults, changed by the load options.
-DIAGNOSTICS = {
-    "mqar": TaskSpec("mqar", num_classes=512, max_len=64, vocab_size=512, dual=False,
-                     has_padding=False, objective="next_token"),
+
+def _token_task(name: str, vocab_size: int, max_len: int, **fields) -> TaskSpec:
+  return TaskSpec(name, num_classes=vocab_size, max_len=max_len, vocab_size=vocab_size,
+                  dual=False, has_padding=False, objective="next_token", **fields)
+
+
+# The MAD suite (lra.mad), in the column order of its published table; vocabularies and lengths
+# are MAD's baseline settings.
+MAD = {
+    "compression": _token_task("compression", 16, 32, readout="last_position"),
+    "fuzzy_in_context_recall": _token_task("fuzzy_in_context_recall", 16, 128),
+    "in_context_recall": _token_task("in_context_recall", 16, 128),
+    "memorization": _token_task("memorization", 256, 32),
+    "noisy_in_context_recall": _token_task("noisy_in_context_recall", 32, 128),
+    "selective_copying": _token_task("selective_copying", 16, 256),
 }
+# Diagnostics: generated in memory (lra.mqar, lra.mad), loaded like the LRA tasks. The vocabulary
+# and lengths here are defaults, changed by the load options.
+DIAGNOSTICS = {"mqar": _token_task("mqar", 512, 64), **MAD}
 
 
 def available_tasks() -> tuple[str, ...]:
@@ -81,8 +99,13 @@ def available_tasks() -> tuple[str, ...]:
 
 
 def diagnostic_tasks() -> tuple[str, ...]:
-  """The diagnostic task names (associative recall)."""
+  """The diagnostic task names (associative recall, and the MAD suite)."""
   return tuple(DIAGNOSTICS)
+
+
+def mad_tasks() -> tuple[str, ...]:
+  """The six MAD task names, in the column order of the MAD table."""
+  return tuple(MAD)
 
 
 def task_spec(name: str) -> TaskSpec:

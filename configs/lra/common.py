@@ -228,8 +228,10 @@ def set_fields(config: ml_collections.ConfigDict, fields: dict) -> None:
 
 
 def task_module(task: str):
-  """The config file of a task: configs/lra/<task>.py, or configs/<task>.py for a diagnostic."""
-  package = "configs.lra" if task in lra.available_tasks() else "configs"
+  """The config file of a task: configs/lra/<task>.py, configs/mad/<task>.py for a MAD task,
+  or configs/<task>.py for another diagnostic."""
+  package = ("configs.lra" if task in lra.available_tasks() else
+             "configs.mad" if task in lra.mad_tasks() else "configs")
   return importlib.import_module(f"{package}.{task}")
 
 
