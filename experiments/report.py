@@ -224,7 +224,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       ax.axhline(table["majority"][task], color="tab:red", linestyle="--", label=MAJORITY)
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
-      ax.legend(fontsize="small")
+      ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars
       written.append(save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
@@ -242,7 +242,8 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
             ax.plot(*zip(*points), color=colors[run["attention"]], label=label)
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
       loss_ax.set(xlabel="step", ylabel="training loss")
-      acc_ax.legend(fontsize="x-small", ncol=2)
+      loss_ax.legend(*acc_ax.get_legend_handles_labels(), fontsize="x-small",
+                     loc="upper left", bbox_to_anchor=(1.01, 1))          # beside the curves
       written.append(save_figure(fig, out / f"curves_{preset}_{task}.png"))
     if kind == "mad":
       written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})"))
@@ -276,10 +277,11 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
 
 
 def save_figure(fig, path: Path) -> Path:
-  """Writes `fig` to the PNG `path` atomically (the old plot or the new one), then closes it."""
+  """Writes `fig` to the PNG `path` atomically (the old plot or the new one), then closes it;
+  the image grows to hold a legend placed outside the axes."""
   fig.tight_layout()
   with provenance.atomic_file(path, "wb") as f:
-    fig.savefig(f, format="png", dpi=100)
+    fig.savefig(f, format="png", dpi=100, bbox_inches="tight")
   import matplotlib.pyplot as plt
 
   plt.close(fig)

@@ -5,8 +5,8 @@
     python -m experiments.train --config=configs/lra/listops.py:full,tiny --workdir=runs/tiny \
         --config.model.num_layers=1 --plugins=my_attention
 
-`--config=FILE:ATTENTION[,PRESET]` (preset paper, the default, or tiny); any field can be
-overridden with `--config.<field>=value`. Running again with the same workdir resumes.
+`--config=FILE:ATTENTION[,PRESET]` (preset paper, the default, fair or tiny); any field can
+be overridden with `--config.<field>=value`. Running again with the same workdir resumes.
 """
 from absl import flags
 from ml_collections import config_flags

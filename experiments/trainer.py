@@ -1,10 +1,11 @@
-"""One trainer for every LRA task and every registered attention.
+"""One trainer for every task (the LRA tasks and the diagnostics) and every registered attention.
 
     results = Trainer(config, workdir).run()     # config: configs/lra/<task>.py get_config(...)
 
-The model is an NNX Classifier (a DualEncoderClassifier when the task has two inputs), split
-into a graph definition and its state so that one `jax.jit`-compiled step trains it; the step
-is compiled once per run, ahead of the first step, and a run whose compiled step needs more
+The model (experiments/build.py) is an NNX Classifier, a DualEncoderClassifier when the task has
+two inputs (Retrieval), or a causal DecoderLM for a next-token task (MQAR). It is split into a
+graph definition and its state so that one `jax.jit`-compiled step trains it; the step is
+compiled once per run, ahead of the first step, and a run whose compiled step needs more
 memory than the device has stops there (config.check_memory). Data parallel: a `Mesh` over
 every device of every process with one `data` axis; the batch is sharded along it and the
 training state is replicated. Several processes (one machine or many) each feed their own rows

@@ -3,7 +3,7 @@
 Each reader checks that its files exist (naming the exact path and how to get it) and
 returns a `Source`: the files whose fingerprint keys the cache, `build()`, which parses
 them into arrays, and a description of where the data comes from for error messages. Parsing
-checks each row as it goes (errors name the file and line). The README's Data section lists
+checks each row as it goes (errors name the file and line). docs/data.md lists
 the files each task reads.
 """
 from __future__ import annotations

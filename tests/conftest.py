@@ -1,9 +1,13 @@
 """Test-session set-up shared by every test file, and the fast lane's definition.
 
-`pytest -q -m "not slow"` runs the contract, every variant's oracle and conformance checks, the
-options, layers and models at small shapes; `pytest -q` (what CI runs) runs everything. A test
-is slow when it trains through the harness, starts subprocesses, writes or reads datasets, or
-compiles at long lengths: the modules below as a whole, and single tests marked `slow`.
+`pytest -q -m "not slow"` (the fast lane, for development) touches every module at small
+shapes: the contract, each variant's own oracle tests (their heaviest cases are slow), the
+conformance suite and the config sweep for one variant per family (`REPRESENTATIVE_VARIANTS`),
+the options, layers and models. `pytest -q -n 2` (what CI runs) runs everything. Slow: what
+trains through the harness, starts subprocesses, writes or reads datasets or compiles at long
+lengths (the modules in `SLOW_MODULES`), the registry sweeps for every other registered name
+(new ones included: CI checks them), and single tests marked `slow` (each variant's heaviest
+cases).
 """
 import os
 
@@ -32,12 +36,28 @@ SLOW_MODULES = {
     "test_lra_readers",            # readers of the official formats on written fixtures
     "test_lra_tfds",               # the TFDS fallbacks
     "test_pathfinder_generator",   # image generation
-    "test_readme",                 # runs the README's Python example
     "test_scaling",                # compiles every variant at 8K-16K
 }
 
 
+# Tests that sweep the whole registry, and the parameter naming the variant. In the fast lane
+# they run for one variant per family (REPRESENTATIVE_VARIANTS): dense exact, blockwise exact, a
+# window pattern, one with random blocks, a kernelised one. Every other registered name, a newly
+# registered one too, runs them in the slow lane (CI runs both); add a name to move it.
+REGISTRY_SWEEPS = {"test_conformance": "name",
+                   "test_every_task_attention_config_builds": "attention"}
+REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer"}
+
+
+def is_slow(item) -> bool:
+  if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+    return True
+  variant_param = REGISTRY_SWEEPS.get(getattr(item, "originalname", None))
+  return variant_param is not None and item.callspec.params[variant_param] not in (
+      REPRESENTATIVE_VARIANTS)
+
+
 def pytest_collection_modifyitems(items):
   for item in items:
-    if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+    if is_slow(item):
       item.add_marker(pytest.mark.slow)

@@ -2,7 +2,7 @@
 independent grayscale conversion to check the Image readers against.
 
 Each writer puts files under `root` exactly where `lra.load(task, split, data_dir=root)`
-looks for them (the README's Data section lists the files).
+looks for them (docs/data.md lists the files).
 """
 import pickle
 import struct

@@ -99,6 +99,7 @@ TINY_SETTINGS = capacity.Settings(attentions=("local",), lengths=(16,), num_laye
                                   num_heads=2, mlp_dim=64)
 
 
+@pytest.mark.slow
 def test_a_step_predicted_over_the_budget_is_not_run(monkeypatch):
   """Probe steps of 1 s at 16 and 4 s at 32 predict 64 s at 128 (n²): over a 10 s budget."""
   timed = []
@@ -120,6 +121,7 @@ def test_a_step_predicted_over_the_budget_is_not_run(monkeypatch):
 TINY = ["--num_layers=1", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64"]
 
 
+@pytest.mark.slow
 def test_capacity_command_end_to_end(tmp_path):
   """synthesizer at 64 and 128 on the real device, with a memory limit that 128 exceeds: the
   table, CSV and plot are written, 128 fits the device (compiled first, once), and the step

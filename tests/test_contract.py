@@ -301,6 +301,7 @@ def test_the_package_imports_nothing_from_the_harness():
       assert not {n.split(".")[0] for n in names} & harness, (path, names)
 
 
+@pytest.mark.slow
 def test_pallas_is_imported_only_for_a_pallas_path():
   """Building and running full, and flash on its chunked path, leaves Pallas unimported."""
   script = textwrap.dedent("""

@@ -12,7 +12,9 @@ from attention_zoo import full, reference
 
 
 @pytest.mark.parametrize("q_len, kv_len, num_kv_heads, causal", [
-    (7, 7, 4, False), (16, 16, 2, True), (3, 11, 1, True), (3, 11, 2, False), (1, 9, 4, True)])
+    (7, 7, 4, False), pytest.param(16, 16, 2, True, marks=pytest.mark.slow),
+    pytest.param(3, 11, 1, True, marks=pytest.mark.slow),
+    pytest.param(3, 11, 2, False, marks=pytest.mark.slow), (1, 9, 4, True)])
 def test_full_equals_jax_dot_product_attention(q_len, kv_len, num_kv_heads, causal):
   kq, kk, kv = jax.random.split(jax.random.key(q_len * 31 + kv_len), 3)
   q = jax.random.normal(kq, (2, q_len, 4, 16))
@@ -48,6 +50,7 @@ def _forward_and_grads(fn, q, k, v, cotangent):
   return run(q, k, v)
 
 
+@pytest.mark.slow
 def test_full_scale_option():
   q = jax.random.normal(jax.random.key(0), (1, 5, 2, 8))
   attn = az.create("full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0), scale=0.3)
@@ -64,6 +67,7 @@ def test_full_gqa_does_not_repeat_kv():
   assert (1, 64, 8, 16) not in shapes and (1, 64, 1, 8, 16) not in shapes
 
 
+@pytest.mark.slow
 def test_full_dropout_gradients_equal_autodiff_of_its_forward():
   """The hand-written backward (custom VJP) against JAX's autodiff of the same forward, with
   dropout, GQA, padding (one row with no key), causal cross-attention and ALiBi."""

@@ -302,6 +302,26 @@ def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"
       for s in (1, 2, 3)))
 
 
+def test_report_legends_cover_no_bars_or_curves(tmp_path, monkeypatch):
+  """Every legend of the report's plots sits outside every axes of its figure."""
+  runs = tmp_path / "runs"
+  for attention, accuracy in (("full", 0.40), ("performer", 0.20), ("local", 0.3)):
+    write_results(runs, "listops", attention, 0, accuracy, 0.17)
+  checked = []
+
+  def inspect(fig, path):
+    fig.canvas.draw()
+    for legend in [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+      box = legend.get_window_extent()
+      assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), path.name
+      checked.append(path.name)
+
+  monkeypatch.setattr(report, "save_figure", inspect)
+  found = report.read_runs(runs)
+  report.plot(report.summarize(found), found, tmp_path)
+  assert sorted(checked) == ["bars_tiny_listops.png", "curves_tiny_listops.png"]
+
+
 @pytest.mark.slow
 def test_report_table_csv_and_plots(tmp_path, capsys):
   runs = tmp_path / "runs"

@@ -66,8 +66,10 @@ def rel_err(a, b):
 
 # -- linear_transformer: the explicit formula ----------------------------------------------------
 
-@pytest.mark.parametrize("causal,q_len,kv_len",
-                         [(False, 9, 14), (True, 14, 14), (True, 9, 14), (True, 14, 9)])
+@pytest.mark.parametrize("causal,q_len,kv_len", [
+    pytest.param(False, 9, 14, marks=pytest.mark.slow), (True, 14, 14),
+    pytest.param(True, 9, 14, marks=pytest.mark.slow),
+    pytest.param(True, 14, 9, marks=pytest.mark.slow)])
 def test_linear_transformer_equals_explicit_formula(causal, q_len, kv_len):
   """Self- and cross-attention (bottom-right causal either way round), padded keys, GQA;
   output and gradients."""
@@ -159,6 +161,7 @@ def _softmax_errors(nb_features, causal):
   return np.sqrt(squares(call(attn, q, k, v) - exact) / squares(exact))
 
 
+@pytest.mark.slow
 def test_performer_error_to_softmax_shrinks_with_features():
   """Mean over the 8 heads, measured: 0.49, 0.25, 0.14, 0.08 for m = 16, 64, 256, 1024
   (about 1/sqrt(m), as the FAVOR+ variance bound says)."""
@@ -169,6 +172,7 @@ def test_performer_error_to_softmax_shrinks_with_features():
   assert errors[-1] < 0.12, errors
 
 
+@pytest.mark.slow
 def test_causal_performer_approximates_causal_softmax():
   """Against exact causal softmax, mean over 8 heads; measured 0.34 (m = 16) and 0.06 (m = 1024)."""
   coarse, fine = (float(_softmax_errors(m, causal=True).mean()) for m in (16, 1024))
@@ -190,6 +194,7 @@ def test_performer_features_are_orthogonal_blocks_with_chi_norms():
   assert not np.allclose(omega[0], omega[1])                                # one Ω per kv head
 
 
+@pytest.mark.slow
 def test_performer_redraw():
   q, k, v = make_inputs(3)
   attn = build("performer", nb_features=16, seed=1)
@@ -209,7 +214,7 @@ def test_performer_redraw():
   assert np.array_equal(frozen.projection(deterministic=False), fixed)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_performer_stabiliser_ignores_padded_and_future_keys(causal):
   """A key aligned with the largest row of Ω has a feature exponent > 110 above the others
   (head_dim 256), so a key max taken over all positions would underflow every other key
@@ -272,7 +277,7 @@ def log_space_estimator(q_log, k_log, v, mask, causal):
   return np.einsum("bqkh,bkhd->bqhd", weights / weights.sum(axis=2, keepdims=True), v)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_performer_keeps_every_row_at_large_input_norms(causal):
   """q, k ~ N(0, 16²), head_dim 64: the key feature exponents spread over ~2000 e-folds, so a
   single stabiliser per key (the previous code) underflowed whole rows to zero here (measured:

@@ -31,7 +31,8 @@ def rel_err(a, b):
 SHARING = ["none", "headwise", "kv"]
 
 
-@pytest.mark.parametrize("share", SHARING)
+@pytest.mark.parametrize("share", [  # each mode's own projections: the test below
+    SHARING[0], *[pytest.param(share, marks=pytest.mark.slow) for share in SHARING[1:]]])
 def test_identity_projections_with_k_equal_n_give_full_attention(share):
   """E = F = I (k = n = max_len): softmax(Q Kᵀ s) V exactly, output and gradients, with GQA."""
   n = 12

@@ -81,6 +81,7 @@ def mean_relative_error(num_landmarks, *, length=64, pinv_iterations=6, kv_mask=
   return float(jnp.mean(jnp.abs(out - exact)) / jnp.mean(jnp.abs(exact)))
 
 
+@pytest.mark.slow
 def test_error_shrinks_as_landmarks_grow():
   errors = [mean_relative_error(m) for m in (4, 16, 64)]   # length 64, default pinv_iterations
   assert errors[0] > errors[1] > errors[2], errors
@@ -95,6 +96,7 @@ def test_exact_when_every_token_is_a_landmark():
   assert mean_relative_error(40, length=32, pinv_iterations=30, kv_mask=padded) < 1e-4
 
 
+@pytest.mark.slow
 def test_padding_equals_the_sequence_without_it():
   """Padded tokens enter no landmark and get no weight: a row with a hole and a padded tail
   gives what its 17 real tokens give alone (17 is not a multiple of the 4 landmarks)."""
@@ -126,6 +128,7 @@ def test_segments_are_contiguous_near_equal_and_skip_padding():
   assert np.asarray(real_landmarks).tolist() == [[True] * 4, [True] * 4, [True, False, True, False]]
 
 
+@pytest.mark.slow
 def test_pinv_converges_and_keeps_empty_landmarks_empty():
   a = np.asarray(jax.nn.softmax(jax.random.normal(jax.random.key(3), (6, 6))), np.float64)
   a[:, 4] = a[4, :] = 0.0                                             # landmark 4 is empty

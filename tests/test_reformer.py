@@ -94,6 +94,7 @@ def check_against(attn, q, v, mask, allowed):
     np.testing.assert_allclose(g, rg, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_bucket_one_chunk_equals_full_without_self():
   """A single bucket and one chunk covering the sequence: every real key but itself."""
   n = 12
@@ -123,7 +124,8 @@ def test_one_bucket_is_local_attention_on_position_chunks():
 UNION_CASES = [(False, 2), (True, 3)]
 
 
-@pytest.mark.parametrize("causal, n_hashes", UNION_CASES)
+@pytest.mark.parametrize("causal, n_hashes", [
+    UNION_CASES[0], pytest.param(*UNION_CASES[1], marks=pytest.mark.slow)])
 def test_equals_softmax_over_the_union_of_hashed_chunks(causal, n_hashes):
   """Random hashing, one or several rounds: equals dense softmax over the union of what each round
   shows (the duplicate correction counts every key once), with causal and padding masks."""
@@ -140,6 +142,7 @@ def test_equals_softmax_over_the_union_of_hashed_chunks(causal, n_hashes):
   check_against(attn, q, v, mask, allowed)
 
 
+@pytest.mark.slow
 def test_causal_and_padding_under_random_hashing():
   """Several hash rounds: no dependence on future values, on padded tokens, or on appended
   padding."""
@@ -179,6 +182,7 @@ def captured_mass(allowed, q):
   return float(jnp.mean(jnp.sum(jnp.where(allowed & others, weights, 0), -1)))
 
 
+@pytest.mark.slow
 def test_more_hashes_converge_to_full_attention():
   """More rounds: the union grows and the output (equal to softmax over that union) approaches
   exact shared-QK attention (self excluded)."""
@@ -204,6 +208,7 @@ def test_more_hashes_converge_to_full_attention():
   assert errors[2] < 0.25 * errors[0], errors
 
 
+@pytest.mark.slow
 def test_hashing_groups_similar_tokens():
   """With n_buckets = 2·n/chunk_len (the default) the chunks capture more of the exact softmax mass
   than chunks of positions (n_buckets=1) of the same size; the default bucket count is as
@@ -221,6 +226,7 @@ def test_hashing_groups_similar_tokens():
   assert mass[None] > 1.3 * mass[1], mass
 
 
+@pytest.mark.slow
 def test_num_chunks_cuts_the_sorted_order_into_that_many_chunks():
   """num_chunks=3: chunks of ceil(n / 3), the same attention as chunk_len = ceil(n / 3), and equal
   to dense softmax over the union of those chunks (the released LRA code cut into 10 chunks)."""

@@ -162,6 +162,7 @@ def sort_gradients(attn, q, k, v):
   return nnx.grad(lambda m: jnp.sum(m(q, k, v) ** 2))(attn)
 
 
+@pytest.mark.slow
 def test_learned_sort_gets_gradients_and_changes_the_output():
   n = 24
   attn = make(seed=6)
@@ -214,6 +215,7 @@ def max_diff(a, b):
   return float(jnp.abs(a - b).max())
 
 
+@pytest.mark.slow
 def test_gumbel_noise_only_in_training():
   """Gumbel-Sinkhorn: evaluation is deterministic and the same with the noise switched off;
   each training call draws fresh noise (outputs differ from call to call and from evaluation);
@@ -232,6 +234,7 @@ def test_gumbel_noise_only_in_training():
   assert max_diff(noisy_sort(), noisy_sort()) > 1e-2           # the noise reaches the sort
 
 
+@pytest.mark.slow
 def test_causal_sort_with_noise_uses_only_the_past():
   """Training noise is drawn per block pair, independently of the tokens: with the same draw
   (two modules from one seed), changing later tokens changes no earlier output."""

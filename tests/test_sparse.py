@@ -74,11 +74,19 @@ ORACLE_CASES = [
 ]
 
 
+def oracle_params():
+  """ORACLE_CASES with ALiBi in every other case; each variant's first case in the fast lane."""
+  seen = set()
+  for i, (name, options, q_len, kv_len, num_kv_heads, causal) in enumerate(ORACLE_CASES):
+    yield pytest.param(name, options, q_len, kv_len, num_kv_heads, causal, i % 2 == 0,
+                       marks=pytest.mark.slow if name in seen else (),
+                       id=f"{name}-{q_len}x{kv_len}-{'causal' if causal else 'bidir'}"
+                          f"{'-alibi' * (i % 2 == 0)}")
+    seen.add(name)
+
+
 @pytest.mark.parametrize("name, options, q_len, kv_len, num_kv_heads, causal, alibi",
-                         # ALiBi in every other case
-                         [(*c, i % 2 == 0) for i, c in enumerate(ORACLE_CASES)],
-                         ids=[f"{c[0]}-{c[2]}x{c[3]}-{'causal' if c[5] else 'bidir'}"
-                              f"{'-alibi' * (i % 2 == 0)}" for i, c in enumerate(ORACLE_CASES)])
+                         list(oracle_params()))
 def test_equals_dense_oracle_over_own_pattern(name, options, q_len, kv_len, num_kv_heads, causal,
                                               alibi):
   attn = build(name, causal=causal, num_kv_heads=num_kv_heads, **options)
@@ -212,8 +220,9 @@ def longformer_oracle(attn, q, k, v, mask, slopes):
   return jnp.where(is_global, global_rows, dense_over_pattern(attn, q, k, v, mask, slopes))
 
 
-@pytest.mark.parametrize("causal, num_kv_heads, alibi",
-                         [(False, 2, True), (True, 1, False), (False, 4, False)])
+@pytest.mark.parametrize("causal, num_kv_heads, alibi", [
+    pytest.param(False, 2, True, marks=pytest.mark.slow), (True, 1, False),
+    pytest.param(False, 4, False, marks=pytest.mark.slow)])
 def test_longformer_global_rows_use_their_own_projections(causal, num_kv_heads, alibi):
   """With W_qg, W_kg, W_vg moved away from the identity: the global rows equal dense attention of
   the mapped q, k, v, every other row (also where it sees a global key) the ordinary one;

@@ -170,6 +170,7 @@ def test_bad_configuration():
     make("random", True)(q[:, :4], k[:, :8], v[:, :8])
 
 
+@pytest.mark.slow
 def test_finite_at_4k_in_bf16():
   """16K is not run: the synthesizer forms n × n logits by nature (at 16K, 1 GiB of f32 per head
   for the logits alone, and `random` needs 268M parameters per head); 4K with factorized_random."""

@@ -13,7 +13,7 @@ Presets:
 A task file (configs/lra/<task>.py) holds its released values (`RELEASED`: the base config as
 `"shared"`, then what each model's file changes) and its tiny sizes; `task_config` turns them
 into an ml_collections config of plain values. What depends on the attention variant is
-resolved when the model is built (`attention_settings`, called by experiments/build.py):
+resolved when the model is built (`resolve_attention`, called by experiments/build.py):
 its options (the preset's settings for that variant, token-counted ones scaled to a shortened
 `model.max_len`, then any option set in the config), and `model.attention_ignores_padding`
 when left at None. So `--config.model.attention=...`, `--config.model.attention_options.<x>=...`
