@@ -1,4 +1,5 @@
-"""The conformance suite over every registered variant: a new variant is tested on registering."""
+"""The conformance suite over every registered variant and mixer: a new one is tested on
+registering."""
 import pytest
 
 import attention_zoo as az
@@ -6,7 +7,14 @@ from attention_zoo import conformance
 
 
 @pytest.mark.parametrize("prop", list(conformance.CHECKS))
-@pytest.mark.parametrize("name", az.available())
+@pytest.mark.parametrize("name", az.available("attention"))
 def test_conformance(name, prop):
+  result = conformance.run_check(prop, name)
+  assert result.status != "fail", result.describe()
+
+
+@pytest.mark.parametrize("prop", list(conformance.MIXER_CHECKS))
+@pytest.mark.parametrize("name", az.available("mixer"))
+def test_mixer_conformance(name, prop):
   result = conformance.run_check(prop, name)
   assert result.status != "fail", result.describe()
