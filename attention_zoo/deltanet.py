@@ -44,23 +44,11 @@ class DeltaNet(Mixer):
   # the chunk and token forms of the rule (Gated DeltaNet: the gated rule)
   CHUNK_OP, STEP_OP = staticmethod(ops.chunk_delta_rule), staticmethod(ops.recurrent_delta_rule)
 
-  @classmethod
-  def head_dims(cls, head_dim: int, options: dict) -> tuple[int, int]:
-    """(d_k, d_v) per head."""
-    return (int(head_dim * options.get("expand_k", 1.0)), int(head_dim * options["expand_v"]))
-
-  @classmethod
-  def state_size(cls, *, num_heads, head_dim, options, **dims) -> int:
-    d_k, d_v = cls.head_dims(head_dim, options)
-    return num_heads * d_k * d_v
+  state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
-    self.d_k, self.d_v = self.head_dims(self.head_dim, self.options)
-    for option, dim in zip(("expand_k", "expand_v"), (self.d_k, self.d_v)):
-      if dim < 1:
-        raise self.option_error(option, f"a value giving at least 1 channel per head "
-                                        f"(head_dim {self.head_dim})")
+    self.d_k, self.d_v = parts.checked_dims(self)
     h, kvh, emb, dtype = self.num_heads, self.num_kv_heads, self.emb_dim, self.dtype
     linear = lambda i, o: parts.linear(i, o, dtype=dtype, rngs=rngs)
     channels = (h + kvh) * self.d_k + kvh * self.d_v          # q | k | v

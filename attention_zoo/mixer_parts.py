@@ -13,6 +13,28 @@ def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: 
   return nnx.Linear(in_features, out_features, use_bias=bias, dtype=dtype, rngs=rngs)
 
 
+def expanded_dims(head_dim: int, options: dict) -> tuple[int, int]:
+  """(d_k, d_v) per head: head_dim scaled by the options expand_k and expand_v (1 if absent)."""
+  return (int(head_dim * options.get("expand_k", 1.0)),
+          int(head_dim * options.get("expand_v", 1.0)))
+
+
+def checked_dims(mixer) -> tuple[int, int]:
+  """`expanded_dims` of a built mixer; its option error for a factor that leaves no channel."""
+  dims = expanded_dims(mixer.head_dim, mixer.options)
+  for option, dim in zip(("expand_k", "expand_v"), dims):
+    if dim < 1:
+      raise mixer.option_error(option, f"a value giving at least 1 channel per head "
+                                       f"(head_dim {mixer.head_dim})")
+  return dims
+
+
+def key_value_state_size(cls, *, num_heads: int, head_dim: int, options: dict, **dims) -> int:
+  """Mixer.state_size of a state S [d_k, d_v] per head: num_heads · d_k · d_v."""
+  d_k, d_v = expanded_dims(head_dim, options)
+  return num_heads * d_k * d_v
+
+
 def short_conv(conv, x, mask, decode: bool):
   """SiLU(conv(x)) with masked tokens entering as zeros (so the convolution never sees a padded
   token's content), or x unchanged when conv is None. x [b, n, c], mask bool [b, n]."""
