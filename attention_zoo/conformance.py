@@ -160,6 +160,7 @@ _BUILTIN_OPTIONS = {
     "synthesizer": dict(k=4),
     # Mixers: chunks of 8 at length 20, so several chunks and a partial last one.
     "deltanet": dict(chunk_size=8),
+    "fox": dict(block_size=8, qk_norm=True, use_output_gate=True),
     "gated_deltanet": dict(chunk_size=8),
     "gla": dict(chunk_size=8),
     "mamba2": dict(chunk_size=8, d_state=8),
