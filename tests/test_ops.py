@@ -294,10 +294,11 @@ def test_bad_inputs_are_refused_with_what_is_expected():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gate", [-20.0, -1e-7], ids=["strong", "weak"])
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("name,gate", [(name, gate) for name in OPS
+                                       for gate in ((-20.0, -1e-7) if OPS[name][0] else (None,))])
 def test_extreme_gates_at_length_have_finite_outputs_and_gradients(name, gate):
-  """T = 4096, float32, a log-gate of -20 per step or -1e-7, every input's gradient."""
+  """T = 4096, float32, a log-gate of -20 per step or -1e-7 (the delta rule: random inputs),
+  every input's gradient."""
   length = 4096
   x = make_inputs(name, length=length, gate=gate)
   fn = lambda x: call(name, "chunk", x, chunk_size=64)
