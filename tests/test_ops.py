@@ -1,7 +1,8 @@
-"""attention_zoo.ops against float64 oracles (tests/ops_reference.py: a token loop written
-independently of the ops, and the quadratic form of scalar-gated linear attention): both forms
-of every op, chunk sizes, carried states, masks, gradients of every input, the reduction
-identities, the delta rule's exact overwrite, bf16 inputs, extreme gates and compiled memory."""
+"""attention_zoo.ops against float64 oracles (tests/ops_reference.py: a token-by-token scan
+written independently of the ops, and the quadratic form of scalar-gated linear attention):
+both forms of every op, chunk sizes, carried states, masks, gradients of every input, the
+reduction identities, the delta rule's exact overwrite, bf16 inputs, extreme gates and compiled
+memory."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,6 +84,19 @@ def test_forms_equal_the_float64_recurrence(name, form, kw):
   assert state.dtype == jnp.float32 and state.shape == (B, H, K, V)
   assert_close(o, o_ref, 1e-5, "o")
   assert_close(state, state_ref, 1e-5, "final state")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_chunk_form_in_float64_equals_the_recurrence_to_rounding(name):
+  """Float64 inputs compute in float64: the chunk algebra is exact, not merely close."""
+  x = make_inputs(name)
+  with jax.enable_x64(True):
+    x64 = {key: value.astype(jnp.float64) for key, value in x.items()}
+    o, state = call(name, "chunk", x64)
+    assert o.dtype == jnp.float64 and state.dtype == jnp.float64
+    o_ref, state_ref = reference(x64)
+  assert_close(o, o_ref, 1e-12, "o")
+  assert_close(state, state_ref, 1e-12, "final state")
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
@@ -321,3 +335,17 @@ def test_compiled_memory_of_forward_and_backward_grows_linearly():
     return grad.lower(qkv, qkv, qkv, gate, gate).compile().memory_analysis().temp_size_in_bytes
   ratio = temp_bytes(8192) / temp_bytes(2048)
   assert ratio < 6, ratio
+
+
+@pytest.mark.slow
+def test_ops_benchmark_rows_and_table(tmp_path):
+  """experiments.benchmark --mode=ops at a tiny length: every op and the baseline timed, the
+  speed-ups filled in, the markdown table written (compiles six programs, hence slow)."""
+  from experiments.bench import ops as ops_bench
+  rows = ops_bench.run_and_write([16], str(tmp_path), warmup=0, repeats=1, budget_s=60,
+                                 command="test")
+  assert [row["op"] for row in rows] == [ops_bench.BASELINE, *ops_bench.OPS]
+  assert all(row["fwd_bwd_ms"] > 0 and row["speedup_vs_full"] > 0 for row in rows)
+  table = (tmp_path / "benchmark_ops.md").read_text()
+  assert "| chunk_gated_delta_rule |" in table and "vs recurrent_gated_delta_rule" in table
+  assert (tmp_path / "benchmark_ops.csv").read_text().startswith("op,length,status")
