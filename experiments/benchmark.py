@@ -7,8 +7,10 @@ r"""Efficiency benchmark (LRA Table 2, extended): every variant, longer lengths,
         [--plugins=my_variants] [--attention_options=performer:nb_features=128,redraw=false]
 
 `train` mode times the trainer's own train step of the LRA Text model (configs/lra/text.py,
-fair preset, at each length); `attention` mode the attention module alone (forward, and
-forward+backward), beside jax.nn.dot_product_attention and the device's matmul limit. Writes
+fair preset, at each length), for attention variants and sequence mixers alike; `attention`
+mode the attention module alone (forward, and forward+backward), beside
+jax.nn.dot_product_attention and the device's matmul limit: attention variants only (a mixer
+takes x, not q, k, v). Writes
 to --out: benchmark_<mode>.csv, .md (the paper's Table 2 layout with its published TPU
 figures beside ours), .json, and _time.png / _memory.png (log-log, with the fitted complexity
 exponent per variant). `ops` mode times the linear-recurrence ops of attention_zoo.ops alone
@@ -42,7 +44,9 @@ def settings_from_flags(values) -> Settings:
   except ValueError:
     raise ValueError(f"--lengths must be integers, got {','.join(values.lengths)}") from None
   return Settings(
-      attentions=tuple(values.attentions) or az.available(), lengths=lengths, mode=values.mode,
+      attentions=tuple(values.attentions) or az.available(None if values.mode == "train"
+                                                           else "attention"),
+      lengths=lengths, mode=values.mode,
       dtype=values.dtype, remat=values.remat,
       batch_size=values.batch_size or default_batch_size(), repeats=values.repeats,
       warmup=values.warmup, time_budget_s=values.time_budget_s,
@@ -93,7 +97,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one). "
+  flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one; "
+                    "attention mode: every attention variant). "
                     "`full` is always measured too: it is the speed-up baseline (and, in "
                     "attention mode, jax.nn.dot_product_attention).")
   flags.DEFINE_list("lengths", ["1024", "2048", "3072", "4096", "8192", "16384"],
