@@ -69,14 +69,15 @@ def assert_close(actual, expected, rtol, what=""):
   assert error <= rtol, f"{what}: relative error {error:.3g} > {rtol:g}"
 
 
-FORMS = [("chunk", {"chunk_size": c}) for c in (1, 8, 16, 64)] + [("recurrent", {})]
-FORM_IDS = ["chunk1", "chunk8", "chunk16", "chunk64", "recurrent"]
+# chunk 32: two sub-chunks of GLA's per-channel products; 64 > T
+FORMS = [("chunk", {"chunk_size": c}) for c in (1, 8, 16, 32, 64)] + [("recurrent", {})]
+FORM_IDS = ["chunk1", "chunk8", "chunk16", "chunk32", "chunk64", "recurrent"]
 
 
 @pytest.mark.parametrize("form,kw", FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("name", OPS)
 def test_forms_equal_the_float64_recurrence(name, form, kw):
-  """Every chunk size (1; 8 and 16, T = 37 not a multiple; 64 > T) and the token form."""
+  """Every chunk size (1; 8, 16 and 32, T = 37 not a multiple; 64 > T) and the token form."""
   x = make_inputs(name)
   o, state = call(name, form, x, **kw)
   o_ref, state_ref = reference(x)
@@ -187,7 +188,9 @@ def test_gradients_equal_float64_autodiff_of_the_recurrence(name, form, gate):
   rng = np.random.default_rng(2)
   do = jnp.asarray(rng.normal(size=(B, T, H, V)), jnp.float32)
   dS = jnp.asarray(rng.normal(size=(B, H, K, V)), jnp.float32)
-  grads = jax.jit(lambda x: loss_grads(lambda x: call(name, form, x, mask=mask), x, do, dS))(x)
+  kw = {"chunk_size": 32} if form == "chunk" else {}   # GLA: two sub-chunks per chunk
+  grads = jax.jit(lambda x: loss_grads(lambda x: call(name, form, x, mask=mask, **kw), x, do,
+                                       dS))(x)
   with jax.enable_x64(True):
     f64 = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
     expected = loss_grads(lambda x: reference_of(x, mask), f64(x), *f64((do, dS)))

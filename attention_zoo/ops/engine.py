@@ -92,17 +92,21 @@ def _decayed_products_vector(a, b, G, strict: bool):
   diff = G[..., :, None, :] - G[..., None, :, :]                            # [n,b,h,S,c,c,K]
   exponent = _pair_exponent(diff, strict, per_channel=True)
   diagonal = jnp.sum(a[..., :, None, :] * b[..., None, :, :] * jnp.exp(exponent), axis=-1)
-  # sub-blocks I > J: a matmul, both exponents <= 0 around the first token of I
-  ref = G[..., :1, :]                                                          # [n,b,h,S,1,K]
-  first = (jnp.arange(c) == 0)[:, None]
-  a_ref = a * jnp.exp(jnp.where(first, 0.0, G - ref))                          # [n,b,h,S,c,K]
-  earlier = (jnp.arange(S)[:, None] > jnp.arange(S)[None, :])[:, :, None, None]  # [I, J, 1, 1]
-  to_ref = jnp.where(earlier, ref[..., :, None, :, :] - G[..., None, :, :, :], -jnp.inf)
-  b_ref = b[..., None, :, :, :] * jnp.exp(to_ref)                          # [n,b,h,I,J,c,K]
-  blocks = _einsum("nbhIik,nbhIJjk->nbhIiJj", a_ref, b_ref)                # [n,b,h,I,c,J,c]
-  blocks = blocks + (jnp.eye(S, dtype=blocks.dtype)[:, None, :, None]
-                     * diagonal[..., :, :, None, :])
-  return blocks.reshape(*lead, C, C)                                             # [n,b,h,C,C]
+  # sub-blocks I > J: one matmul per row of sub-blocks I, both exponents <= 0 around the first
+  # token n of I. (One einsum over all (I, J) pairs at once crashed XLA's CPU compiler in the
+  # backward pass when C / c = 2.)
+  rows = []
+  for row in range(S):
+    blocks = [diagonal[..., row, :, :], jnp.zeros((*lead, c, (S - 1 - row) * c), a.dtype)]
+    if row:
+      ref = G[..., row, :1, :]                                                 # [n,b,h,1,K]
+      a_ref = a[..., row, :, :] * jnp.exp(G[..., row, :, :] - ref)             # [n,b,h,c,K]
+      a_ref = a_ref.at[..., 0, :].set(a[..., row, 0, :])  # G_n - G_n as the constant 0
+      b_ref = b[..., :row, :, :] * jnp.exp(ref[..., None, :, :] - G[..., :row, :, :])
+      b_ref = b_ref.reshape(*lead, row * c, K)                               # [n,b,h,row c,K]
+      blocks.insert(0, _einsum("nbhik,nbhjk->nbhij", a_ref, b_ref))          # [n,b,h,c,row c]
+    rows.append(jnp.concatenate(blocks, axis=-1))                              # [n,b,h,c,C]
+  return jnp.concatenate(rows, axis=-2)                                        # [n,b,h,C,C]
 
 
 def _decayed_products(a, b, G, strict: bool):
@@ -159,7 +163,7 @@ def chunk_recurrence(q, k, v, g, beta, initial_state, chunk_size: int):
   (scalar) or [B, T, H, K], beta [B, T, H] or None (additive), initial_state [B, H, K, V]; all
   in the compute dtype, masked tokens already neutral -> (o [B, T, H, V], S_T [B, H, K, V])."""
   B, T, H, _ = k.shape
-  C = min(chunk_size, T)
+  C = min(chunk_size, ceil_div(T, SUB_CHUNK) * SUB_CHUNK)   # a short T: one (padded) chunk
   N = ceil_div(T, C)
 
   def to_chunks(x):  # [B, T, H, D] -> [N, B, H, C, D], T padded with neutral zeros
