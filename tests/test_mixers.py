@@ -259,10 +259,10 @@ def test_classifier_memory_is_linear_in_length():
     model = Classifier(TransformerConfig(vocab_size=11, max_len=length, num_layers=1, emb_dim=32,
                                          num_heads=2, mlp_dim=32, attention="gated_deltanet"),
                        rngs=nnx.Rngs(0))
-    graph, state = nnx.split(model)
-    loss = lambda state, tokens: jnp.sum(nnx.merge(graph, state)(tokens))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = lambda params, tokens: jnp.sum(nnx.merge(graph, params, rest)(tokens))
     tokens = jax.ShapeDtypeStruct((1, length), jnp.int32)
-    compiled = jax.jit(jax.grad(loss)).lower(state, tokens).compile()
+    compiled = jax.jit(jax.grad(loss)).lower(params, tokens).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
   short, long = temp_bytes(2048), temp_bytes(8192)
