@@ -76,6 +76,13 @@ class Attention(nnx.Module):
     """Every option the class accepts: the common ones, then its own."""
     return {**COMMON_OPTIONS, **cls.OPTIONS}
 
+  @classmethod
+  def state_size(cls, *, emb_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 seq_len: int, options: dict) -> int:
+    """Floats per layer and sequence kept to continue after seq_len tokens (`az.state_size`):
+    by default the KV cache, 2·seq_len·num_kv_heads·head_dim. `options`: validated, complete."""
+    return 2 * seq_len * num_kv_heads * head_dim
+
   def option_error(self, name: str, expected: str) -> ValueError:
     """The error for a rule a variant checks itself (e.g. one relating two options), in the
     same shape as a value its declaration rejects: `raise self.option_error(name, expected)`."""

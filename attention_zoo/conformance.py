@@ -1,11 +1,12 @@
-"""The conformance suite: the properties every registered attention variant must have.
+"""The conformance suite: the properties every registered attention variant and sequence mixer
+must have.
 
     python -m attention_zoo.conformance MODULE [MODULE ...] [--checks=NAME[,NAME...]]
 
 imports the modules (dotted names, or paths to .py files: `attention_zoo.plugins`), finds the
-variants they register, checks each property below on each (or only those --checks names),
-prints a pass/fail report with the measured error, and exits non-zero on any failure. The
-pytest suite (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
+variants and mixers they register, checks each property below on each (or only those --checks
+names), prints a pass/fail report with the measured error, and exits non-zero on any failure.
+The pytest suite (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
 
 The suite builds every module at small shapes (length 20, cross q_len 12, 4 heads, 2 kv heads,
 head_dim 8). `configure(name, options=..., content_routing=...)` says how to build and check a
@@ -16,6 +17,16 @@ Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows,
 dropout, exact (spec.exact: output and gradients of a freshly built module equal
 `reference.dense_attention` over the variant's `pattern()`), decode (spec.can_decode:
 one-token steps equal the causal forward).
+
+Sequence mixers (`register_mixer`) are built as layers on x [2, 20, 32] (4 heads, 2 kv heads,
+head_dim 8) and checked for MIXER_CHECKS: shapes, options, jit, grad (every parameter gets a
+finite, non-zero gradient), bf16 (compute dtype), padding (changing padded tokens, appending
+padding or prepending it changes no real output, causal and bidirectional), causal (no output
+before a changed token moves by more than 1e-6, also for bidirectional=False in an encoder),
+masked_rows, determinism, decode (a prefill of several tokens then one-token steps, with holes
+in the mask, equal the parallel forward: recurrent state and convolution cache), bidirectional
+(the encoder form is the mean of the forward pass and flip(f(flip(x), flip(mask))), and
+causal=True ignores the option).
 """
 from __future__ import annotations
 
@@ -63,6 +74,7 @@ class CheckFailed(AssertionError):
 
 
 CHECKS = {}
+MIXER_CHECKS = {}
 
 
 def _check(fn):
@@ -70,9 +82,22 @@ def _check(fn):
   return fn
 
 
+def _mixer_check(fn):
+  MIXER_CHECKS[fn.__name__.removeprefix("check_mixer_")] = fn
+  return fn
+
+
+def checks_for(name: str) -> dict:
+  """The properties of `name`'s kind: CHECKS (attention) or MIXER_CHECKS (sequence mixers)."""
+  return MIXER_CHECKS if registry.spec(name).kind == "mixer" else CHECKS
+
+
 def run_check(prop: str, name: str) -> CheckResult:
+  checks = checks_for(name)
+  if prop not in checks:
+    return CheckResult(name, prop, "n/a", None, f"not a property of {registry.spec(name).kind}s")
   try:
-    outcome = CHECKS[prop](name)
+    outcome = checks[prop](name)
   except CheckFailed as e:
     return CheckResult(name, prop, "fail", e.error, str(e))
   except Exception as e:  # a crash is a failure of that property, reported with its cause
@@ -133,6 +158,13 @@ _BUILTIN_OPTIONS = {
     "sliding_window": dict(window=3),
     "sparse_transformer": dict(block_size=6, num_summary=2, query_chunk=12),
     "synthesizer": dict(k=4),
+    # Mixers: chunks of 8 at length 20, so several chunks and a partial last one.
+    "deltanet": dict(chunk_size=8),
+    "fox": dict(block_size=8, qk_norm=True, use_output_gate=True),
+    "gated_deltanet": dict(chunk_size=8),
+    "gla": dict(chunk_size=8),
+    "mamba2": dict(chunk_size=8, d_state=8),
+    "retnet": dict(chunk_size=8),
 }
 for _name, _options in _BUILTIN_OPTIONS.items():
   if _name in registry.available():
@@ -468,10 +500,208 @@ def check_decode(name):
   return expect_close(jnp.concatenate(outs, axis=1), full, "step-by-step decode vs causal forward")
 
 
+# -- sequence mixers ------------------------------------------------------------------------
+
+EMB_DIM = NUM_HEADS * HEAD_DIM
+
+
+def build_mixer(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, dtype=jnp.float32,
+                **options):
+  options = {**settings(name).options, **options}
+  return registry.create_mixer(name, emb_dim=EMB_DIM, num_heads=NUM_HEADS,
+                               num_kv_heads=num_kv_heads, causal=causal, max_len=MAX_LEN,
+                               dtype=dtype, rngs=nnx.Rngs(seed), **options)
+
+
+def mixer_input(seed, length=LEN, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), (BATCH, length, EMB_DIM), dtype)
+
+
+@nnx.jit(static_argnames=("deterministic",))
+def apply_mixer(mixer, x, mask=None, deterministic=True):
+  return mixer(x, mask=mask, deterministic=deterministic)
+
+
+@nnx.jit
+def decode_mixer(mixer, x, mask):
+  return mixer(x, mask=mask, decode=True)
+
+
+@_mixer_check
+def check_mixer_shapes(name):
+  x = mixer_input(0)
+  for num_kv_heads in (NUM_KV_HEADS, 1):      # GQA, MQA (MHA: the other checks)
+    out = apply_mixer(build_mixer(name, num_kv_heads=num_kv_heads), x)
+    expect(out.shape == x.shape and out.dtype == x.dtype,
+           f"{num_kv_heads} kv heads gave {out.shape} {out.dtype}, want {x.shape} {x.dtype}")
+  try:
+    build_mixer(name)(x[..., :-1])
+  except ValueError:
+    return 0.0
+  raise CheckFailed(f"an input of width {EMB_DIM - 1} was accepted by a mixer of width {EMB_DIM}")
+
+
+@_mixer_check
+def check_mixer_options(name):
+  spec = registry.spec(name)
+  expect(spec.kind == "mixer" and "bidirectional" in spec.options,
+         f"spec kind {spec.kind!r}, options {sorted(spec.options)}: want a mixer with "
+         f"the option bidirectional")
+  for bad, wanted in (({"not_an_option": 1}, "not_an_option"),
+                      ({"bidirectional": "yes"}, "bidirectional")):
+    try:
+      build_mixer(name, **bad)
+    except ValueError as e:
+      expect(wanted in str(e), f"the error for {bad} does not name {wanted}: {e}")
+    else:
+      raise CheckFailed(f"{bad} was accepted")
+  try:
+    registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, rngs=nnx.Rngs(0))
+  except ValueError as e:
+    expect("create_mixer" in str(e), f"create() refusing a mixer does not say create_mixer: {e}")
+    return 0.0
+  raise CheckFailed("create() built a mixer as attention (it takes x, not q, k, v)")
+
+
+@_mixer_check
+def check_mixer_jit(name):
+  mixer = build_mixer(name)
+  x, mask = mixer_input(2), padding_mask(LEN)
+  return expect_close(apply_mixer(mixer, x, mask), mixer(x, mask=mask), "jit vs eager", tol=1e-4)
+
+
+@_mixer_check
+def check_mixer_grad(name):
+  mixer = build_mixer(name)
+  x, mask = mixer_input(3), padding_mask(LEN)
+  cotangent = jax.random.normal(jax.random.key(9), x.shape)
+  loss = lambda m, x: jnp.sum(m(x, mask=mask) * cotangent)
+  grads, dx = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(mixer, x)
+  expect(all_finite((grads, dx)), "gradients contain NaN or Inf")
+  expect(float(jnp.abs(dx).sum()) > 0, "the gradient with respect to x is zero")
+  unused = [jax.tree_util.keystr(path) for path, g in
+            jax.tree_util.tree_leaves_with_path(nnx.state(grads, nnx.Param))
+            if not float(jnp.abs(g).max()) > 0]
+  expect(not unused, f"parameters with a zero gradient (unused or a dead gate): {unused}")
+  return 0.0
+
+
+@_mixer_check
+def check_mixer_bf16(name):
+  x = mixer_input(4)
+  out32 = apply_mixer(build_mixer(name), x)
+  out16 = apply_mixer(build_mixer(name, dtype=jnp.bfloat16), x.astype(jnp.bfloat16))
+  expect(out16.dtype == jnp.bfloat16, f"bf16 compute gave {out16.dtype}")
+  expect(all_finite(out16), "bf16 output has NaN or Inf")
+  rel = float(jnp.mean(jnp.abs(out16.astype(jnp.float32) - out32)) / jnp.mean(jnp.abs(out32)))
+  expect(rel <= 0.05, f"bf16 mean relative error to f32 is {rel:.3f} > 0.05", rel)
+  return rel
+
+
+@_mixer_check
+def check_mixer_padding(name):
+  """Padded tokens' content, appended padding and prepended padding change no real output."""
+  x, mask, noise = mixer_input(6), padding_mask(LEN), mixer_input(7)
+  extra = mixer_input(8, APPEND)
+  worst = 0.0
+  for causal in (True, False):
+    mixer, how = build_mixer(name, causal=causal), f"causal={causal}"
+    out = apply_mixer(mixer, x, mask)
+    changed = apply_mixer(mixer, jnp.where(mask[..., None], x, x + 3 * noise), mask)
+    worst = max(worst, expect_close(changed, out, f"real outputs after changing padded tokens "
+                                                  f"({how})"))
+    expect(float(jnp.abs(jnp.where(mask[..., None], 0, out)).max()) == 0.0,
+           f"padded rows are not zero ({how})")
+    short = apply_mixer(mixer, x)
+    positions = jnp.arange(LEN + APPEND)[None, :].repeat(BATCH, 0)
+    right = apply_mixer(mixer, jnp.concatenate([x, extra], 1), positions < LEN)
+    left = apply_mixer(mixer, jnp.concatenate([extra, x], 1), positions >= APPEND)
+    worst = max(worst,
+                expect_close(right[:, :LEN], short, f"after appending {APPEND} pads ({how})"),
+                expect_close(left[:, APPEND:], short, f"after prepending {APPEND} pads ({how})"))
+  return worst
+
+
+@_mixer_check
+def check_mixer_causal(name):
+  x, noise = mixer_input(10), mixer_input(11)
+  cut = LEN // 2 + 1
+  future = jnp.arange(LEN)[None, :, None] >= cut
+  worst = 0.0
+  for options in ({"causal": True}, {"causal": False, "bidirectional": False}):
+    mixer = build_mixer(name, **options)
+    out = apply_mixer(mixer, x)
+    changed = apply_mixer(mixer, jnp.where(future, x + 3 * noise, x))
+    worst = max(worst, expect_close(changed[:, :cut], out[:, :cut],
+                                    f"outputs before position {cut} after changing later tokens "
+                                    f"({options})", tol=1e-6))
+    expect(max_err(changed[:, cut:], out[:, cut:]) > 1e-3,
+           f"changing later tokens changed no later output ({options})")
+  return worst
+
+
+@_mixer_check
+def check_mixer_masked_rows(name):
+  """Masked rows are zero; a sequence with no real token gives zeros and finite gradients."""
+  x = mixer_input(12)
+  mask = jnp.ones((BATCH, LEN), bool).at[0, :4].set(False).at[1].set(False)
+  mixer = build_mixer(name)   # bidirectional: the forward and the reversed pass
+  loss = lambda m, x: (jnp.sum(m(x, mask=mask) ** 2), m(x, mask=mask))
+  (_, out), dx = nnx.jit(nnx.value_and_grad(loss, argnums=1, has_aux=True))(mixer, x)
+  expect(all_finite(out) and all_finite(dx), "NaN/Inf in output or gradients")
+  expect(float(jnp.abs(jnp.where(mask[..., None], 0, out)).max()) == 0.0,
+         "masked rows are not zero")
+  return 0.0
+
+
+@_mixer_check
+def check_mixer_determinism(name):
+  x = mixer_input(13)
+  a, b = build_mixer(name, seed=3), build_mixer(name, seed=3)
+  first = apply_mixer(a, x)
+  err = max(max_err(first, apply_mixer(b, x)), max_err(first, apply_mixer(a, x)),
+            max_err(first, apply_mixer(a, x, deterministic=False)))
+  expect(err == 0.0, "same seed and inputs gave different outputs", err)
+  return 0.0
+
+
+@_mixer_check
+def check_mixer_decode(name):
+  if not registry.spec(name).can_decode:
+    return "spec says can_decode=False"
+  steps, prefill = 12, 5
+  x = mixer_input(30, steps)
+  mask = jnp.ones((BATCH, steps), bool).at[1, 2].set(False).at[1, 8].set(False)   # holes
+  mixer = build_mixer(name, causal=True)
+  full = apply_mixer(mixer, x, mask)
+  mixer.init_cache(BATCH, steps + 3, jnp.float32)   # a cache longer than what is decoded
+  outs = [decode_mixer(mixer, x[:, :prefill], mask[:, :prefill])]
+  for t in range(prefill, steps):
+    outs.append(decode_mixer(mixer, x[:, t:t + 1], mask[:, t:t + 1]))
+  return expect_close(jnp.concatenate(outs, axis=1), full,
+                      f"a {prefill}-token prefill then one-token steps vs the parallel forward")
+
+
+@_mixer_check
+def check_mixer_bidirectional(name):
+  x, mask = mixer_input(31), padding_mask(LEN)
+  flip = lambda a: jnp.flip(a, axis=1)
+  forward_only = build_mixer(name, bidirectional=False)
+  forward = apply_mixer(forward_only, x, mask)
+  backward = flip(apply_mixer(forward_only, flip(x), flip(mask)))
+  expect(max_err(forward, backward) > 1e-3, "the reversed pass equals the forward pass")
+  both = apply_mixer(build_mixer(name), x, mask)
+  err = expect_close(both, (forward + backward) / 2,
+                     "bidirectional vs the mean of f(x) and flip(f(flip(x), flip(mask)))")
+  causal = apply_mixer(build_mixer(name, causal=True, bidirectional=True), x, mask)
+  return max(err, expect_close(causal, forward, "causal=True with bidirectional=True vs the "
+                                                "forward pass"))
+
+
 # -- the command ----------------------------------------------------------------------------
 
 def run(names, props=None) -> list[CheckResult]:
-  return [run_check(p, n) for n in names for p in (props or CHECKS)]
+  return [run_check(p, n) for n in names for p in (props or checks_for(n))]
 
 
 def _claims(spec) -> str:
@@ -484,14 +714,15 @@ def _claims(spec) -> str:
 
 def _parse(argv):
   """-> (module targets, properties to check); raises ValueError on a bad --checks."""
-  targets, props = [], list(CHECKS)
+  targets, props = [], None
+  known = {**CHECKS, **MIXER_CHECKS}
   for arg in argv:
     if arg.startswith("--checks="):
       props = [p.strip() for p in arg.removeprefix("--checks=").split(",") if p.strip()]
-      unknown = [p for p in props if p not in CHECKS]
+      unknown = [p for p in props if p not in known]
       if unknown or not props:
         raise ValueError(f"unknown check(s) {', '.join(unknown) or '(none given)'}; "
-                         f"choose from {', '.join(CHECKS)}")
+                         f"choose from {', '.join(known)}")
     elif arg.startswith("-"):
       raise ValueError(f"unknown flag {arg!r}; the only flag is --checks=NAME[,NAME...]")
     else:
@@ -507,7 +738,7 @@ MODULE: a dotted module name importable from the current directory (my_attention
 examples.cosine_attention, attention_zoo.full) or a path to a .py file. Every variant the
 modules register is checked. Exit status: 0 all checked properties pass (or do not apply),
 1 a property failed, 2 bad usage or a module that cannot be imported or registers nothing.
-Checks: """ + ", ".join(CHECKS)
+Checks: """ + ", ".join(CHECKS) + "\nMixer checks: " + ", ".join(MIXER_CHECKS)
 
 
 def main(argv=None) -> int:
@@ -530,7 +761,8 @@ def main(argv=None) -> int:
     found = plugins.registered_by(module_name)
     if not found:
       print(f"{module_name!r} registers no attention variant (decorate an attention_zoo.Attention "
-            f"subclass with @attention_zoo.register)", file=sys.stderr)
+            f"subclass with @attention_zoo.register, or a mixer with "
+            f"@attention_zoo.register_mixer)", file=sys.stderr)
       return 2
     names += [n for n in found if n not in names]
   failed, counts = [], {"pass": 0, "n/a": 0, "fail": 0}

@@ -61,7 +61,7 @@ def attention_fn(name: str, *, causal: bool = False, max_len: int | None = None,
   probe = registry.create(name, num_heads=1, head_dim=8, causal=causal, max_len=probe_len,
                           rngs=nnx.Rngs(seed), **options)
   if _param_names(probe):
-    free = [n for n in registry.available() if not _param_names(_probe(n))]
+    free = [n for n in registry.available("attention") if not _param_names(_probe(n))]
     raise ValueError(
         f"attention_fn({name!r}): {name} has parameters of its own ("
         f"{', '.join(_param_names(probe))}), which a Flax attention_fn has nowhere to keep; use "

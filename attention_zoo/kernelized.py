@@ -123,15 +123,25 @@ def _causal(q_log, k_log, v, kv_mask, state, chunk_size):
 
 
 class KernelizedAttention(Attention):
-  """Base of the kernelised variants: subclasses define `feature_maps` and `nb_features`."""
+  """Base of the kernelised variants: subclasses define `feature_maps` and `feature_count`."""
   # chunk_size: positions per step of the causal prefix-sum scan.
   OPTIONS = {"chunk_size": Int(16, minimum=1)}
   # Subclasses register with supports_dropout=False; the base refuses dropout_rate > 0 with this.
   WHY_NO_DROPOUT = "kernelised attention never forms the attention weights that dropout drops"
 
+  @classmethod
+  def feature_count(cls, head_dim: int, options: dict) -> int:
+    """m, the number of features φ maps a head to, given the validated options."""
+    raise NotImplementedError
+
   @property
   def nb_features(self) -> int:
-    raise NotImplementedError
+    return self.feature_count(self.head_dim, self.options)
+
+  @classmethod
+  def state_size(cls, *, num_kv_heads, head_dim, options, **dims) -> int:
+    """The recurrent state S [m, d] and z [m] per kv head, whatever the length."""
+    return num_kv_heads * cls.feature_count(head_dim, options) * (head_dim + 1)
 
   def feature_maps(self, q, k, *, deterministic: bool):
     """q [b, n, kvh, g, d], k [b, n, kvh, d] (f32) -> log φ(q) [b, n, kvh, g, m] (up to a

@@ -28,9 +28,9 @@ class LinearTransformerAttention(kernelized.KernelizedAttention):
       raise self.option_error("scale", "None (φ(q)·φ(k) with φ = elu + 1 has no temperature, "
                                        "so a scale would be ignored)")
 
-  @property
-  def nb_features(self) -> int:
-    return self.head_dim
+  @classmethod
+  def feature_count(cls, head_dim: int, options: dict) -> int:
+    return head_dim
 
   def feature_maps(self, q, k, *, deterministic: bool):
     # log(elu(x) + 1): log(1 + x) for x > 0, x otherwise (never the log of an underflowed exp)

@@ -1,5 +1,6 @@
-"""One Transformer for every attention variant: encoder, decoder (with KV cache), encoder-decoder,
-classifier and dual-encoder heads. The attention is known only by its registry name.
+"""One Transformer for every attention variant and sequence mixer: encoder, decoder (with KV cache
+or recurrent state), encoder-decoder, classifier and dual-encoder heads. The attention is known
+only by its registry name.
 
     config = TransformerConfig(vocab_size=257, max_len=1000, attention="performer")
     model = Classifier(config, rngs=nnx.Rngs(0))
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo import positions, registry
-from attention_zoo.layers import MLP, MultiHeadAttention
+from attention_zoo.layers import MLP, MultiHeadAttention, ShortConv
 
 POOLINGS = ("cls", "mean")
 INTERACTIONS = ("nli", "concat")
@@ -32,7 +33,14 @@ REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveabl
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Everything a model needs; passed down to every layer."""
+  """Everything a model needs; passed down to every layer.
+
+  `attention` names an attention variant or a sequence mixer (`az.available("mixer")`); a
+  block builds it with `az.create_mixer`. Positions "rope" and "alibi" act on attention scores,
+  so a block with a recurrent mixer takes none from them (the recurrence is ordered; RetNet
+  rotates its own q and k); "sinusoidal" and "learned" are added to the embeddings either way.
+  `cross_attention` is always an attention variant.
+  """
   vocab_size: int = 256
   max_len: int = 512
   num_layers: int = 2
@@ -62,7 +70,10 @@ class TransformerConfig:
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
-    registry.get(self.cross_attention)
+    if registry.spec(self.cross_attention).kind != "attention":
+      raise ValueError(f"cross_attention={self.cross_attention!r} is a sequence mixer; "
+                       f"cross-attention needs an attention variant: "
+                       f"{', '.join(registry.available('attention'))}")
     positions.check_kind(self.positions)
     for field, value, choices in (("pooling", self.pooling, POOLINGS),
                                   ("interaction", self.interaction, INTERACTIONS),
@@ -76,64 +87,35 @@ class TransformerConfig:
     return DTYPES[self.dtype]
 
 
-class ShortConv(nnx.Module):
-  """A causal depthwise convolution over the last `kernel_size` positions (the short
-  convolution Zoology puts beside attention; Arora et al. 2023):
-
-      y_t = b + Σ_{i < k} w_i ⊙ x_{t-i}          x, y [b, n, emb]; w [k, emb]
-
-  It hands each position its recent neighbours (a key to the value after it), so attention
-  is left with the long-range part. For one-token decoding it keeps the last k - 1 inputs.
-  """
-
-  def __init__(self, features: int, kernel_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    if kernel_size < 1:
-      raise ValueError(f"short_conv must be a kernel size >= 1 (0 = none), got {kernel_size}")
-    self.kernel_size, self.dtype = kernel_size, dtype
-    self.weight = nnx.Param(nnx.initializers.normal(kernel_size ** -0.5)(
-        rngs.params(), (kernel_size, features)))
-    self.bias = nnx.Param(jnp.zeros((features,)))
-    self.state = nnx.data(None)   # [b, k - 1, emb] in decoding, set by init_cache
-
-  def init_cache(self, batch_size: int, dtype=jnp.float32):
-    self.state = nnx.Cache(jnp.zeros((batch_size, self.kernel_size - 1, self.weight.shape[1]),
-                                     dtype))
-
-  def __call__(self, x, *, decode: bool = False):
-    k, n = self.kernel_size, x.shape[1]
-    if decode:
-      window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)   # [b, k - 1 + n, emb]
-      self.state[...] = window[:, n:]
-    else:
-      window = jnp.pad(x, ((0, 0), (k - 1, 0), (0, 0)))
-    weight = self.weight[...].astype(self.dtype)
-    # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
-    out = sum(weight[i] * window[:, k - 1 - i:k - 1 - i + n] for i in range(k))
-    return out + self.bias[...].astype(self.dtype)
-
-
 class Block(nnx.Module):
   """Self-attention, optional cross-attention, MLP; each a residual branch (pre- or post-LN)."""
 
   def __init__(self, config: TransformerConfig, *, causal: bool, cross: bool, max_len: int,
                rngs: nnx.Rngs):
     dtype = config.compute_dtype
+    is_mixer = registry.spec(config.attention).kind == "mixer"
     attention_options = dict(config.attention_options)
     if config.attention_dropout_rate:
+      if is_mixer:
+        raise ValueError(f"attention_dropout_rate={config.attention_dropout_rate} cannot apply to "
+                         f"the mixer {config.attention!r}: it forms no attention weights (use 0)")
       attention_options.setdefault("dropout_rate", config.attention_dropout_rate)
-    mha = lambda **kw: MultiHeadAttention(
-        config.emb_dim, config.num_heads, num_kv_heads=config.num_kv_heads, qkv_dim=config.qkv_dim,
-        max_len=max_len, dtype=dtype, rngs=rngs, **kw)
+    dims = dict(num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                qkv_dim=config.qkv_dim, max_len=max_len, dtype=dtype, rngs=rngs)
     norm = lambda: nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs)
-    attention_positions = config.positions if config.positions in ("rope", "alibi") else "none"
+    # rope / alibi act on attention scores; a recurrent mixer has none (RetNet rotates its own)
+    score_positions = config.positions in ("rope", "alibi") and not is_mixer
     self.pre_ln = config.pre_ln
     self.short_conv = (ShortConv(config.emb_dim, config.short_conv, dtype=dtype, rngs=rngs)
                        if config.short_conv else None)
     self.conv_norm = norm() if config.short_conv else None
-    self.self_attention = mha(attention=config.attention, attention_options=attention_options,
-                              causal=causal, position_kind=attention_positions)
+    self.self_attention = registry.create_mixer(
+        config.attention, emb_dim=config.emb_dim, causal=causal,
+        position_kind=config.positions if score_positions else "none", **dims,
+        **attention_options)
     self.self_norm = norm()
-    self.cross_attention = mha(attention=config.cross_attention) if cross else None
+    self.cross_attention = (MultiHeadAttention(config.emb_dim, attention=config.cross_attention,
+                                               **dims) if cross else None)
     self.cross_norm = norm() if cross else None
     self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype,
                    rngs=rngs)

@@ -91,10 +91,9 @@ class PerformerAttention(kernelized.KernelizedAttention):
     self.features = (RandomFeatures(self._draw(self.rngs.params())) if features == "random"
                      else None)                                      # Ω [kvh, m, d]
 
-  @property
-  def nb_features(self) -> int:
-    deterministic = self.options["features"] == "deterministic"
-    return self.head_dim if deterministic else self.options["nb_features"]
+  @classmethod
+  def feature_count(cls, head_dim: int, options: dict) -> int:
+    return head_dim if options["features"] == "deterministic" else options["nb_features"]
 
   def _draw(self, key):
     return orthogonal_gaussian(key, self.num_kv_heads, self.nb_features, self.head_dim)

@@ -1,9 +1,14 @@
-"""Name -> attention variant: `register`, `create`, `available`, `spec`, `scoped_registry`.
+"""Name -> attention variant or sequence mixer: `register`, `register_mixer`, `create`,
+`create_mixer`, `available`, `spec`, `state_size`, `scoped_registry`.
 
-A variant is one class (a subclass of `attention_zoo.Attention`) registered under a name with
-the facts a caller needs before building it: whether it is exact, causal, cross-capable, its
-cost, its paper, and its options (the class attribute `OPTIONS`, merged with the options every
-variant has: `scale`, `dropout_rate`), each with its default and its type.
+Two kinds of class share one namespace. An attention variant (a subclass of
+`attention_zoo.Attention`, `@register`) maps q, k, v to an output; a sequence mixer (a subclass
+of `attention_zoo.mixer.Mixer`, `@register_mixer`) maps a block's input x to its output and owns
+its projections, gates, convolution and norm. Each is registered under a name with the facts a
+caller needs before building it: whether it is exact, causal, cross-capable, its cost, its
+paper, and its options (the class attribute `OPTIONS`, merged with the options every class of its
+kind has), each with its default and its type. `create_mixer` builds any name as a layer on x:
+a mixer itself, or an attention variant inside `attention_zoo.layers.MultiHeadAttention`.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class AttentionSpec:
   shared_qk: bool = False     # keys are derived from the queries: the layer projects one tensor
   needs_max_len: bool = False  # parameters sized by max_len (create() requires it)
   supports_dropout: bool = True  # forms attention weights that dropout_rate can drop
+  kind: str = "attention"     # "attention" (q, k, v -> out) or "mixer" (x -> out)
 
   @property
   def option_types(self) -> dict[str, type]:
@@ -58,17 +64,9 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
     if not (isinstance(cls, type) and issubclass(cls, Attention)):
       raise TypeError(f"@register({name!r}) needs a subclass of attention_zoo.Attention, "
                       f"got {cls!r}")
-    if name in _REGISTRY and _REGISTRY[name] is not cls:
-      raise ValueError(f"attention {name!r} is already registered by "
-                       f"{_REGISTRY[name].__qualname__}")
+    _check_free(name, cls)
     declared = cls.declared_options()
-    untyped = {k: v for k, v in declared.items() if not isinstance(v, options_lib.Option)}
-    if untyped:
-      raise TypeError(
-          f"{cls.__qualname__}.OPTIONS must map each name to an option type from "
-          f"attention_zoo.options (Int, Float, Bool, Choice); got "
-          + ", ".join(f"{k}={v!r}" for k, v in sorted(untyped.items()))
-          + " (e.g. {'temperature': Float(1.0, above=0)})")
+    _check_typed(cls, declared)
     if exact and cls.pattern is Attention.pattern:
       raise TypeError(f"{cls.__qualname__} is registered with exact=True but defines no "
                       f"pattern(q_len, kv_len): the pattern its softmax runs over is what the "
@@ -85,9 +83,57 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
   return wrap
 
 
-def available() -> tuple[str, ...]:
-  """The registered names, sorted."""
-  return tuple(sorted(_REGISTRY))
+def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True):
+  """Class decorator: `@register_mixer("gla", complexity="O(n·d²)", paper=...)` on a `Mixer`
+  subclass (attention_zoo.mixer). A mixer is causal (an encoder runs it both ways: the
+  `bidirectional` option), inexact, self-only, without ALiBi or attention dropout.
+
+  TypeError for a class that is not a `Mixer` or options not declared as `attention_zoo.options`
+  types; ValueError for a name already taken by another class.
+  """
+  from attention_zoo.mixer import Mixer  # late import: mixer imports this module
+
+  def wrap(cls):
+    if not (isinstance(cls, type) and issubclass(cls, Mixer)):
+      raise TypeError(f"@register_mixer({name!r}) needs a subclass of attention_zoo.mixer.Mixer, "
+                      f"got {cls!r}")
+    _check_free(name, cls)
+    declared = cls.declared_options()
+    _check_typed(cls, declared)
+    cls.spec = AttentionSpec(
+        name=name, exact=False, supports_causal=True, supports_cross=False,
+        complexity=complexity, paper=paper,
+        options={k: option.default for k, option in declared.items()}, option_specs=declared,
+        can_decode=can_decode, supports_dropout=False, kind="mixer")
+    _REGISTRY[name] = cls
+    return cls
+
+  return wrap
+
+
+def _check_free(name: str, cls: type):
+  if name in _REGISTRY and _REGISTRY[name] is not cls:
+    raise ValueError(f"{name!r} is already registered by {_REGISTRY[name].__qualname__}")
+
+
+def _check_typed(cls: type, declared: dict):
+  untyped = {k: v for k, v in declared.items() if not isinstance(v, options_lib.Option)}
+  if untyped:
+    raise TypeError(
+        f"{cls.__qualname__}.OPTIONS must map each name to an option type from "
+        f"attention_zoo.options (Int, Float, Bool, Choice); got "
+        + ", ".join(f"{k}={v!r}" for k, v in sorted(untyped.items()))
+        + " (e.g. {'temperature': Float(1.0, above=0)})")
+
+
+KINDS = ("attention", "mixer")
+
+
+def available(kind: str | None = None) -> tuple[str, ...]:
+  """The registered names, sorted: all of them, or those of one kind ("attention" | "mixer")."""
+  if kind is not None and kind not in KINDS:
+    raise ValueError(f"kind must be one of {', '.join(KINDS)} or None, got {kind!r}")
+  return tuple(sorted(n for n, cls in _REGISTRY.items() if kind in (None, cls.spec.kind)))
 
 
 def get(name: str) -> type:
@@ -105,9 +151,61 @@ def spec(name: str) -> AttentionSpec:
 
 def create(name: str, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
            causal: bool = False, max_len: int | None = None, rngs, **options):
-  """Builds the variant `name` as an nnx.Module. Bad options or capabilities -> ValueError."""
-  return get(name)(num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
-                   causal=causal, max_len=max_len, rngs=rngs, **options)
+  """Builds the attention variant `name` as an nnx.Module; bad options or capabilities ->
+  ValueError.
+
+  A mixer name is refused: a mixer takes x, not q, k, v (build it with `create_mixer`)."""
+  cls = get(name)
+  if cls.spec.kind != "attention":
+    raise ValueError(f"{name!r} is a sequence mixer (it takes x, not q, k, v); build it with "
+                     f"create_mixer({name!r}, emb_dim=..., num_heads=..., ...)")
+  return cls(num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads, causal=causal,
+             max_len=max_len, rngs=rngs, **options)
+
+
+def create_mixer(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,
+                 qkv_dim: int | None = None, causal: bool = False, max_len: int | None = None,
+                 position_kind: str = "none", dtype=None, rngs, **options):
+  """Builds any registered name as a layer x [b, n, emb] -> [b, n, emb]: a mixer, or an
+  attention variant inside `attention_zoo.layers.MultiHeadAttention` (its q/k/v/out
+  projections). Both are called `layer(x, mask=..., deterministic=..., decode=...)`.
+
+  qkv_dim (default emb_dim) / num_heads is the head dimension. position_kind ("rope", "alibi")
+  applies to attention scores; a mixer has none and accepts only "none" (RetNet rotates its own
+  q and k).
+  """
+  import jax.numpy as jnp
+
+  from attention_zoo.layers import MultiHeadAttention  # late import: layers imports this module
+  cls = get(name)
+  dtype = jnp.float32 if dtype is None else dtype
+  if cls.spec.kind == "attention":
+    return MultiHeadAttention(emb_dim, num_heads, num_kv_heads=num_kv_heads, qkv_dim=qkv_dim,
+                              attention=name, attention_options=options, causal=causal,
+                              max_len=max_len, position_kind=position_kind, dtype=dtype, rngs=rngs)
+  if position_kind != "none":
+    raise ValueError(f"mixer {name!r} forms no attention scores, so position_kind must be 'none' "
+                     f"(got {position_kind!r}); add positions to the embeddings instead")
+  qkv_dim = emb_dim if qkv_dim is None else qkv_dim
+  if qkv_dim % num_heads:
+    raise ValueError(f"qkv_dim ({qkv_dim}) must be divisible by num_heads ({num_heads})")
+  return cls(emb_dim=emb_dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
+             head_dim=qkv_dim // num_heads, causal=causal, max_len=max_len, dtype=dtype,
+             rngs=rngs, **options)
+
+
+def state_size(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,
+               head_dim: int | None = None, seq_len: int, options=None) -> int:
+  """Floats one layer of `name` keeps per sequence to continue it after seq_len tokens: the KV
+  cache of attention, the recurrent state of kernelised attention and mixers (the class's
+  `state_size`). head_dim None: emb_dim // num_heads; options: as for create (validated)."""
+  cls = get(name)
+  values = options_lib.validate(name, cls.spec.option_specs, dict(options or {}))
+  return int(cls.state_size(
+      emb_dim=emb_dim, num_heads=num_heads,
+      num_kv_heads=num_heads if num_kv_heads is None else num_kv_heads,
+      head_dim=emb_dim // num_heads if head_dim is None else head_dim, seq_len=seq_len,
+      options=values))
 
 
 @contextlib.contextmanager

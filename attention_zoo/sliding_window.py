@@ -27,6 +27,10 @@ from attention_zoo.registry import register
 class SlidingWindowAttention(Attention):
   OPTIONS = {"window": Int(128, minimum=0)}
 
+  @classmethod
+  def state_size(cls, *, num_kv_heads, head_dim, seq_len, options, **dims) -> int:
+    return 2 * min(options["window"], seq_len) * num_kv_heads * head_dim
+
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     self.window = self.options["window"]

@@ -41,7 +41,7 @@ def get_config(arg=None):
       "data.vocab_size": 512, "data.num_pairs": 8, "data.min_gap": 8,
       "data.num_train": 20_000, "data.num_validation": 1_000, "data.num_test": 1_000,
       "model.vocab_size": 512, "model.num_classes": 512, "model.max_len": 64,
-      "model.num_layers": 2, "model.emb_dim": 64, "model.qkv_dim": 64, "model.num_heads": 2,
+      "model.num_layers": 2, "model.emb_dim": 64, "model.num_heads": 2,
       "model.mlp_dim": 128, "model.positions": "rope", "model.short_conv": 3,
       "model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
       "batch_size": 64, "num_train_steps": 800, "eval_every": 200, "log_every": 50,

@@ -59,7 +59,7 @@ def relative_error(name: str, *, length: int, num_heads: int, head_dim: int, std
 def main(argv):
   del argv
   load_plugins(FLAGS.plugins)   # already imported by cli.run from the command line; no-op then
-  names = FLAGS.attentions or [n for n in az.available() if not az.spec(n).exact]
+  names = FLAGS.attentions or [n for n in az.available("attention") if not az.spec(n).exact]
   if FLAGS.causal:
     names = [n for n in names if az.spec(n).supports_causal]
   stds = [float(s) for s in FLAGS.input_stds]

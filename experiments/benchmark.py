@@ -2,16 +2,21 @@ r"""Efficiency benchmark (LRA Table 2, extended): every variant, longer lengths,
 
     python -m experiments.benchmark --out=results/ \
         [--attentions=full,local,performer] [--lengths=1024,2048,3072,4096,8192,16384] \
-        [--mode=train|attention] [--dtype=float32|bfloat16] [--remat=none|block|dots] \
+        [--mode=train|attention|ops] [--dtype=float32|bfloat16] [--remat=none|block|dots] \
         [--batch_size=B] [--repeats=5] [--time_budget_s=60] [--memory_limit_gb=8] \
         [--plugins=my_variants] [--attention_options=performer:nb_features=128,redraw=false]
 
 `train` mode times the trainer's own train step of the LRA Text model (configs/lra/text.py,
-fair preset, at each length); `attention` mode the attention module alone (forward, and
-forward+backward), beside jax.nn.dot_product_attention and the device's matmul limit. Writes
+fair preset, at each length), for attention variants and sequence mixers alike; `attention`
+mode the attention module alone (forward, and forward+backward), beside
+jax.nn.dot_product_attention and the device's matmul limit: attention variants only (a mixer
+takes x, not q, k, v). Writes
 to --out: benchmark_<mode>.csv, .md (the paper's Table 2 layout with its published TPU
 figures beside ours), .json, and _time.png / _memory.png (log-log, with the fitted complexity
-exponent per variant). See experiments/bench/ for how each figure is measured.
+exponent per variant). `ops` mode times the linear-recurrence ops of attention_zoo.ops alone
+against causal `full` (experiments/bench/ops.py; only --lengths, --repeats, --warmup,
+--time_budget_s and --out apply), writing benchmark_ops.csv and .md. See experiments/bench/ for
+how each figure is measured.
 
 The XLA flags in use (see `cli.avoid_cpu_scheduler_deadlock`) are written into the outputs.
 """
@@ -39,7 +44,9 @@ def settings_from_flags(values) -> Settings:
   except ValueError:
     raise ValueError(f"--lengths must be integers, got {','.join(values.lengths)}") from None
   return Settings(
-      attentions=tuple(values.attentions) or az.available(), lengths=lengths, mode=values.mode,
+      attentions=tuple(values.attentions) or az.available(None if values.mode == "train"
+                                                           else "attention"),
+      lengths=lengths, mode=values.mode,
       dtype=values.dtype, remat=values.remat,
       batch_size=values.batch_size or default_batch_size(), repeats=values.repeats,
       warmup=values.warmup, time_budget_s=values.time_budget_s,
@@ -66,11 +73,19 @@ def main(argv):
   from tqdm import tqdm
 
   load_plugins(FLAGS.plugins)   # already imported by cli.run from the command line; no-op then
+  command = " ".join(["python -m experiments.benchmark", *map(shlex.quote, sys.argv[1:])])
+  if FLAGS.mode == "ops":
+    from experiments.bench import ops
+    ops.run_and_write([int(n) for n in FLAGS.lengths], FLAGS.out, warmup=FLAGS.warmup,
+                      repeats=FLAGS.repeats, budget_s=FLAGS.time_budget_s, command=command,
+                      progress=lambda row: logging.info("%-27s %6d %s %s ms", row["op"],
+                                                        row["length"], row["status"].value,
+                                                        row.get("fwd_bwd_ms")))
+    return 0
   try:
     settings = settings_from_flags(FLAGS)
   except ValueError as e:       # unknown attention or option, bad lengths: one line, no traceback
     raise cli.HarnessError(str(e)) from e
-  command = " ".join(["python -m experiments.benchmark", *map(shlex.quote, sys.argv[1:])])
   rows = run_and_write(settings, FLAGS.out, command=command,
                        progress=lambda total: tqdm(total=total, unit="run", file=sys.stderr))
   failed = [f"{r['attention']}@{r['length']}" for r in rows if r["status"] is Status.ERROR]
@@ -82,14 +97,15 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one). "
+  flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one; "
+                    "attention mode: every attention variant). "
                     "`full` is always measured too: it is the speed-up baseline (and, in "
                     "attention mode, jax.nn.dot_product_attention).")
   flags.DEFINE_list("lengths", ["1024", "2048", "3072", "4096", "8192", "16384"],
                     "Sequence lengths.")
-  flags.DEFINE_enum("mode", "train", MODES,
+  flags.DEFINE_enum("mode", "train", MODES + ("ops",),
                     "train: the trainer's train step of the LRA Text model; attention: the "
-                    "attention module alone.")
+                    "attention module alone; ops: attention_zoo.ops against causal full.")
   flags.DEFINE_enum("dtype", "float32", DTYPES, "Compute dtype (parameters stay float32).")
   flags.DEFINE_enum("remat", "none", REMATS, "Activation recomputation in the backward pass "
                     "(model.remat): none, block, or dots (keeps the matmul outputs).")

@@ -91,7 +91,8 @@ def _write_report(out: Path, accuracy: float):
 
 
 def _write_sweep(out: Path, accuracy: float):
-  sweep.write({"full": {"4": 100 * accuracy, "8": 50.0}}, out, "data.num_pairs", ["4", "8"], "mqar")
+  sweep.write({"full": {"4": 100 * accuracy, "8": 50.0}}, {}, out, "data.num_pairs", ["4", "8"],
+              "mqar")
 
 
 def _write_results(out: Path, accuracy: float):

@@ -144,9 +144,31 @@ def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
                        attentions=["full", "linformer"], seeds=[0], out=tmp_path,
                        overrides=overrides)
   assert failures == []
-  table = sweep.collect(tmp_path, "data.num_pairs", values)
+  table, states = sweep.collect(tmp_path, "data.num_pairs", values)
   assert set(table["full"]) == set(values) and all(0 <= v <= 100 for v in table["full"].values())
   assert table["linformer"]["2"].startswith("n/a: linformer cannot be causal")
-  text = sweep.write(table, tmp_path, "data.num_pairs", values, "mqar")
+  text = sweep.write(table, states, tmp_path, "data.num_pairs", values, "mqar")
   assert "| variant | data.num_pairs=2 | data.num_pairs=4 |" in text
   assert (tmp_path / "sweep.png").stat().st_size > 1000 and (tmp_path / "sweep.csv").exists()
+
+
+@pytest.mark.slow
+def test_frontier_sweep_over_width_reports_each_runs_state_size(tmp_path):
+  from experiments import sweep
+
+  overrides = ["data.num_train=32", "data.num_validation=8", "data.num_test=8",
+               "model.num_layers=1", "model.mlp_dim=32", "batch_size=8", "num_train_steps=1",
+               "eval_every=1", "log_every=1"]
+  values = ["16", "32"]
+  failures = sweep.run(task="mqar", preset="tiny", field="model.emb_dim", values=values,
+                       attentions=["full", "gated_deltanet"], seeds=[0], out=tmp_path,
+                       overrides=overrides)
+  assert failures == []
+  table, states = sweep.collect(tmp_path, "model.emb_dim", values)
+  # full keeps keys and values of all 64 positions: 2 · 64 · emb_dim floats per layer
+  assert states["full"] == {"16": 2 * 64 * 16, "32": 2 * 64 * 32}
+  # a recurrent state grows with the head dimensions, not with the length
+  assert 0 < states["gated_deltanet"]["16"] < states["gated_deltanet"]["32"]
+  text = sweep.write(table, states, tmp_path, "model.emb_dim", values, "mqar", x="state_size")
+  assert f"({2 * 64 * 32:,})" in text and "recurrent state floats per layer" in text
+  assert (tmp_path / "sweep.png").stat().st_size > 1000

@@ -83,16 +83,19 @@ def dot_tn(a, b):
   return _dot(a, b, 0, 0)
 
 
-def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry):
+def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry, bias=None):
   """Base-2 scores of one tile, MASK_VALUE where not allowed.
 
   q [..., rows, d], k [..., bk, d]; q_start, k_start: positions of the tile's first query / key;
   kv_valid int [..., 1, bk] (0 for padding and padded-to-block keys); slope: the ALiBi slope,
-  a scalar or [..., rows, 1] (ignored unless geo.use_alibi). Rows are `block_q` queries, or
-  several heads' `block_q` queries stacked (row r is query q_start + r mod block_q).
+  a scalar or [..., rows, 1] (ignored unless geo.use_alibi); bias: None or f32 [..., rows, bk]
+  added to the natural-unit scores (the forget-gate decay c_i - c_j of FoX). Rows are `block_q`
+  queries, or several heads' `block_q` queries stacked (row r is query q_start + r mod block_q).
   Returns s₂ [..., rows, bk] f32.
   """
   scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [..., rows, bk]
+  if bias is not None:
+    scores = scores + bias * LOG2E
   allowed = jnp.broadcast_to(kv_valid, scores.shape) != 0                # [..., rows, bk]
   if geo.causal or geo.use_alibi:
     shape = scores.shape[-2:]
@@ -146,6 +149,26 @@ def tile_probs_and_dscores(scores, lse, delta, do, v):
   p = jnp.exp2(scores - lse)                                               # [..., rows, bk]
   dp = dot_nt(do, v)                                                       # [..., rows, bk]
   return p, p * (dp - delta)
+
+
+def cumsum_two_float(x, axis: int):
+  """Inclusive cumulative sum of f32 `x` along `axis` as an unevaluated pair hi + lo of f32.
+
+  A plain f32 cumsum of log forget gates reaches -1e4 at long lengths, where one ulp is 1e-3:
+  c_i - c_j of two nearby tokens would keep only 3-4 digits. The pair carries the rounding error
+  of every addition (Knuth's TwoSum in a parallel scan), so (hi_i - hi_j) + (lo_i - lo_j) is
+  accurate to a few f32 ulps of c_i - c_j itself, at any length.
+  """
+  def add(a, b):
+    total = a[0] + b[0]
+    b_part = total - a[0]
+    error = (a[0] - (total - b_part)) + (b[0] - b_part)                   # exact: a + b - total
+    lo = a[1] + b[1] + error
+    hi = total + lo                                                        # renormalise
+    return hi, lo - (hi - total)
+
+  x = x.astype(jnp.float32)
+  return jax.lax.associative_scan(add, (x, jnp.zeros_like(x)), axis=axis)
 
 
 # -- which blocks a causal tile can skip ---------------------------------------------------------

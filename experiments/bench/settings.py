@@ -92,6 +92,9 @@ class Settings:
       raise ValueError(f"matmul_size must be >= 0 (0 = not measured), got {self.matmul_size}")
     for name in (*self.attentions, *self.attention_options):
       az.registry.get(name)       # unknown name -> ValueError listing the registered ones
+      if self.mode == "attention" and az.spec(name).kind != "attention":
+        raise ValueError(f"{name} is a sequence mixer (it takes x, not q, k, v): mode=attention "
+                         f"measures attention variants alone; measure a mixer with mode=train")
       self.config(name, min(self.lengths))   # sizes and options checked against the config
 
   def names(self) -> list[str]:

@@ -1,0 +1,113 @@
+"""Pieces the sequence mixers share: projections, the short convolution on masked inputs, the
+(gated) RMSNorm, L2 normalisation, Mamba2's decay gate (also Gated DeltaNet's), GQA head
+repetition, and the choice between an op's chunk and token forms."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):
+  """A projection (the authors' are bias-free unless said otherwise); parameters float32."""
+  return nnx.Linear(in_features, out_features, use_bias=bias, dtype=dtype, rngs=rngs)
+
+
+def expanded_dims(head_dim: int, options: dict) -> tuple[int, int]:
+  """(d_k, d_v) per head: head_dim scaled by the options expand_k and expand_v (1 if absent)."""
+  return (int(head_dim * options.get("expand_k", 1.0)),
+          int(head_dim * options.get("expand_v", 1.0)))
+
+
+def checked_dims(mixer) -> tuple[int, int]:
+  """`expanded_dims` of a built mixer; its option error for a factor that leaves no channel."""
+  dims = expanded_dims(mixer.head_dim, mixer.options)
+  for option, dim in zip(("expand_k", "expand_v"), dims):
+    if dim < 1:
+      raise mixer.option_error(option, f"a value giving at least 1 channel per head "
+                                       f"(head_dim {mixer.head_dim})")
+  return dims
+
+
+def key_value_state_size(cls, *, num_heads: int, head_dim: int, options: dict, **dims) -> int:
+  """Mixer.state_size of a state S [d_k, d_v] per head: num_heads · d_k · d_v."""
+  d_k, d_v = expanded_dims(head_dim, options)
+  return num_heads * d_k * d_v
+
+
+def short_conv(conv, x, mask, decode: bool):
+  """SiLU(conv(x)) with masked tokens entering as zeros (so the convolution never sees a padded
+  token's content), or x unchanged when conv is None. x [b, n, c], mask bool [b, n]."""
+  if conv is None:
+    return x
+  return jax.nn.silu(conv(jnp.where(mask[..., None], x, 0), decode=decode))
+
+
+def l2_normalise(x, eps: float = 1e-6):
+  """x / sqrt(Σ x² + eps) over the last axis, in float32 (an all-zero vector stays zero)."""
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def repeat_kv(x, num_heads: int):
+  """[b, n, kvh, d] -> [b, n, num_heads, d]: query head i reads kv head i // (num_heads / kvh)."""
+  return jnp.repeat(x, num_heads // x.shape[2], axis=2)
+
+
+class GatedRMSNorm(nnx.Module):
+  """RMSNorm over the last axis with a learned scale, optionally gated by SiLU(gate):
+
+      norm_before_gate=True  (fla's FusedRMSNormGated: GLA, DeltaNet, GDN, RetNet)
+                             y = x / rms(x) ⊙ w ⊙ silu(gate)
+      norm_before_gate=False (Mamba2's RMSNormGated)   y = (x ⊙ silu(gate)) / rms(..) ⊙ w
+
+  Computed in float32 whatever the compute dtype."""
+
+  def __init__(self, features: int, *, eps: float = 1e-5, norm_before_gate: bool = True):
+    self.eps, self.norm_before_gate = eps, norm_before_gate
+    self.scale = nnx.Param(jnp.ones((features,)))
+
+  def __call__(self, x, gate=None):
+    x = x.astype(jnp.float32)
+    gate = None if gate is None else jax.nn.silu(gate.astype(jnp.float32))
+    if gate is not None and not self.norm_before_gate:
+      x = x * gate
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.scale[...]
+    return y * gate if gate is not None and self.norm_before_gate else y
+
+
+class DecayGate(nnx.Module):
+  """Mamba2's data-dependent decay, also Gated DeltaNet's (Dao & Gu 2024; Yang et al. 2024):
+
+      Δ_t = softplus(a_t + dt_bias),   g_t = log α_t = -exp(A_log) · Δ_t      per head
+
+  A_log = log A with A ~ U(a_range) (Mamba2 (1, 16), GDN (0, 16)); dt_bias = softplus⁻¹(dt) with
+  dt log-uniform in [1e-3, 0.1], floored at 1e-4 (the authors'). At init α = exp(-A·Δ) lies
+  between about 0.2 and 0.999: most heads remember for tens to hundreds of tokens.
+  """
+
+  def __init__(self, num_heads: int, *, a_range: tuple[float, float], rngs: nnx.Rngs,
+               dt_range: tuple[float, float] = (1e-3, 0.1), dt_floor: float = 1e-4):
+    key_a, key_dt = jax.random.split(rngs.params())
+    # A > 0 (floored at 1e-4 when the range starts at 0, so that log A is finite)
+    a = jnp.maximum(jax.random.uniform(key_a, (num_heads,), minval=a_range[0],
+                                       maxval=a_range[1]), 1e-4)
+    log_dt = jax.random.uniform(key_dt, (num_heads,), minval=jnp.log(dt_range[0]),
+                                maxval=jnp.log(dt_range[1]))
+    dt = jnp.maximum(jnp.exp(log_dt), dt_floor)
+    self.A_log = nnx.Param(jnp.log(a))
+    self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)))     # softplus⁻¹(dt)
+
+  def __call__(self, a):
+    """a [b, n, h] -> (Δ, g), both [b, n, h] float32."""
+    delta = jax.nn.softplus(a.astype(jnp.float32) + self.dt_bias[...])
+    return delta, -jnp.exp(self.A_log[...]) * delta
+
+
+def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None):
+  """One of the ops in `attention_zoo.ops`: the whole sequence by chunks from the empty state
+  (state None), or in decoding from the carried state: one token by the token form, several (a
+  prefill) by chunks. -> (o [b, n, h, dv], final state float32 [b, h, dk, dv])."""
+  if state is not None and inputs[0].shape[1] == 1:
+    return step_op(*inputs, scale=scale, initial_state=state, mask=mask)
+  return chunk_op(*inputs, scale=scale, initial_state=state, mask=mask, chunk_size=chunk_size)

@@ -1,0 +1,53 @@
+"""Float64 oracles for attention_zoo.ops, written independently of the ops: a token-by-token
+scan of the recurrence in its textbook form (a masked token is skipped, where the ops feed it
+neutral values), and the quadratic form of scalar-gated linear attention. Call `recurrence`
+inside `jax.enable_x64(True)`."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.partial(jax.jit, static_argnames=("scale",))
+def recurrence(q, k, v, g, beta, *, scale, initial_state, mask):
+  """For each token t that is real: S <- Diag(exp g_t) S; S <- S + k_t u_tᵀ with u_t = v_t, or
+  (delta rule, beta given) u_t = beta_t (v_t - Sᵀ k_t); o_t = Sᵀ (scale q_t). A masked token
+  skips both and outputs 0. q, k [B, T, H, K], v [B, T, H, V], g [B, T, H] or [B, T, H, K] or
+  None, beta [B, T, H] or None, initial_state [B, H, K, V], mask [B, T] or None.
+  -> (o [B, T, H, V], S [B, H, K, V]), float64, differentiable."""
+  f64 = lambda x: None if x is None else jnp.asarray(x, jnp.float64)
+  q, k, v, g, beta, state = map(f64, (q, k, v, g, beta, initial_state))
+  B, T, H, K = q.shape
+  g = jnp.zeros((B, T, H, K)) if g is None else jnp.broadcast_to(
+      g if g.ndim == 4 else g[..., None], (B, T, H, K))
+  mask = jnp.ones((B, T), bool) if mask is None else jnp.asarray(mask)
+
+  def token(state, inputs):
+    q_t, k_t, v_t, g_t, beta_t, real = inputs
+    new = state * jnp.exp(g_t)[..., None]                                # [B, H, K, V]
+    write = v_t                                                           # [B, H, V]
+    if beta_t is not None:
+      write = beta_t[..., None] * (write - jnp.sum(new * k_t[..., None], axis=2))
+    new = new + k_t[..., None] * write[:, :, None, :]
+    out = scale * jnp.sum(new * q_t[..., None], axis=2)                  # [B, H, V]
+    return (jnp.where(real[:, None, None, None], new, state),
+            jnp.where(real[:, None, None], out, 0.0))
+
+  steps = [None if x is None else jnp.swapaxes(x, 0, 1) for x in (q, k, v, g, beta, mask)]
+  state, o = jax.lax.scan(token, state, steps)
+  return jnp.swapaxes(o, 0, 1), state
+
+
+def quadratic_simple_gla(q, k, v, g, *, scale):
+  """O = ((s Q Kᵀ) ⊙ exp(G_i - G_j) ⊙ [j <= i]) V per head, G the cumulative sum of the
+  scalar log-gates g [B, T, H] over the whole sequence (fine in float64 at short T); zero
+  initial state, no mask. numpy, float64."""
+  q, k, v, g = (np.asarray(x, np.float64) for x in (q, k, v, g))
+  G = np.cumsum(g, axis=1)                                                 # [B, T, H]
+  T = q.shape[1]
+  causal = np.tril(np.ones((T, T), bool))
+  diff = G[:, :, None, :] - G[:, None, :, :]                              # [B, i, j, H]
+  decay = np.exp(np.where(causal[None, :, :, None], diff, -np.inf))
+  scores = scale * np.einsum("bihk,bjhk->bijh", q, k) * decay              # [B, i, j, H]
+  return np.einsum("bijh,bjhv->bihv", scores, v)                           # [B, T, H, V]

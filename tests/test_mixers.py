@@ -1,0 +1,269 @@
+"""The sequence mixers: in every model, by name; the registry's two kinds; state sizes; each
+layer's output against its paper's recurrence in float64; linear memory at length.
+
+The layer-level properties (padding, causality, decoding, the bidirectional form, ...) are the
+conformance suite's (tests/test_conformance.py)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention_zoo as az
+from attention_zoo import positions
+from attention_zoo.layers import MultiHeadAttention
+from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
+                                  TransformerConfig)
+
+# Small chunks, so the tiny lengths below span several.
+OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
+           "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
+           "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}}
+
+
+def test_every_mixer_has_test_options():
+  assert set(az.available("mixer")) == set(OPTIONS)
+
+
+def config(name, **kw):
+  return TransformerConfig(vocab_size=11, max_len=12, num_layers=1, emb_dim=16, num_heads=2,
+                           mlp_dim=16, dropout_rate=0.0, attention=name,
+                           attention_options={**OPTIONS[name], **kw.pop("options", {})}, **kw)
+
+
+@pytest.mark.slow   # compiles five models per mixer: minutes on 2 cores
+@pytest.mark.parametrize("name", az.available("mixer"))
+def test_every_model_kind_runs(name):
+  tokens = jax.random.randint(jax.random.key(0), (2, 9), 1, 11)
+  mask = jnp.arange(9)[None] < jnp.array([[9], [6]])
+  for bidirectional in (True, False):
+    model = Classifier(config(name, options={"bidirectional": bidirectional}, remat="block"),
+                       rngs=nnx.Rngs(0))
+    loss = lambda m: jnp.sum(m(tokens, mask) ** 2)
+    value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+    assert np.isfinite(float(value))
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(nnx.state(grads, nnx.Param)))
+  dual = DualEncoderClassifier(config(name), rngs=nnx.Rngs(0))
+  assert dual(tokens, mask, tokens, mask).shape == (2, 2)
+  seq2seq = EncoderDecoder(config(name, positions="rope"), rngs=nnx.Rngs(0))
+  assert seq2seq(tokens, tokens[:, :5], mask).shape == (2, 5, 11)
+  lm = DecoderLM(config(name, positions="rope"), rngs=nnx.Rngs(0))
+  prompt = tokens[:, :3]
+  with_cache = lm.generate(prompt, 4)
+  np.testing.assert_array_equal(with_cache, lm.generate(prompt, 4, use_cache=False))
+
+
+def test_unknown_names_list_both_kinds():
+  for make in (lambda: az.create_mixer("nope", emb_dim=8, num_heads=2, rngs=nnx.Rngs(0)),
+               lambda: TransformerConfig(attention="nope")):
+    with pytest.raises(ValueError, match="unknown attention 'nope'; available: .*full.*"
+                                         "gated_deltanet"):
+      make()
+
+
+def test_create_and_create_mixer():
+  assert set(az.available()) == set(az.available("attention")) | set(az.available("mixer"))
+  assert not set(az.available("attention")) & set(az.available("mixer"))
+  with pytest.raises(ValueError, match="kind must be one of"):
+    az.available("mixers")
+  spec = az.spec("gla")
+  assert (spec.kind, spec.exact, spec.supports_causal, spec.supports_cross, spec.can_decode,
+          spec.supports_alibi, spec.supports_dropout) == ("mixer", False, True, False, True,
+                                                          False, False)
+  assert az.spec("full").kind == "attention"
+  with pytest.raises(ValueError, match="use.*create_mixer|create_mixer"):
+    az.create("gla", num_heads=2, head_dim=4, rngs=nnx.Rngs(0))
+  layer = az.create_mixer("full", emb_dim=8, num_heads=2, causal=True, rngs=nnx.Rngs(0))
+  assert isinstance(layer, MultiHeadAttention)
+  mixer = az.create_mixer("gla", emb_dim=8, num_heads=2, rngs=nnx.Rngs(0))
+  assert isinstance(mixer, az.Mixer)
+  x = jnp.ones((1, 5, 8))
+  assert layer(x, mask=None, deterministic=True).shape == mixer(x, mask=None).shape == x.shape
+  with pytest.raises(ValueError, match="position_kind must be 'none'"):
+    az.create_mixer("gla", emb_dim=8, num_heads=2, position_kind="rope", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="cross-attention needs an attention variant"):
+    TransformerConfig(cross_attention="gla")
+  with pytest.raises(ValueError, match="attention_dropout_rate"):
+    Classifier(TransformerConfig(attention="gla", attention_dropout_rate=0.1), rngs=nnx.Rngs(0))
+
+
+def test_state_size_formulas():
+  dims = dict(emb_dim=64, num_heads=4, num_kv_heads=2, seq_len=100)
+  size = lambda name, **options: az.state_size(name, **dims, options=options)
+  assert size("full") == 2 * 100 * 2 * 16                     # the KV cache
+  assert size("sliding_window", window=10) == 2 * 10 * 2 * 16
+  assert size("sliding_window", window=1000) == 2 * 100 * 2 * 16
+  assert size("linear_transformer") == 2 * 16 * 17            # S [m, d] and z [m] per kv head
+  assert size("performer", nb_features=32) == 2 * 32 * 17
+  assert size("gated_deltanet") == 4 * 16 * 32                # H · d_k · d_v, d_v = 2 d_k
+  assert size("deltanet", expand_k=0.5) == 4 * 8 * 16
+  assert size("gla") == 4 * 8 * 16
+  assert size("retnet") == 4 * 16 * 32
+  assert size("mamba2", d_state=16) == 4 * 16 * 32            # H · N · P, P = 2 · 16
+  assert size("fox") == 100 * (2 * 2 * 16 + 4)                # k, v, log f per token
+  assert az.state_size("gla", emb_dim=64, num_heads=4, seq_len=7, head_dim=32) == 4 * 16 * 32
+  with pytest.raises(ValueError, match="gla: unknown option"):
+    size("gla", nope=1)
+
+
+@pytest.mark.parametrize("name", sorted(set(az.available("mixer")) - {"fox"}))
+def test_state_size_is_the_decode_state(name):
+  """The formula counts what decoding carries (the recurrent state; not the conv cache)."""
+  options = OPTIONS[name]
+  mixer = az.create_mixer(name, emb_dim=16, num_heads=2, causal=True, rngs=nnx.Rngs(0),
+                          **options)
+  state = mixer.empty_state(1, 9, jnp.float32)
+  floats = sum(a.size for a in jax.tree.leaves(state) if a.ndim)
+  assert floats == az.state_size(name, emb_dim=16, num_heads=2, seq_len=9, options=options)
+
+
+# -- each layer against its equation in float64 ----------------------------------------------
+
+def recurrence64(q, k, v, decay, beta=None, scale=1.0):
+  """S_t = Diag(decay_t) S_{t-1}; then S_t += k_t v_tᵀ (beta None) or the delta rule
+  S_t += β_t k_t (v_t - S_tᵀ k_t)ᵀ; o_t = S_tᵀ (scale q_t). One sequence: q, k [T, H, K],
+  v [T, H, V], decay [T, H, K], beta [T, H]."""
+  q, k, v, decay = (np.asarray(a, np.float64) for a in (q, k, v, decay))
+  state = np.zeros(k.shape[1:] + v.shape[-1:])
+  out = []
+  for t in range(q.shape[0]):
+    state = decay[t][..., None] * state
+    u = v[t] if beta is None else np.asarray(beta[t], np.float64)[:, None] * (
+        v[t] - np.einsum("hk,hkv->hv", k[t], state))
+    state = state + k[t][..., None] * u[:, None, :]
+    out.append(np.einsum("hk,hkv->hv", scale * q[t], state))
+  return np.stack(out)
+
+
+def split_heads(a, *widths):
+  parts = np.split(np.asarray(a, np.float64), np.cumsum(widths[:-1]), axis=-1)
+  return parts
+
+
+def l2(a):
+  return a / np.sqrt((a * a).sum(-1, keepdims=True) + 1e-6)
+
+
+def silu(a):
+  return np.asarray(jax.nn.silu(jnp.asarray(a, jnp.float32)), np.float64)
+
+
+def softplus(a):
+  return np.logaddexp(0.0, np.asarray(a, np.float64))
+
+
+def sigmoid(a):
+  return 1 / (1 + np.exp(-np.asarray(a, np.float64)))
+
+
+def finish(mixer, o, gate_input):
+  """The layer's own output pieces (norm, gate, projection) on the oracle's o [T, H, V]."""
+  gate = None if gate_input is None else gate_input.reshape(o.shape)[None]
+  y = mixer.norm(jnp.asarray(o, jnp.float32)[None], gate)
+  return mixer.out(y.reshape(1, o.shape[0], -1))[0]
+
+
+def oracle_delta(mixer, x, gated):
+  h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
+  qkv = silu(mixer.conv(mixer.qkv(x)))[0]
+  q, k, v = split_heads(qkv, h * d_k, h * d_k, h * d_v)
+  T = q.shape[0]
+  q, k, v = l2(q.reshape(T, h, d_k)), l2(k.reshape(T, h, d_k)), v.reshape(T, h, d_v)
+  beta = sigmoid(mixer.beta_proj(x)[0])
+  decay = np.ones((T, h, d_k))
+  if gated:   # α = exp(-exp(A_log) softplus(a + dt_bias))
+    a = np.asarray(mixer.decay_proj(x)[0], np.float64)
+    rate = np.exp(np.asarray(mixer.decay.A_log[...], np.float64))
+    decay = np.broadcast_to(np.exp(-rate * softplus(a + np.asarray(mixer.decay.dt_bias[...])))
+                            [..., None], decay.shape)
+  o = recurrence64(q, k, v, decay, beta, scale=d_k ** -0.5)
+  gate = None if mixer.gate_proj is None else mixer.gate_proj(x)[0]
+  return finish(mixer, o, gate)
+
+
+def oracle_gla(mixer, x):
+  h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
+  q, k, v = split_heads(mixer.qkv(x)[0], h * d_k, h * d_k, h * d_v)
+  T = q.shape[0]
+  logits = np.asarray(mixer.gate_up(mixer.gate_down(x))[0], np.float64)
+  decay = sigmoid(logits) ** (1 / 16)                      # α = σ(x W1 W2 + b)^(1/τ)
+  o = recurrence64(q.reshape(T, h, d_k), k.reshape(T, h, d_k), v.reshape(T, h, d_v),
+                   decay.reshape(T, h, d_k), scale=d_k ** -0.5)
+  return finish(mixer, o, mixer.gate_proj(x)[0])
+
+
+def oracle_retnet(mixer, x):
+  h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
+  q, k, v = split_heads(mixer.qkv(x)[0], h * d_k, h * d_k, h * d_v)
+  T = q.shape[0]
+  rotate = lambda a: np.asarray(positions.rope(jnp.asarray(a.reshape(1, T, h, d_k), jnp.float32),
+                                               jnp.arange(T)))[0]
+  gamma = 1 - 2.0 ** (-5.0 - np.arange(h))
+  o = recurrence64(rotate(q), rotate(k), v.reshape(T, h, d_v),
+                   np.broadcast_to(gamma[None, :, None], (T, h, d_k)), scale=d_k ** -0.5)
+  return finish(mixer, o, mixer.gate_proj(x)[0])
+
+
+def oracle_mamba2(mixer, x):
+  h, p, n, d_inner = mixer.num_heads, mixer.p, mixer.n, mixer.d_inner
+  z, xbc, dt = split_heads(mixer.in_proj(x)[0], d_inner, d_inner + 2 * n, h)
+  xbc = silu(mixer.conv(jnp.asarray(xbc, jnp.float32)[None]))[0]
+  xs, B, C = split_heads(xbc, d_inner, n, n)
+  T = xs.shape[0]
+  delta = softplus(dt + np.asarray(mixer.decay.dt_bias[...]))           # Δ [T, h]
+  A = -np.exp(np.asarray(mixer.decay.A_log[...], np.float64))
+  xs = xs.reshape(T, h, p)
+  heads = lambda a: np.broadcast_to(a[:, None], (T, h, n))              # B, C shared (1 group)
+  y = recurrence64(heads(C), heads(B), xs * delta[..., None],
+                   np.broadcast_to(np.exp(delta * A)[..., None], (T, h, n)))
+  y = y + np.asarray(mixer.D[...])[:, None] * xs                       # D skip
+  y = mixer.norm(jnp.asarray(y.reshape(1, T, 1, d_inner), jnp.float32), z.reshape(1, T, 1, -1))
+  return mixer.out(y.reshape(1, T, d_inner))[0]
+
+
+def oracle_fox(mixer, x):
+  h, d = mixer.num_heads, mixer.head_dim
+  q, k, v = (a.reshape(-1, h, d) for a in split_heads(mixer.qkv(x)[0], h * d, h * d, h * d))
+  log_f = np.log(sigmoid(mixer.forget_proj(x)[0]))                      # [T, h]
+  c = np.cumsum(log_f, axis=0)
+  scores = np.einsum("ihd,jhd->hij", q, k) * d ** -0.5 + (c.T[:, :, None] - c.T[:, None, :])
+  scores = np.where(np.tril(np.ones((len(c), len(c)), bool)), scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  o = np.einsum("hij,jhd->ihd", weights / weights.sum(-1, keepdims=True), v)
+  return mixer.out(jnp.asarray(o.reshape(1, -1, h * d), jnp.float32))[0]
+
+
+ORACLES = {"deltanet": lambda m, x: oracle_delta(m, x, gated=False),
+           "gated_deltanet": lambda m, x: oracle_delta(m, x, gated=True),
+           "gla": oracle_gla, "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox}
+
+
+@pytest.mark.parametrize("name", az.available("mixer"))
+def test_layer_equals_its_equation_in_float64(name):
+  groups = {"num_kv_heads": 1} if name == "mamba2" else {}   # B, C in one group (the authors')
+  mixer = az.create_mixer(name, emb_dim=16, num_heads=2, causal=True, rngs=nnx.Rngs(1), **groups,
+                          **OPTIONS[name])
+  x = jax.random.normal(jax.random.key(2), (1, 11, 16))
+  got = mixer(x)[0]
+  want = ORACLES[name](mixer, x)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# -- memory at length -----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_classifier_memory_is_linear_in_length():
+  """Compiled forward+backward temp memory of a Gated DeltaNet classifier: 4x the length needs
+  at most 4.5x the memory (quadratic would be 16x)."""
+  def temp_bytes(length):
+    model = Classifier(TransformerConfig(vocab_size=11, max_len=length, num_layers=1, emb_dim=32,
+                                         num_heads=2, mlp_dim=32, attention="gated_deltanet"),
+                       rngs=nnx.Rngs(0))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = lambda params, tokens: jnp.sum(nnx.merge(graph, params, rest)(tokens))
+    tokens = jax.ShapeDtypeStruct((1, length), jnp.int32)
+    compiled = jax.jit(jax.grad(loss)).lower(params, tokens).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  short, long = temp_bytes(2048), temp_bytes(8192)
+  assert long <= 4.5 * short, (short, long)

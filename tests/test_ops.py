@@ -1,0 +1,354 @@
+"""attention_zoo.ops against float64 oracles (tests/ops_reference.py: a token-by-token scan
+written independently of the ops, and the quadratic form of scalar-gated linear attention):
+both forms of every op, chunk sizes, carried states, masks, gradients of every input, the
+reduction identities, the delta rule's exact overwrite, bf16 inputs, extreme gates and compiled
+memory."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attention_zoo import ops
+from tests import ops_reference
+
+B, T, H, K, V = 2, 37, 2, 8, 6
+CHUNK = 16            # the tests' chunk size: T = 37 spans a partial third chunk
+# The four ops: their gate (None, scalar [B, T, H] or per channel [B, T, H, K]) and whether
+# they take beta (the delta rule).
+OPS = {"simple_gla": ("scalar", False), "gla": ("channel", False),
+       "delta_rule": (None, True), "gated_delta_rule": ("scalar", True)}
+JITTED = {name: jax.jit(getattr(ops, name),
+                        static_argnames=("chunk_size",) if name.startswith("chunk") else ())
+          for name in ops.__all__}
+
+
+def make_inputs(name, *, length=T, seed=0, gate=None):
+  """Random inputs of op `name`: {q, k, v, g?, beta?, initial_state}, float32. Delta-rule keys
+  are L2-normalised (as the layers give them). `gate`: a constant log-gate instead of random."""
+  gate_kind, delta = OPS[name]
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
+  x = {"q": normal(B, length, H, K), "k": normal(B, length, H, K), "v": normal(B, length, H, V)}
+  if delta:
+    x["k"] /= np.linalg.norm(x["k"], axis=-1, keepdims=True)
+  if gate_kind:
+    shape = (B, length, H) + ((K,) if gate_kind == "channel" else ())
+    # log-sigmoid gates, decays from about 0.3 to 0.99 per step
+    x["g"] = (np.full(shape, gate, np.float32) if gate is not None
+              else np.log(1 / (1 + np.exp(-normal(*shape) - 2))))
+  if delta:
+    x["beta"] = 1 / (1 + np.exp(-normal(B, length, H)))
+  x["initial_state"] = normal(B, H, K, V)
+  return {key: jnp.asarray(value) for key, value in x.items()}
+
+
+def call(name, form, x, **kw):
+  """ops.<form>_<name> on the inputs dict x (positional q, k, v, g, beta)."""
+  args = [x[key] for key in ("q", "k", "v", "g", "beta") if key in x]
+  kw = {"initial_state": x.get("initial_state"), **kw}
+  if form == "chunk":
+    kw.setdefault("chunk_size", CHUNK)
+  return JITTED[f"{form}_{name}"](*args, **kw)
+
+
+def reference_of(x, mask):
+  return ops_reference.recurrence(x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
+                                  scale=K ** -0.5, initial_state=x["initial_state"], mask=mask)
+
+
+def reference(x, mask=None):
+  with jax.enable_x64(True):
+    return jax.tree.map(np.asarray, reference_of(x, mask))
+
+
+def assert_close(actual, expected, rtol, what=""):
+  """Relative error in the max norm: max |actual - expected| <= rtol * max |expected|."""
+  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+  assert np.all(np.isfinite(actual)), f"{what}: non-finite values"
+  error = np.max(np.abs(actual - expected)) / max(np.max(np.abs(expected)), 1e-30)
+  assert error <= rtol, f"{what}: relative error {error:.3g} > {rtol:g}"
+
+
+# chunk 32: two sub-chunks of GLA's per-channel products; 64 > T
+FORMS = [("chunk", {"chunk_size": c}) for c in (1, 8, 16, 32, 64)] + [("recurrent", {})]
+FORM_IDS = ["chunk1", "chunk8", "chunk16", "chunk32", "chunk64", "recurrent"]
+
+
+@pytest.mark.parametrize("form,kw", FORMS, ids=FORM_IDS)
+@pytest.mark.parametrize("name", OPS)
+def test_forms_equal_the_float64_recurrence(name, form, kw):
+  """Every chunk size (1; 8, 16 and 32, T = 37 not a multiple; 64 > T) and the token form."""
+  x = make_inputs(name)
+  o, state = call(name, form, x, **kw)
+  o_ref, state_ref = reference(x)
+  assert o.dtype == jnp.float32 and o.shape == (B, T, H, V)
+  assert state.dtype == jnp.float32 and state.shape == (B, H, K, V)
+  assert_close(o, o_ref, 1e-5, "o")
+  assert_close(state, state_ref, 1e-5, "final state")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_chunk_form_in_float64_equals_the_recurrence_to_rounding(name):
+  """Float64 inputs compute in float64: the chunk algebra is exact, not merely close."""
+  x = make_inputs(name)
+  with jax.enable_x64(True):
+    x64 = {key: value.astype(jnp.float64) for key, value in x.items()}
+    o, state = call(name, "chunk", x64)
+    assert o.dtype == jnp.float64 and state.dtype == jnp.float64
+    o_ref, state_ref = reference(x64)
+  assert_close(o, o_ref, 1e-12, "o")
+  assert_close(state, state_ref, 1e-12, "final state")
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("name", OPS)
+def test_two_halves_with_the_carried_state_equal_one_pass(name, form):
+  x = make_inputs(name)
+  o, state = call(name, form, x)
+  split = 20
+  first = {key: value[:, :split] for key, value in x.items() if key != "initial_state"}
+  second = {key: value[:, split:] for key, value in x.items() if key != "initial_state"}
+  o1, state1 = call(name, form, {**first, "initial_state": x["initial_state"]})
+  o2, state2 = call(name, form, {**second, "initial_state": state1})
+  assert_close(jnp.concatenate([o1, o2], axis=1), o, 1e-5, "o")
+  assert_close(state2, state, 1e-5, "final state")
+
+
+def masks():
+  """[B, T] masks: left padding and right padding; holes and an all-pad row."""
+  position = np.arange(T)
+  left_right = np.stack([position >= 9, position < 30])
+  holes_empty = np.stack([(position % 5 != 2) & (position != 17), np.zeros(T, bool)])
+  return {"left_right": left_right, "holes_empty": holes_empty}
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("mask_name", ["left_right", "holes_empty"])
+@pytest.mark.parametrize("name", OPS)
+def test_masked_tokens_are_skipped(name, mask_name, form):
+  """A masked token leaves the state untouched and outputs 0 (the oracle skips it); an
+  all-pad row gives zeros and its initial state back."""
+  mask = masks()[mask_name]
+  x = make_inputs(name)
+  # what sits under the mask must not matter, not even a non-finite value
+  x_dirty = {key: (jnp.where(mask.reshape(B, T, *[1] * (value.ndim - 2)), value, jnp.nan)
+                   if key != "initial_state" else value) for key, value in x.items()}
+  o, state = call(name, form, x_dirty, mask=jnp.asarray(mask))
+  o_ref, state_ref = reference(x, mask)
+  assert_close(o, o_ref, 1e-5, "o")
+  assert_close(state, state_ref, 1e-5, "final state")
+  assert np.all(np.asarray(o)[~mask] == 0)
+  if not mask[1].any():
+    np.testing.assert_array_equal(state[1], x["initial_state"][1])
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_holes_act_as_deleting_the_tokens(name):
+  mask = masks()["holes_empty"][0]
+  x = make_inputs(name)
+  row = {key: value[:1] for key, value in x.items()}
+  kept = {key: (value if key == "initial_state" else value[:, mask]) for key, value in row.items()}
+  o, state = call(name, "chunk", row, mask=jnp.asarray(mask[None]))
+  o_kept, state_kept = call(name, "chunk", kept)
+  assert_close(o[:, mask], o_kept, 1e-5, "o")
+  assert_close(state, state_kept, 1e-5, "final state")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_batch_rows_are_independent(name):
+  x = make_inputs(name)
+  other = make_inputs(name, seed=1)
+  mixed = {key: value.at[1].set(other[key][1]) for key, value in x.items()}
+  for form in ("chunk", "recurrent"):
+    o, state = call(name, form, x)
+    o_mixed, state_mixed = call(name, form, mixed)
+    np.testing.assert_array_equal(o[0], o_mixed[0])
+    np.testing.assert_array_equal(state[0], state_mixed[0])
+
+
+def loss_grads(fn, x, do, dS):
+  """Gradients of Σ o·do + Σ S_T·dS with respect to every input of x."""
+  def loss(x):
+    o, state = fn(x)
+    return jnp.sum(o * do) + jnp.sum(state * dS)
+  return jax.grad(loss)(x)
+
+
+GRADIENT_CASES = [(name, form, None) for name in OPS for form in ("chunk", "recurrent")] + [
+    (name, "chunk", gate) for name in OPS if OPS[name][0] for gate in (-20.0, -1e-7)]
+
+
+@pytest.mark.parametrize("name,form,gate", GRADIENT_CASES)
+def test_gradients_equal_float64_autodiff_of_the_recurrence(name, form, gate):
+  """Every input, including g, beta and the initial state, with a masked hole; also at a
+  log-gate of -20 per step and of -1e-7 (no decay to float32): the chunk form's dg comes from
+  cumulative sums whose rounding could swamp it."""
+  mask = jnp.asarray(masks()["holes_empty"][0][None].repeat(B, 0))
+  x = make_inputs(name, gate=gate)
+  rng = np.random.default_rng(2)
+  do = jnp.asarray(rng.normal(size=(B, T, H, V)), jnp.float32)
+  dS = jnp.asarray(rng.normal(size=(B, H, K, V)), jnp.float32)
+  kw = {"chunk_size": 32} if form == "chunk" else {}   # GLA: two sub-chunks per chunk
+  grads = jax.jit(lambda x: loss_grads(lambda x: call(name, form, x, mask=mask, **kw), x, do,
+                                       dS))(x)
+  with jax.enable_x64(True):
+    f64 = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
+    expected = loss_grads(lambda x: reference_of(x, mask), f64(x), *f64((do, dS)))
+    expected = jax.tree.map(np.asarray, expected)
+  for key in x:
+    assert_close(grads[key], expected[key], 1e-4, f"d{key}")
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_gated_delta_rule_with_zero_gate_is_the_delta_rule(form):
+  x = make_inputs("gated_delta_rule")
+  zero = {**x, "g": jnp.zeros_like(x["g"])}
+  plain = {key: value for key, value in zero.items() if key != "g"}
+  for got, want in zip(call("gated_delta_rule", form, zero), call("delta_rule", form, plain)):
+    assert_close(got, want, 1e-6)
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_gla_with_a_channel_constant_gate_is_simple_gla(form):
+  x = make_inputs("simple_gla")
+  channel = {**x, "g": jnp.repeat(x["g"][..., None], K, axis=-1)}
+  for got, want in zip(call("gla", form, channel), call("simple_gla", form, x)):
+    assert_close(got, want, 1e-5)
+
+
+@pytest.mark.parametrize("name", ["simple_gla", "gla"])
+def test_zero_gates_give_unnormalised_causal_linear_attention(name):
+  """o = scale · tril(Q Kᵀ) V, computed in float64 numpy."""
+  x = make_inputs(name, gate=0.0)
+  del x["initial_state"]
+  q, k, v = (np.asarray(x[key], np.float64) for key in "qkv")
+  scores = np.einsum("bihd,bjhd->bhij", q, k) * np.tril(np.ones((T, T))) * K ** -0.5
+  expected = np.einsum("bhij,bjhv->bihv", scores, v)
+  for form in ("chunk", "recurrent"):
+    assert_close(call(name, form, x)[0], expected, 1e-5, form)
+
+
+@pytest.mark.parametrize("name", ["simple_gla", "gla"])
+def test_scalar_gates_equal_the_quadratic_form(name):
+  """((s Q Kᵀ) ⊙ exp(G_i - G_j) ⊙ M) V with a global cumulative gate, float64 (GLA with a
+  channel-constant gate)."""
+  x = make_inputs("simple_gla")
+  del x["initial_state"]
+  expected = ops_reference.quadratic_simple_gla(x["q"], x["k"], x["v"], x["g"], scale=K ** -0.5)
+  if name == "gla":
+    x["g"] = jnp.repeat(x["g"][..., None], K, axis=-1)
+  assert_close(call(name, "chunk", x)[0], expected, 1e-5)
+
+
+def overwrite_inputs():
+  """beta = 1, keys e_{t mod K}, T = K + 3: the first three keys are written twice."""
+  length = K + 3
+  rng = np.random.default_rng(3)
+  keys = np.eye(K, dtype=np.float32)[np.arange(length) % K]
+  x = {"q": np.zeros((1, length, 1, K), np.float32), "k": keys[None, :, None],
+       "v": rng.normal(size=(1, length, 1, V)).astype(np.float32),
+       "beta": np.ones((1, length, 1), np.float32)}
+  return {key: jnp.asarray(value) for key, value in x.items()}
+
+
+@pytest.mark.parametrize("form,kw", [("chunk", {"chunk_size": 4}), ("chunk", {"chunk_size": 16}),
+                                     ("recurrent", {})], ids=["chunk4", "chunk16", "recurrent"])
+def test_delta_rule_overwrites_and_additive_rule_adds(form, kw):
+  x = overwrite_inputs()
+  v = np.asarray(x["v"][0, :, 0])                                     # [T, V]
+  _, state = JITTED[f"{form}_delta_rule"](x["q"], x["k"], x["v"], x["beta"], **kw)
+  stored = np.asarray(state[0, 0])                                    # [K, V]: row i = Sᵀ e_i
+  np.testing.assert_allclose(stored[:3], v[K:], atol=1e-6)            # the later value wins
+  np.testing.assert_allclose(stored[3:], v[3:K], atol=1e-6)           # the rest untouched
+  # negative control: the additive rule sums both writes
+  gate = jnp.zeros(x["beta"].shape)
+  _, state = JITTED[f"{form}_simple_gla"](x["q"], x["k"], x["v"], gate, **kw)
+  np.testing.assert_allclose(np.asarray(state[0, 0])[:3], v[:3] + v[K:], atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
+def test_beta_zero_leaves_the_state_unchanged(name, form):
+  """o_t = exp(G_t) S0ᵀ (s q_t), S_T = exp(G_T) S0 with G the cumulative gate."""
+  x = make_inputs(name)
+  x["beta"] = jnp.zeros_like(x["beta"])
+  o, state = call(name, form, x)
+  G = np.cumsum(np.asarray(x["g"], np.float64), axis=1) if "g" in x else np.zeros((B, T, H))
+  S0 = np.asarray(x["initial_state"], np.float64)
+  expected = np.einsum("bthk,bhkv->bthv", np.asarray(x["q"]) * K ** -0.5, S0)
+  assert_close(o, np.exp(G)[..., None] * expected, 1e-5, "o")
+  assert_close(state, np.exp(G[:, -1])[..., None, None] * S0, 1e-5, "final state")
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_bfloat16_inputs_are_close_to_float32(name):
+  x = make_inputs(name)
+  o, state = call(name, "chunk", x)
+  bf16 = {key: value.astype(jnp.bfloat16) for key, value in x.items()}
+  o_bf16, state_bf16 = call(name, "chunk", bf16)
+  assert o_bf16.dtype == jnp.bfloat16 and state_bf16.dtype == jnp.float32
+  assert_close(o_bf16, o, 2e-2, "o")
+  assert_close(state_bf16, state, 2e-2, "final state")
+
+
+def test_bad_inputs_are_refused_with_what_is_expected():
+  x = make_inputs("gated_delta_rule")
+  q, k, v, g, beta = (x[key] for key in ("q", "k", "v", "g", "beta"))
+  with pytest.raises(ValueError, match=r"chunk_gated_delta_rule: g must be \[2, 37, 2\]"):
+    ops.chunk_gated_delta_rule(q, k, v, g[..., None], beta)
+  with pytest.raises(ValueError, match=r"chunk_gla: g must be \[2, 37, 2, 8\]"):
+    ops.chunk_gla(q, k, v, g)
+  with pytest.raises(ValueError, match="q and k must both be"):
+    ops.recurrent_delta_rule(q, k[:, :5], v, beta)
+  with pytest.raises(ValueError, match="v must be"):
+    ops.chunk_delta_rule(q, k, v[:1], beta)
+  with pytest.raises(ValueError, match="initial_state must be"):
+    ops.chunk_delta_rule(q, k, v, beta, initial_state=v)
+  with pytest.raises(ValueError, match="mask must be bool"):
+    ops.chunk_delta_rule(q, k, v, beta, mask=jnp.ones((B, T)))
+  with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+    ops.chunk_delta_rule(q, k, v, beta, chunk_size=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,gate", [(name, gate) for name in OPS
+                                       for gate in ((-20.0, -1e-7) if OPS[name][0] else (None,))])
+def test_extreme_gates_at_length_have_finite_outputs_and_gradients(name, gate):
+  """T = 4096, float32, a log-gate of -20 per step or -1e-7 (the delta rule: random inputs),
+  every input's gradient."""
+  length = 4096
+  x = make_inputs(name, length=length, gate=gate)
+  fn = lambda x: call(name, "chunk", x, chunk_size=64)
+  o, state = jax.jit(fn)(x)
+  grads = jax.jit(lambda x: loss_grads(fn, x, jnp.ones_like(o), jnp.ones_like(state)))(x)
+  for key, value in {"o": o, "state": state, **{f"d{k}": g for k, g in grads.items()}}.items():
+    assert np.all(np.isfinite(np.asarray(value))), key
+
+
+@pytest.mark.slow
+def test_compiled_memory_of_forward_and_backward_grows_linearly():
+  """Temporary bytes of chunk_gated_delta_rule's forward+backward at 2K and 8K: linear growth
+  is 4x, a quadratic term would give 16x."""
+  def temp_bytes(length):
+    shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    qkv = shape(1, length, 4, 64)
+    gate = shape(1, length, 4)
+    loss = lambda q, k, v, g, beta: jnp.sum(ops.chunk_gated_delta_rule(q, k, v, g, beta)[0])
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+    return grad.lower(qkv, qkv, qkv, gate, gate).compile().memory_analysis().temp_size_in_bytes
+  ratio = temp_bytes(8192) / temp_bytes(2048)
+  assert ratio < 6, ratio
+
+
+@pytest.mark.slow
+def test_ops_benchmark_rows_and_table(tmp_path):
+  """experiments.benchmark --mode=ops at a tiny length: every op and the baseline timed, the
+  speed-ups filled in, the markdown table written (compiles six programs, hence slow)."""
+  from experiments.bench import ops as ops_bench
+  rows = ops_bench.run_and_write([16], str(tmp_path), warmup=0, repeats=1, budget_s=60,
+                                 command="test")
+  assert [row["op"] for row in rows] == [ops_bench.BASELINE, *ops_bench.OPS]
+  assert all(row["fwd_bwd_ms"] > 0 and row["speedup_vs_full"] > 0 for row in rows)
+  table = (tmp_path / "benchmark_ops.md").read_text()
+  assert "| chunk_gated_delta_rule |" in table and "vs recurrent_gated_delta_rule" in table
+  assert (tmp_path / "benchmark_ops.csv").read_text().startswith("op,length,status")
