@@ -42,11 +42,13 @@ SLOW_MODULES = {
 
 # Tests that sweep the whole registry, and the parameter naming the variant. In the fast lane
 # they run for one variant per family (REPRESENTATIVE_VARIANTS): dense exact, blockwise exact, a
-# window pattern, one with random blocks, a kernelised one. Every other registered name, a newly
+# window pattern, one with random blocks, a kernelised one, and one sequence mixer (a delta rule
+# with a decay: the chunk engine's most general path). Every other registered name, a newly
 # registered one too, runs them in the slow lane (CI runs both); add a name to move it.
-REGISTRY_SWEEPS = {"test_conformance": "name",
+REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_every_task_attention_config_builds": "attention"}
-REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer"}
+REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
+                           "gated_deltanet"}
 
 
 def is_slow(item) -> bool:

@@ -13,14 +13,9 @@ def test_conformance(name, prop):
   assert result.status != "fail", result.describe()
 
 
-# Every mixer's checks compile its chunked op a dozen times (minutes on 2 cores), so the fast
-# lane checks one mixer and the full suite all of them.
-FAST_MIXER = "gated_deltanet"
-
-
+# The fast lane checks the representative names only (tests/conftest.py).
 @pytest.mark.parametrize("prop", list(conformance.MIXER_CHECKS))
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == FAST_MIXER else pytest.mark.slow)
-                                  for n in az.available("mixer")])
+@pytest.mark.parametrize("name", az.available("mixer"))
 def test_mixer_conformance(name, prop):
   result = conformance.run_check(prop, name)
   assert result.status != "fail", result.describe()
