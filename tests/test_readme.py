@@ -22,11 +22,13 @@ def test_readme_is_short():
   assert len(README) <= 15_000, f"README.md has {len(README)} characters: move details to docs/"
 
 
-def test_variants_table_lists_exactly_the_registry():
-  table_names = re.findall(r"^\| `(\w+)` \|", README, flags=re.M)
-  assert sorted(table_names) == sorted(az.available())
-  for name in az.available():
-    row = next(line for line in README.splitlines() if line.startswith(f"| `{name}` |"))
+@pytest.mark.parametrize("kind, page", [("attention", "README.md"), ("mixer", "docs/mixers.md")])
+def test_variants_table_lists_exactly_the_registry(kind, page):
+  text = (REPO / page).read_text(encoding="utf-8")
+  table_names = re.findall(r"^\| `(\w+)` \|", text, flags=re.M)
+  assert sorted(table_names) == sorted(az.available(kind))
+  for name in az.available(kind):
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
     spec = az.spec(name)
     assert spec.complexity in row, f"{name}: the README row disagrees with the spec"
     defaults = [f"`{option}={value}`" for option, value in spec.options.items()
