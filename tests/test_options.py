@@ -89,6 +89,9 @@ def test_bad_declarations_fail_where_they_are_written(make, message):
 # -- every registered variant, every option ----------------------------------------------------
 
 def build(name, **options):
+  if az.spec(name).kind == "mixer":
+    return az.create_mixer(name, emb_dim=16, num_heads=2, max_len=16, rngs=nnx.Rngs(0),
+                           **options)
   return az.create(name, num_heads=2, head_dim=8, max_len=16, rngs=nnx.Rngs(0), **options)
 
 
