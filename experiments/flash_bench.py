@@ -20,9 +20,10 @@ chunked) outputs and gradients against reference.dense_attention in f32 on small
 padding, GQA, cross-attention, ALiBi and a head_dim that is not a power of two.
 
 The markdown table is rewritten after every row, so a run stopped by a time limit keeps what it
-measured; --budget_s stops starting new rows once that much time has passed. Sized for one
-device call of under 10 minutes on an H200 (imports jax, numpy, absl, flax and this repository):
-    PYTHONUNBUFFERED=1 python3 -m experiments.flash_bench --out=$OUT/flash_bench.md --budget_s=450
+measured; --budget_s stops starting new rows once that much time has passed. On any machine
+with an NVIDIA GPU and a CUDA build of jax (`pip install -U "jax[cuda12]"`, then this
+repository), a run that stops starting rows after 7.5 minutes:
+    PYTHONUNBUFFERED=1 python -m experiments.flash_bench --out=results/flash_bench.md --budget_s=450
 """
 from __future__ import annotations
 
