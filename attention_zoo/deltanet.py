@@ -25,7 +25,6 @@ import jax.numpy as jnp
 
 from attention_zoo import mixer_parts as parts
 from attention_zoo import ops
-from attention_zoo.layers import ShortConv
 from attention_zoo.mixer import Mixer
 from attention_zoo.options import Bool, Float, Int
 from attention_zoo.registry import register_mixer
@@ -49,16 +48,9 @@ class DeltaNet(Mixer):
   def __init__(self, *, rngs, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
     self.d_k, self.d_v = parts.checked_dims(self)
-    h, kvh, emb, dtype = self.num_heads, self.num_kv_heads, self.emb_dim, self.dtype
-    linear = lambda i, o: parts.linear(i, o, dtype=dtype, rngs=rngs)
-    channels = (h + kvh) * self.d_k + kvh * self.d_v          # q | k | v
-    self.qkv = linear(emb, channels)
-    if self.options["use_short_conv"]:
-      self.conv = ShortConv(channels, self.options["conv_size"], dtype=dtype, rngs=rngs)
-    self.beta_proj = linear(emb, h)
-    self.gate_proj = linear(emb, h * self.d_v) if self.options["use_gate"] else None
-    self.norm = parts.GatedRMSNorm(self.d_v, eps=self.options["norm_eps"])
-    self.out = linear(h * self.d_v, emb)
+    parts.add_qkv(self, rngs)
+    self.beta_proj = parts.linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
+    parts.add_gated_output(self, rngs, use_gate=self.options["use_gate"])
 
   def log_decay(self, x):
     """g [b, n, h] float32 for the gated rule; None: no decay."""
@@ -81,9 +73,7 @@ class DeltaNet(Mixer):
     gates = () if g is None else (g,)
     o, state = parts.recurrence(self.CHUNK_OP, self.STEP_OP, q, k, v, *gates, beta, mask=mask,
                                 state=state, chunk_size=self.options["chunk_size"])
-    gate = None if self.gate_proj is None else self.gate_proj(x).reshape(b, n, h, d_v)
-    y = self.norm(o, gate)                                                       # [b, n, h, dv]
-    return self.out(y.reshape(b, n, h * d_v).astype(self.dtype)), state
+    return parts.gated_output(self, x, o), state
 
   def empty_state(self, batch_size, max_len, dtype):
     return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)

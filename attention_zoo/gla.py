@@ -23,7 +23,6 @@ import jax.numpy as jnp
 
 from attention_zoo import mixer_parts as parts
 from attention_zoo import ops
-from attention_zoo.layers import ShortConv
 from attention_zoo.mixer import Mixer
 from attention_zoo.options import Bool, Float, Int
 from attention_zoo.registry import register_mixer
@@ -43,17 +42,12 @@ class GLA(Mixer):
   def __init__(self, *, rngs, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
     self.d_k, self.d_v = parts.checked_dims(self)
-    h, kvh, emb, dtype = self.num_heads, self.num_kv_heads, self.emb_dim, self.dtype
-    linear = lambda i, o, bias=False: parts.linear(i, o, dtype=dtype, rngs=rngs, bias=bias)
-    channels = (h + kvh) * self.d_k + kvh * self.d_v          # q | k | v
-    self.qkv = linear(emb, channels)
-    if self.options["use_short_conv"]:
-      self.conv = ShortConv(channels, self.options["conv_size"], dtype=dtype, rngs=rngs)
-    self.gate_down = linear(emb, self.options["gate_low_rank_dim"])
-    self.gate_up = linear(self.options["gate_low_rank_dim"], kvh * self.d_k, bias=True)
-    self.gate_proj = linear(emb, h * self.d_v) if self.options["use_output_gate"] else None
-    self.norm = parts.GatedRMSNorm(self.d_v, eps=self.options["norm_eps"])
-    self.out = linear(h * self.d_v, emb)
+    parts.add_qkv(self, rngs)
+    rank, dtype = self.options["gate_low_rank_dim"], self.dtype
+    self.gate_down = parts.linear(self.emb_dim, rank, dtype=dtype, rngs=rngs)
+    self.gate_up = parts.linear(rank, self.num_kv_heads * self.d_k, dtype=dtype, rngs=rngs,
+                                bias=True)
+    parts.add_gated_output(self, rngs, use_gate=self.options["use_output_gate"])
 
   def forward(self, x, mask, state):
     b, n, _ = x.shape
@@ -68,9 +62,7 @@ class GLA(Mixer):
     g = parts.repeat_kv(g.reshape(b, n, kvh, d_k), h)                            # [b, n, h, dk]
     o, state = parts.recurrence(ops.chunk_gla, ops.recurrent_gla, q, k, v, g, mask=mask,
                                 state=state, chunk_size=self.options["chunk_size"])
-    gate = None if self.gate_proj is None else self.gate_proj(x).reshape(b, n, h, d_v)
-    y = self.norm(o, gate)                                                       # [b, n, h, dv]
-    return self.out(y.reshape(b, n, h * d_v).astype(self.dtype)), state
+    return parts.gated_output(self, x, o), state
 
   def empty_state(self, batch_size, max_len, dtype):
     return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_zoo.layers import ShortConv
+
 
 def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):
   """A projection (the authors' are bias-free unless said otherwise); parameters float32."""
@@ -33,6 +35,33 @@ def key_value_state_size(cls, *, num_heads: int, head_dim: int, options: dict, *
   """Mixer.state_size of a state S [d_k, d_v] per head: num_heads · d_k · d_v."""
   d_k, d_v = expanded_dims(head_dim, options)
   return num_heads * d_k * d_v
+
+
+def add_qkv(mixer, rngs: nnx.Rngs) -> None:
+  """mixer.qkv: x -> q | k | v ([h·d_k | kvh·d_k | kvh·d_v] channels), and mixer.conv over them
+  when the option use_short_conv is on (the layers of DeltaNet, GLA, RetNet and their kin)."""
+  h, kvh = mixer.num_heads, mixer.num_kv_heads
+  channels = (h + kvh) * mixer.d_k + kvh * mixer.d_v
+  mixer.qkv = linear(mixer.emb_dim, channels, dtype=mixer.dtype, rngs=rngs)
+  if mixer.options["use_short_conv"]:
+    mixer.conv = ShortConv(channels, mixer.options["conv_size"], dtype=mixer.dtype, rngs=rngs)
+
+
+def add_gated_output(mixer, rngs: nnx.Rngs, *, use_gate: bool) -> None:
+  """mixer.gate_proj (x -> per-head SiLU gate, or None), mixer.norm (RMSNorm per head over d_v)
+  and mixer.out (h·d_v -> emb): the output `gated_output` applies."""
+  h, emb, dtype = mixer.num_heads, mixer.emb_dim, mixer.dtype
+  mixer.gate_proj = linear(emb, h * mixer.d_v, dtype=dtype, rngs=rngs) if use_gate else None
+  mixer.norm = GatedRMSNorm(mixer.d_v, eps=mixer.options["norm_eps"])
+  mixer.out = linear(h * mixer.d_v, emb, dtype=dtype, rngs=rngs)
+
+
+def gated_output(mixer, x, o):
+  """o [b, n, h, d_v] -> out(RMSNorm(o) ⊙ SiLU(gate_proj x)) [b, n, emb] (no gate: the norm)."""
+  b, n, h, d_v = o.shape
+  gate = None if mixer.gate_proj is None else mixer.gate_proj(x).reshape(b, n, h, d_v)
+  y = mixer.norm(o, gate)                                                        # [b, n, h, dv]
+  return mixer.out(y.reshape(b, n, h * d_v).astype(mixer.dtype))
 
 
 def short_conv(conv, x, mask, decode: bool):

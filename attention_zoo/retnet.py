@@ -24,7 +24,6 @@ import numpy as np
 
 from attention_zoo import mixer_parts as parts
 from attention_zoo import ops, positions
-from attention_zoo.layers import ShortConv
 from attention_zoo.mixer import Mixer
 from attention_zoo.options import Bool, Float, Int
 from attention_zoo.registry import register_mixer
@@ -45,16 +44,9 @@ class RetNet(Mixer):
     self.d_k, self.d_v = parts.checked_dims(self)
     if self.d_k % 2:
       raise self.option_error("expand_k", f"a value giving an even d_k for RoPE (got {self.d_k})")
-    h, kvh, emb, dtype = self.num_heads, self.num_kv_heads, self.emb_dim, self.dtype
-    linear = lambda i, o: parts.linear(i, o, dtype=dtype, rngs=rngs)
-    channels = (h + kvh) * self.d_k + kvh * self.d_v          # q | k | v
-    self.qkv = linear(emb, channels)
-    if self.options["use_short_conv"]:
-      self.conv = ShortConv(channels, self.options["conv_size"], dtype=dtype, rngs=rngs)
-    self.gate_proj = linear(emb, h * self.d_v) if self.options["use_output_gate"] else None
-    self.norm = parts.GatedRMSNorm(self.d_v, eps=self.options["norm_eps"])
-    self.out = linear(h * self.d_v, emb)
-    self.log_gamma = np.log1p(-2.0 ** (-5.0 - np.arange(h)))  # [h], fixed
+    parts.add_qkv(self, rngs)
+    parts.add_gated_output(self, rngs, use_gate=self.options["use_output_gate"])
+    self.log_gamma = np.log1p(-2.0 ** (-5.0 - np.arange(self.num_heads)))  # [h], fixed
 
   def forward(self, x, mask, state):
     b, n, _ = x.shape
@@ -70,10 +62,8 @@ class RetNet(Mixer):
     o, kv_state = parts.recurrence(ops.chunk_simple_gla, ops.recurrent_simple_gla, q, k, v, g,
                                    mask=mask, state=None if state is None else state["state"],
                                    chunk_size=self.options["chunk_size"])
-    gate = None if self.gate_proj is None else self.gate_proj(x).reshape(b, n, h, d_v)
-    y = self.norm(o, gate)                                                       # [b, n, h, dv]
     new_state = None if state is None else {"state": kv_state, "position": offset + n}
-    return self.out(y.reshape(b, n, h * d_v).astype(self.dtype)), new_state
+    return parts.gated_output(self, x, o), new_state
 
   def empty_state(self, batch_size, max_len, dtype):
     return {"state": jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32),
