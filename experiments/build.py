@@ -1,6 +1,7 @@
 """The build step: from a config (configs/, plain values) to the run it describes, the one place
-where presets are resolved and a model, its optimizer and its data are made, for the trainer,
-the benchmark and the fidelity table alike.
+where presets are resolved and the model and its optimizer are made, for the trainer, the
+benchmark and the fidelity table alike. The trainer calls `resolve`, then `model`, `optimizer`
+and experiments/data.py's `load_splits` (the data at the resolved model.max_len).
 
 A config leaves None what depends on the attention variant (configs/lra/common.py): `resolve`
 fills it in for the variant the config finally names, from the same tables the config file
@@ -14,13 +15,14 @@ import dataclasses
 import math
 
 import ml_collections
+from flax import nnx
 
 import attention_zoo as az
 import lra
 from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
                                   TransformerConfig)
 from configs.lra import common
-from experiments import cli
+from experiments import cli, optim
 
 OPTIONS = "model.attention_options."
 # Attention options measured in tokens, with the smallest value a shortened sequence scales them
@@ -159,6 +161,21 @@ def model_class(task: str) -> type:
   if spec.objective == "next_token":
     return BottleneckLM if spec.readout == "last_position" else DecoderLM
   return DualEncoderClassifier if spec.dual else Classifier
+
+
+def model(config, rngs: nnx.Rngs) -> tuple[nnx.Module, TransformerConfig]:
+  """The task's model (see model_class) and its resolved TransformerConfig."""
+  resolved = model_config(config)
+  return model_class(config.task)(resolved, rngs=rngs), resolved
+
+
+def optimizer(config):
+  """(optax optimizer, learning-rate schedule) of config.optimizer and config.schedule."""
+  s = config.schedule
+  schedule = optim.learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
+                                          warmup_steps=s.warmup_steps,
+                                          steps_per_cycle=s.steps_per_cycle)
+  return optim.make_optimizer(config.optimizer, schedule), schedule
 
 
 def describe(model: TransformerConfig) -> dict:

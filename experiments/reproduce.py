@@ -5,6 +5,10 @@
         --attentions=full,performer --seeds=1,2,3 --out=results/paper
     python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full --seeds=0,1
 
+`--override=field=value` changes every config of the grid; an attention option
+(`--override=model.attention_options.nb_features=16`) applies to the variants that have it
+and is skipped, with a log line, for the others (docs/harness.md, Configs).
+
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
 skipped and an interrupted one resumes, so the same command continues a grid. The report
 (OUT/table.md, table.csv, PNGs) covers every finished run under OUT/runs.
@@ -183,5 +187,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
   flags.DEFINE_multi_string("override", [],
-                            "field=value applied to every config, e.g. model.num_layers=1.")
+                            "field=value applied to every config, e.g. model.num_layers=1; "
+                            "model.attention_options.<name>=value to the variants that have it.")
   cli.run(main)

@@ -52,7 +52,6 @@ from experiments import provenance
 from experiments.memory import compiled_memory, device_memory_bytes
 from experiments.checkpoints import Checkpoints
 from experiments.cli import HarnessError
-from experiments.optim import learning_rate_schedule, make_optimizer
 from experiments.writers import MetricsWriter
 
 
@@ -110,12 +109,9 @@ def check_config(config) -> None:
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
   """The task's model (experiments.build) and its resolved TransformerConfig."""
   try:
-    resolved = build.model_config(config)
-    model = build.model_class(config.task)(
-        resolved, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+    return build.model(config, nnx.Rngs(params=config.seed, dropout=config.seed + 1))
   except (TypeError, ValueError) as e:
     raise HarnessError(f"cannot build the {config.model.attention} model: {e}") from None
-  return model, resolved
 
 
 def check_memory(compiled, config) -> None:
@@ -239,11 +235,8 @@ def make_steps(config, graphdef, replicated) -> Steps:
   """The step functions of `config`'s model (`graphdef`) with its optimiser (config.optimizer)
   under its learning-rate schedule (config.schedule). The trainer keeps them per config
   (Steps.for_config); the efficiency benchmark compiles and times this same train step."""
-  s = config.schedule
-  schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
-                                    warmup_steps=s.warmup_steps, steps_per_cycle=s.steps_per_cycle)
-  return Steps(graphdef, make_optimizer(config.optimizer, schedule), schedule,
-               config.grad_accum_steps, replicated)
+  tx, schedule = build.optimizer(config)
+  return Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated)
 
 
 def initial_state(steps: Steps, params, rest) -> TrainState:
