@@ -19,14 +19,17 @@ from configs.lra import common
 # Attention settings for 64-token sequences: windows and blocks shorter than the distance
 # between a pair and its query (>= 10), so local patterns cannot reach the pair.
 ATTENTION_SETTINGS = {
-    "sliding_window": {"attention.window": 8},
-    "local": {"attention.block_size": 8},
-    "longformer": {"attention.window": 8, "attention.num_global_tokens": 1},
-    "sparse_transformer": {"attention.block_size": 8, "attention.num_summary": 2},
-    "bigbird": {"attention.block_size": 4, "attention.num_window_blocks": 3,
-                "attention.num_random_blocks": 2},
-    "reformer": {"attention.chunk_len": 8},
-    "sinkhorn": {"attention.block_size": 8},
+    "sliding_window": {"model.attention_options.window": 8},
+    "local": {"model.attention_options.block_size": 8},
+    "longformer": {"model.attention_options.window": 8,
+                   "model.attention_options.num_global_tokens": 1},
+    "sparse_transformer": {"model.attention_options.block_size": 8,
+                           "model.attention_options.num_summary": 2},
+    "bigbird": {"model.attention_options.block_size": 4,
+                "model.attention_options.num_window_blocks": 3,
+                "model.attention_options.num_random_blocks": 2},
+    "reformer": {"model.attention_options.chunk_len": 8},
+    "sinkhorn": {"model.attention_options.block_size": 8},
 }
 
 

@@ -1,14 +1,20 @@
-"""From a task config to the model it describes: the one place where an LRA model is defined,
-for the trainer and the benchmark alike.
+"""The build step: from a config (configs/, plain values) to the run it describes, the one place
+where presets are resolved and the model and its optimizer are made, for the trainer, the
+benchmark and the fidelity table alike. The trainer calls `resolve`, then `model`, `optimizer`
+and experiments/data.py's `load_splits` (the data at the resolved model.max_len).
 
-Values that depend on the attention variant are resolved here, when the model is built, not when
-the config is created (configs/lra/common.py, `resolve_attention`): so an override of the
-attention, of one of its options or of `model.max_len` gives what it says.
+A config leaves None what depends on the attention variant (configs/lra/common.py): `resolve`
+fills it in for the variant the config finally names, from the same tables the config file
+holds. So `--config.model.attention=local` gives local's settings, an option set in
+`model.attention_options` wins over the preset's, and token-counted options follow a
+shortened `model.max_len`.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import ml_collections
 from flax import nnx
 
 import attention_zoo as az
@@ -16,17 +22,135 @@ import lra
 from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
                                   TransformerConfig)
 from configs.lra import common
+from experiments import cli, optim
 
+OPTIONS = "model.attention_options."
+# Attention options measured in tokens, with the smallest value a shortened sequence scales them
+# to: a block or window then covers the same fraction of the sequence as at the task's length.
+LENGTH_OPTIONS = {"block_size": 4, "window": 4, "chunk_len": 4, "chunk_size": 4,
+                  "query_chunk": 4, "num_summary": 1}
+
+
+# -- the presets' values for one variant -------------------------------------------------------
+
+def released_values(task: str, variant: str) -> dict:
+  """What the released LRA code ran for (task, variant), in dotted config fields: the task's
+  base config, the quirks of every released encoder, the variant's attention settings, then
+  what the variant's file changes. A variant without a released file takes the Transformer's."""
+  released = cli.task_module(task).RELEASED
+  own = released.get(variant, {} if variant in common.LRA_VARIANTS else released.get("full", {}))
+  return {**released["shared"], **common.RELEASED_QUIRKS,
+          **common.RELEASED_ATTENTION.get(variant, {}), **own}
+
+
+def preset_values(task: str, variant: str, preset: str) -> dict:
+  """The preset's values for `variant`, in dotted config fields, before length scaling: every
+  value under `paper` (the released one, or its PAPER_CHANGES), the attention settings under
+  `fair` and `tiny` (the rest does not depend on the variant), and a diagnostic's own
+  ATTENTION_SETTINGS."""
+  module = cli.task_module(task)
+  if hasattr(module, "ATTENTION_SETTINGS"):
+    return dict(module.ATTENTION_SETTINGS.get(variant, {}))
+  extra = common.EXTRA_ATTENTION.get(variant, {})
+  if preset == "paper":
+    changes = getattr(module, "PAPER_CHANGES", {}).get(variant, {})
+    return {**released_values(task, variant), **extra,
+            **{field: value for field, (value, _) in changes.items()}}
+  # LRA's task-specific block sizes (64 on the pixel tasks) are kept.
+  task_blocks = {field: value for field, value in module.RELEASED.get(variant, {}).items()
+                 if field.startswith(OPTIONS) and field[len(OPTIONS):] in LENGTH_OPTIONS}
+  return {**common.FAIR_ATTENTION.get(variant, {}), **extra, **task_blocks}
+
+
+# -- resolving a config -------------------------------------------------------------------------
+
+def resolve(config) -> ml_collections.ConfigDict:
+  """A copy of `config` with every value the run uses: each None the preset has a value for,
+  the variant's options (the preset's, scaled to model.max_len, under those the config sets),
+  and the "0 = follow another field" defaults. Unknown names -> HarnessError."""
+  if config.preset not in common.PRESETS:
+    raise cli.HarnessError(f"unknown preset {config.preset!r}; presets: "
+                           f"{', '.join(common.PRESETS)}")
+  cli.check_attention(config.model.attention)
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  attention, task = config.model.attention, config.task
+  values = preset_values(task, attention, config.preset)
+  for field, value in values.items():
+    *parents, name = field.split(".")
+    node = resolved
+    for parent in parents:
+      node = node[parent]
+    if not field.startswith(OPTIONS) and node.get(name) is None:
+      node[name] = value
+  model = resolved.model
+  model.attention_ignores_padding = bool(model.attention_ignores_padding)
+  spec = az.spec(attention)
+  if not spec.supports_dropout:
+    model.attention_dropout_rate = 0.0   # the variant forms no attention weights to drop
+  model.attention_options = _options(config, values, spec, resolved.model)
+  resolved.eval_batch_size = resolved.eval_batch_size or resolved.batch_size
+  resolved.checkpoint_every = resolved.checkpoint_every or resolved.eval_every
+  resolved.schedule.steps_per_cycle = (resolved.schedule.steps_per_cycle
+                                       or resolved.num_train_steps)
+  return resolved
+
+
+def _options(config, values: dict, spec, model) -> dict:
+  """The variant's options: the preset's, token-counted ones scaled when model.max_len is
+  shorter than the task's, a sqrt(head_dim) scale made a number, then those the config sets
+  (taken as they are; a name the variant does not have -> HarnessError)."""
+  options = {field[len(OPTIONS):]: value for field, value in values.items()
+             if field.startswith(OPTIONS)}
+  options = scale_length_options(options, model.max_len / lra.task_spec(config.task).max_len)
+  if options.get("scale") == common.SQRT_HEAD_DIM:
+    options["scale"] = math.sqrt((model.qkv_dim or model.emb_dim) // model.num_heads)
+  explicit = {k: v for k, v in config.model.attention_options.items() if v is not None}
+  for name in explicit:
+    if name not in spec.options:
+      raise cli.HarnessError(
+          f"model.attention_options.{name}: {config.model.attention} has no option {name!r}"
+          f"{cli.did_you_mean(name, spec.options)}; its options: "
+          f"{', '.join(sorted(spec.options))}")
+  return {**options, **explicit}
+
+
+def scale_length_options(options: dict, ratio: float) -> dict:
+  """Token-counted options times `ratio` (rounded, at least LENGTH_OPTIONS' minimum)."""
+  if ratio >= 1:
+    return dict(options)
+  scaled = dict(options)
+  for name, minimum in LENGTH_OPTIONS.items():
+    value = options.get(name)
+    if isinstance(value, int) and not isinstance(value, bool):
+      scaled[name] = max(minimum, round(value * ratio))
+  return scaled
+
+
+def overrides(config) -> dict:
+  """Where `config` departs from its config file's get_config("<attention>,<preset>"), in
+  dotted fields: the user's changes, for results.json."""
+  default = cli.task_config(config.task, f"{config.model.attention},{config.preset}")
+  ours, theirs = _flatten(config.to_dict()), _flatten(default.to_dict())
+  return {field: value for field, value in ours.items()
+          if field not in theirs or theirs[field] != value}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+# -- the model ---------------------------------------------------------------------------------
 
 def model_config(config) -> TransformerConfig:
-  """The TransformerConfig of `config.model`, with the attention's settings resolved."""
-  options, attention_fields = common.resolve_attention(config)
-  model = {k: v for k, v in config.model.to_dict().items() if k != "attention_options"}
-  model.update(attention_fields)
-  model["attention_ignores_padding"] = bool(model["attention_ignores_padding"])
-  if not az.spec(model["attention"]).supports_dropout:
-    model["attention_dropout_rate"] = 0.0   # the variant forms no attention weights to drop
-  return TransformerConfig(**model, attention_options=options)
+  """The TransformerConfig of `config.model`, resolved (see `resolve`)."""
+  model = resolve(config).model.to_dict()
+  return TransformerConfig(**model)
 
 
 def model_class(task: str) -> type:
@@ -39,9 +163,19 @@ def model_class(task: str) -> type:
   return DualEncoderClassifier if spec.dual else Classifier
 
 
-def build_model(config, rngs: nnx.Rngs) -> nnx.Module:
-  """The model of config.task (see model_class)."""
-  return model_class(config.task)(model_config(config), rngs=rngs)
+def model(config, rngs: nnx.Rngs) -> tuple[nnx.Module, TransformerConfig]:
+  """The task's model (see model_class) and its resolved TransformerConfig."""
+  resolved = model_config(config)
+  return model_class(config.task)(resolved, rngs=rngs), resolved
+
+
+def optimizer(config):
+  """(optax optimizer, learning-rate schedule) of config.optimizer and config.schedule."""
+  s = config.schedule
+  schedule = optim.learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
+                                          warmup_steps=s.warmup_steps,
+                                          steps_per_cycle=s.steps_per_cycle)
+  return optim.make_optimizer(config.optimizer, schedule), schedule
 
 
 def describe(model: TransformerConfig) -> dict:

@@ -6,6 +6,9 @@ choices, and exits with status 1. Bugs still raise with a traceback.
 """
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib
 import importlib.util
 import logging
 import os
@@ -62,24 +65,19 @@ def avoid_cpu_scheduler_deadlock() -> None:
     print(f"note: this XLA refuses {CPU_SCHEDULER_FLAG}; running without it", file=sys.stderr)
 
 
-def run(main, *, preload_plugins: bool = True) -> None:
-  """`absl.app.run(main)` with one-line errors; `--plugins` modules are imported first, so
-  config files see the variants they register."""
-  from experiments import plugins
-
-  avoid_cpu_scheduler_deadlock()
-
+def run(main) -> None:
+  """`absl.app.run(main)` with one-line errors. The flags and the config are checked before
+  anything imports JAX (a mistake is reported at once); then XLA's flags are set and the
+  `--plugins` modules imported, and the attention the config names is checked again against
+  the variants they register."""
   absl_logging.get_absl_handler().addFilter(_OwnInfoOnly())
-  if preload_plugins:
-    try:
-      plugins.preload_from_argv(sys.argv)
-    except plugins.PluginError as e:
-      fail(str(e))
 
   def wrapped(argv):
     try:
       return main(argv)
-    except (HarnessError, plugins.PluginError) as e:
+    except HarnessError as e:
+      fail(str(e))
+    except ImportError as e:   # a --plugins module that main loads itself
       fail(str(e))
 
   app.run(wrapped, flags_parser=_parse_flags)
@@ -90,28 +88,50 @@ def run(main, *, preload_plugins: bool = True) -> None:
 FIXED_FIELDS = {"task": "the config file is the task: --config=configs/lra/<task>.py:...",
                 "preset": "the preset is part of the config argument: "
                           "--config=configs/lra/<task>.py:<attention>,<preset>"}
+# The variant's options: an open set of names (the variant's, known once it is imported),
+# checked when the model is built.
+OPTIONS_FIELD = "model.attention_options"
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  option_flags = [item for item in argv if item.startswith(f"--config.{OPTIONS_FIELD}.")]
+  argv = [item for item in argv if item not in option_flags]
+  sys.argv[:] = [item for item in sys.argv if item not in option_flags]   # config_flags reads it
+  try:
+    for item in argv:
+      if item.startswith("--config."):
+        check_not_fixed(item[len("--config."):].split("=", 1)[0])
+    try:
+      rest = flags.FLAGS(argv)
+      if "config" in flags.FLAGS:
+        dict(flags.FLAGS.config)  # a config file that failed to load raises here
+    except Exception as e:  # noqa: BLE001 - turned into one line below
+      raise HarnessError(_explain_config_error(argv) or str(e).strip().splitlines()[0]) from None
+    config = flags.FLAGS.config if "config" in flags.FLAGS else None
+    for item in option_flags:
+      field, sep, value = item[len("--config."):].partition("=")
+      if not sep:
+        raise HarnessError(f"{item}: write --config.{field}=VALUE")
+      set_field(config, field, value)
+    plugins = flags.FLAGS.plugins if "plugins" in flags.FLAGS else []
+    if config is not None and not plugins:
+      check_attention(config.model.attention)
+    avoid_cpu_scheduler_deadlock()
+    if plugins:
+      from experiments.plugins import load_plugins
+
+      load_plugins(plugins)
+      if config is not None:
+        check_attention(config.model.attention)
+  except (HarnessError, ImportError) as e:
+    fail(str(e))
+  return rest
 
 
 def check_not_fixed(field: str) -> None:
   """HarnessError if `field` (dotted) is one that only the config file or argument sets."""
   if field in FIXED_FIELDS:
     raise HarnessError(f"config.{field} cannot be overridden: {FIXED_FIELDS[field]}")
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  for item in argv:
-    if item.startswith("--config."):
-      try:
-        check_not_fixed(item[len("--config."):].split("=", 1)[0])
-      except HarnessError as e:
-        fail(str(e))
-  try:
-    rest = flags.FLAGS(argv)
-    if "config" in flags.FLAGS:
-      dict(flags.FLAGS.config)  # a config file that failed to load raises here
-    return rest
-  except Exception as e:  # noqa: BLE001 - turned into one line below
-    fail(_explain_config_error(argv) or str(e).strip().splitlines()[0])
 
 
 def _config_flag(argv: list[str]) -> str | None:
@@ -150,14 +170,123 @@ def _explain_config_error(argv: list[str]) -> str | None:
   return None
 
 
+def task_module(task: str):
+  """The config file of a task: configs/lra/<task>.py, configs/mad/<task>.py for a MAD task,
+  or configs/<task>.py for another diagnostic."""
+  import lra
+
+  tasks = lra.available_tasks() + lra.diagnostic_tasks()
+  if task not in tasks:
+    raise HarnessError(f"unknown task {task!r}{did_you_mean(task, tasks)}; tasks: "
+                       f"{', '.join(tasks)}")
+  package = ("configs.lra" if task in lra.available_tasks() else
+             "configs.mad" if task in lra.mad_tasks() else "configs")
+  return importlib.import_module(f"{package}.{task}")
+
+
+def task_config(task: str, arg: str):
+  """get_config(arg) of the task's config file; a bad argument -> HarnessError."""
+  try:
+    return task_module(task).get_config(arg)
+  except ValueError as e:
+    raise HarnessError(str(e)) from None
+
+
+def did_you_mean(word: str, choices) -> str:
+  """" (did you mean 'x'?)" for the closest of `choices`, or "" when none is close."""
+  close = difflib.get_close_matches(word, list(choices), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def unknown_field(config, dotted: str) -> str | None:
-  """None if `config.<dotted>` exists, else a message naming the valid fields at that level."""
+  """None if `config.<dotted>` exists (any name under model.attention_options), else a message
+  naming the closest and the valid fields at that level."""
+  if dotted.startswith(f"{OPTIONS_FIELD}."):
+    dotted = OPTIONS_FIELD
   node, walked = config, []
   for part in dotted.split("."):
     keys = list(node.keys()) if hasattr(node, "keys") else []
     if part not in keys:
       where = "config" + "".join(f".{w}" for w in walked)
-      return (f"unknown config field {dotted!r}: {where} has no field {part!r}; its fields: "
-              f"{', '.join(sorted(keys)) or '(none)'}")
+      return (f"unknown config field {dotted!r}: {where} has no field {part!r}"
+              f"{did_you_mean(part, keys)}; its fields: {', '.join(sorted(keys)) or '(none)'}")
     node, walked = node[part], walked + [part]
   return None
+
+
+def set_field(config, dotted: str, text: str) -> None:
+  """config.<dotted> = text parsed as the field's type: "model.num_layers", "2" -> 2. A name
+  under model.attention_options is new to the config: its value is read as a Python literal
+  (8, 0.5, true, "relu"), and the variant checks it when the model is built."""
+  check_not_fixed(dotted)
+  problem = unknown_field(config, dotted)
+  if problem:
+    raise HarnessError(problem)
+  *parents, name = dotted.split(".")
+  node = config
+  for parent in parents:
+    node = node[parent]
+  is_option = ".".join(parents) == OPTIONS_FIELD
+  try:
+    value = parse_value(text, None if is_option else node.get_type(name))
+  except (ValueError, TypeError, SyntaxError) as e:
+    raise HarnessError(f"{dotted}={text}: {e}") from None
+  with node.unlocked():
+    node[name] = value
+
+
+def parse_value(text: str, kind: type | None):
+  """Command-line text as a value of `kind` (a None placeholder keeps its type); for no kind, a
+  Python literal, or the text itself."""
+  if kind is bool or (kind is None and text.lower() in ("true", "false")):
+    if text.lower() not in ("true", "false", "1", "0"):
+      raise ValueError("expected true or false")
+    return text.lower() in ("true", "1")
+  if kind in (int, float, str):
+    return kind(text)
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if kind is None:
+      return text
+    raise
+
+
+def attention_names() -> list[str]:
+  """The registered attention variants and mixers. Once attention_zoo is imported (a plug-in
+  imports it), its registry; before that, `names_in_source()`: importing the package starts
+  JAX, which a mistyped name should not wait for."""
+  if "attention_zoo" in sys.modules:
+    return list(sys.modules["attention_zoo"].available())
+  return names_in_source()
+
+
+def names_in_source() -> list[str]:
+  """The names attention_zoo's modules register (`@register("name", ...)`,
+  `@register_mixer("name", ...)`), read from their source without importing them."""
+  package = Path(importlib.util.find_spec("attention_zoo").origin).parent
+  names = []
+  for path in sorted(package.rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      for decorator in getattr(node, "decorator_list", []):
+        if (isinstance(decorator, ast.Call) and decorator.args
+            and isinstance(decorator.args[0], ast.Constant)
+            and getattr(decorator.func, "id", getattr(decorator.func, "attr", None))
+            in ("register", "register_mixer")):
+          names.append(decorator.args[0].value)
+  return sorted(names)
+
+
+def unknown_attention(name: str) -> str | None:
+  """None if `name` is registered, else the one-line message naming the choices."""
+  names = attention_names()
+  if name in names:
+    return None
+  return (f"unknown attention {name!r}{did_you_mean(name, names)}; registered: "
+          f"{', '.join(names)} (a variant in your own module: --plugins=MODULE)")
+
+
+def check_attention(name: str) -> None:
+  problem = unknown_attention(name)
+  if problem:
+    raise HarnessError(problem)

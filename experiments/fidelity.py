@@ -9,8 +9,6 @@ reason.
 """
 from __future__ import annotations
 
-import importlib
-
 from absl import flags
 
 import attention_zoo as az
@@ -33,36 +31,37 @@ REASONS = {
                                        "padding mask, so padded keys entered its attention",
     "model.attention_dropout_rate": "the variant forms no attention weights to drop (the released "
                                     "code ignored the rate too)",
-    "attention.dropout_rate": "quirk fixed in `fair`: the released variant skipped attention "
-                              "dropout; `fair` applies the model's rate like every other variant",
-    ("longformer", "attention.num_global_tokens"):
+    "model.attention_options.dropout_rate":
+        "quirk fixed in `fair`: the released variant skipped attention dropout; `fair` applies "
+        "the model's rate like every other variant",
+    ("longformer", "model.attention_options.num_global_tokens"):
         "quirk fixed in `fair`: the released Longformer had no global token; `fair` makes the "
         "CLS token global, the Longformer paper's setup for classification",
-    ("linformer", "attention.share"):
+    ("linformer", "model.attention_options.share"):
         "quirk fixed in `fair`: the released Linformer shared one projection across keys, values "
         "and heads; `fair` uses per-head E_i, F_i, the Linformer paper's default",
-    ("reformer", "attention.num_chunks"):
+    ("reformer", "model.attention_options.num_chunks"):
         "quirk fixed in `fair`: the released Reformer cut every sequence into 10 chunks; `fair` "
         "uses fixed-length chunks as in the Reformer paper",
-    ("reformer", "attention.n_buckets"):
+    ("reformer", "model.attention_options.n_buckets"):
         "`fair` uses the Reformer paper's rule (2 x length / chunk_len buckets) instead of the "
         "released 10",
-    ("reformer", "attention.scale"):
+    ("reformer", "model.attention_options.scale"):
         "quirk fixed in `fair`: the released Reformer multiplied its logits by sqrt(head_dim) "
         "instead of dividing by it",
-    ("performer", "attention.kernel"):
+    ("performer", "model.attention_options.kernel"):
         "quirk fixed in `fair`: FAVOR+ with the softmax kernel, the Performer paper's method; the "
         "released code ran a ReLU kernel on four tasks",
-    ("performer", "attention.features"):
+    ("performer", "model.attention_options.features"):
         "quirk fixed in `fair`: random orthogonal features; the released ReLU kernel used none "
         "(φ(x) = relu(x) + 0.001)",
-    ("performer", "attention.scale"):
+    ("performer", "model.attention_options.scale"):
         "quirk fixed in `fair`: the released ReLU kernel read the unscaled q and k (the "
         "d^-1/4 normaliser was never passed); `fair` scales them as FAVOR+ does",
-    ("performer", "attention.nb_features"):
+    ("performer", "model.attention_options.nb_features"):
         "quirk fixed in `fair`: 256 random features (the Performer paper's default); the released "
         "ListOps config used 2",
-    ("synthesizer", "attention.mixture"):
+    ("synthesizer", "model.attention_options.mixture"):
         "quirk fixed in `fair`: learned mixture weights over the random and dot-product logits, "
         "as in the Synthesizer paper; the released code summed them",
 }
@@ -77,11 +76,11 @@ NOTES = {
     ("pathfinder", "reformer", "model.qkv_dim"):
         "the released file says 32, but the released Reformer ignores qkv_dim and projects to "
         "emb_dim",
-    ("text", "linformer", "attention.k"):
+    ("text", "linformer", "model.attention_options.k"):
         "the released file sets `low_rank_features = 32` where train.py never reads it: 16 ran",
     ("image", "sinkhorn", "model.emb_dim"):
         "the released file keeps the base dimensions (emb 32, 1 head)",
-    **{(task, "performer", "attention.nb_features"):
+    **{(task, "performer", "model.attention_options.nb_features"):
        "unused by `paper`'s deterministic features: there is no projection"
        for task in ("text", "retrieval", "image", "pathfinder", "pathx")},
 }
@@ -130,28 +129,18 @@ NOT_CONFIG_VALUES = (
 )
 
 
-def _released(task: str, variant: str, released: dict) -> dict:
-  """The effective released values of (task, variant), in dotted names."""
-  values = {**released["shared"], **released.get(variant, {}), **common.RELEASED_QUIRKS}
-  values.update(common.RELEASED_ATTENTION.get(variant, {}))
-  values.update({k: v for k, v in released.get(variant, {}).items() if k.startswith("attention.")})
-  return values
-
-
 def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
   """The preset's values of `fields` for (task, variant), resolved as the trainer builds them."""
-  config = importlib.import_module(f"configs.lra.{task}").get_config(f"{variant},{preset}")
-  model = build.model_config(config)
-  options = {**az.spec(variant).options, **model.attention_options}
+  config = build.resolve(cli.task_config(task, f"{variant},{preset}"))
+  options = {**az.spec(variant).options, **config.model.attention_options}
   values = {}
   for field in fields:
-    head, name = field.split(".", 1) if "." in field else ("", field)
-    if head == "model":
-      values[field] = getattr(model, name)
-    elif name == "dropout_rate" and name not in model.attention_options:
-      values[field] = model.attention_dropout_rate   # the model's rate reaches the attention
-    elif head == "attention":
-      values[field] = options.get(name, "—")
+    if field.startswith(build.OPTIONS):
+      name = field[len(build.OPTIONS):]
+      if name == "dropout_rate" and name not in config.model.attention_options:
+        values[field] = config.model.attention_dropout_rate   # the model's rate reaches it
+      else:
+        values[field] = options.get(name, "—")
     else:
       node = config
       for part in field.split("."):
@@ -171,15 +160,13 @@ def _reason(task: str, variant: str, field: str, paper_changes: dict) -> str | N
 
 def rows(task: str) -> list[dict]:
   """One row per (variant, field): released, paper and fair values, reason and note."""
-  module = importlib.import_module(f"configs.lra.{task}")
-  released, paper_changes = module.RELEASED, getattr(module, "PAPER_CHANGES", {})
+  paper_changes = getattr(cli.task_module(task), "PAPER_CHANGES", {})
   table = []
   for variant in common.LRA_VARIANTS:
-    shipped = _released(task, variant, released)
+    shipped = build.released_values(task, variant)
     fields = set(shipped)
-    fields |= set(common.attention_settings(task, variant, "paper"))
-    fields |= set(common.attention_settings(task, variant, "fair"))
-    fields |= set(paper_changes.get(variant, {}))
+    fields |= set(build.preset_values(task, variant, "paper"))
+    fields |= set(build.preset_values(task, variant, "fair"))
     paper, fair = (_preset(task, variant, p, fields) for p in ("paper", "fair"))
     for field in sorted(fields):
       row = {"variant": variant, "field": field, "released": shipped.get(field, "—"),
@@ -210,7 +197,7 @@ def _same(a, b) -> bool:
 
 def _dimension_change(field: str, row: dict) -> bool:
   """True where only `fair` differs and it does so by taking the Transformer's value."""
-  return _same(row["released"], row["paper"]) and not field.startswith("attention.")
+  return _same(row["released"], row["paper"]) and not field.startswith(build.OPTIONS)
 
 
 def _fmt(value) -> str:
@@ -239,10 +226,10 @@ def render() -> str:
       "quirk fixed and every variant on the task's Transformer dimensions.",
       "- `tiny` is `fair` at CPU size (shorter sequences, a small model, a few hundred steps).",
       "",
-      "Fields are config fields (`model.*`, `optimizer.*`, `schedule.*`, ...); `attention.*` "
-      "are the variant's options, resolved when the model is built (an option a preset leaves "
-      "unset shows the variant's default). Variants not in the LRA paper (`flash`, "
-      "`nystromformer`) run with the Transformer's values in every preset.",
+      "Fields are config fields (`model.*`, `optimizer.*`, `schedule.*`, ...); "
+      "`model.attention_options.*` are the variant's options, resolved when the model is built "
+      "(an option a preset leaves unset shows the variant's default). Variants not in the LRA "
+      "paper (`flash`, `nystromformer`) run with the Transformer's values in every preset.",
       "",
       "## Differences that are not config values",
       "",
@@ -292,4 +279,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_string("out", OUT, "Where to write the fidelity table (markdown).")
-  cli.run(main, preload_plugins=False)
+  cli.run(main)

@@ -243,4 +243,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("verify", True, "check pallas/chunked against the dense oracle before timing")
   flags.DEFINE_float("budget_s", 420.0, "start no new row after this many seconds")
   flags.DEFINE_string("out", "results/flash_bench.md", "markdown file to write")
-  cli.run(main, preload_plugins=False)
+  cli.run(main)

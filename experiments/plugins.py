@@ -1,16 +1,14 @@
 """`--plugins=MODULE[,MODULE]`: load user modules or .py files that register attention variants.
 
-The loading is the library's (`attention_zoo.load_plugins`); this module reads the flag:
+The loading is the library's (`attention_zoo.load_plugins`); this module reads the flag, and
+imports the library (and so JAX) only when there is a plug-in to load:
 
     from experiments.plugins import load_plugins
     load_plugins(["my_project.cosine_attention"])   # -> ["cosine"], the names it registered
 """
 from __future__ import annotations
 
-import attention_zoo as az
-from attention_zoo.plugins import PluginError
-
-__all__ = ["PluginError", "load_plugins", "preload_from_argv", "split_modules"]
+__all__ = ["load_plugins", "split_modules"]
 
 
 def split_modules(text: str | list[str] | None) -> list[str]:
@@ -23,17 +21,11 @@ def split_modules(text: str | list[str] | None) -> list[str]:
 
 def load_plugins(modules: str | list[str] | None) -> list[str]:
   """Loads each plug-in named (comma-separated names allowed); returns the attention names they
-  newly registered, sorted. PluginError (an ImportError) says which one failed and why."""
-  return az.load_plugins(split_modules(modules))
+  newly registered, sorted. attention_zoo.PluginError (an ImportError) says which one failed
+  and why."""
+  names = split_modules(modules)
+  if not names:
+    return []
+  import attention_zoo as az
 
-
-def preload_from_argv(argv: list[str]) -> list[str]:
-  """Loads the modules named by `--plugins` in argv before absl parses the flags, so config
-  files (parsed with the flags) already see the variants they register."""
-  values = []
-  for i, arg in enumerate(argv):
-    if arg.startswith("--plugins="):
-      values.append(arg.split("=", 1)[1])
-    elif arg == "--plugins" and i + 1 < len(argv):
-      values.append(argv[i + 1])
-  return load_plugins(values)
+  return az.load_plugins(names)

@@ -316,4 +316,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("runs", "results/tiny/runs",
                       "Folder holding run workdirs (searched recursively).")
   flags.DEFINE_string("out", "results/tiny", "Folder for table.md, table.csv and the PNGs.")
-  cli.run(main, preload_plugins=False)
+  cli.run(main)

@@ -5,67 +5,66 @@
         --attentions=full,performer --seeds=1,2,3 --out=results/paper
     python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full --seeds=0,1
 
+`--override=field=value` changes every config of the grid; an attention option
+(`--override=model.attention_options.nb_features=16`) applies to the variants that have it
+and is skipped, with a log line, for the others (docs/harness.md, Configs).
+
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
 skipped and an interrupted one resumes, so the same command continues a grid. The report
 (OUT/table.md, table.csv, PNGs) covers every finished run under OUT/runs.
 """
 from __future__ import annotations
 
-import ast
 import time
 from pathlib import Path
 
 from absl import flags, logging
 
-import attention_zoo as az
 import lra
-from configs.lra import common
 from configs.lra.common import PRESETS
-from experiments import cli, plugins, provenance
+from experiments import cli, plugins
 
 FLAGS = flags.FLAGS
 
 
 def task_config(task: str, attention: str, preset: str, seed: int, overrides=()):
   """The task's config file (configs/lra/<task>.py, or configs/<task>.py for a diagnostic),
-  get_config("<attention>,<preset>"), with the seed and overrides."""
-  try:
-    config = common.task_module(task).get_config(f"{attention},{preset}")
-  except ValueError as e:
-    raise cli.HarnessError(str(e)) from None
+  get_config("<attention>,<preset>"), with the seed and overrides ("field=value", parsed as
+  the field's type)."""
+  config = cli.task_config(task, f"{attention},{preset}")
   config.seed = seed
   config.lock()
   for override in overrides:
-    apply_override(config, override)
+    field, sep, value = override.partition("=")
+    if not sep:
+      raise cli.HarnessError(f"--override takes field=value, got {override!r}")
+    cli.set_field(config, field, value)
   return config
 
 
-def apply_override(config, text: str) -> None:
-  """"model.num_layers=2" -> config.model.num_layers = 2, parsed as the field's type."""
-  field, sep, value = text.partition("=")
-  if not sep:
-    raise cli.HarnessError(f"--override takes field=value, got {text!r}")
-  cli.check_not_fixed(field)
-  problem = cli.unknown_field(config, field)
-  if problem:
-    raise cli.HarnessError(problem)
-  *parents, name = field.split(".")
-  node = config
-  for parent in parents:
-    node = node[parent]
-  kind = node.get_type(name)   # a None placeholder still has its type
-  try:
-    if kind is bool:
-      if value.lower() not in ("true", "false", "1", "0"):
-        raise ValueError("expected true or false")
-      parsed = value.lower() in ("true", "1")
-    elif kind in (int, float, str):
-      parsed = kind(value)
-    else:  # tuples
-      parsed = ast.literal_eval(value)
-    node[name] = parsed
-  except (ValueError, TypeError, SyntaxError) as e:
-    raise cli.HarnessError(f"--override {text!r}: {e}") from None
+def drop_options_of_other_variants(configs: dict) -> None:
+  """An --override of model.attention_options.<name> applies to the variants that have that
+  option: removed, with a log line, from the configs of those that do not. HarnessError if no
+  variant of the grid has it (a misspelt name)."""
+  import attention_zoo as az
+
+  dropped, accepted = {}, set()
+  for key, config in configs.items():
+    options = config.model.attention_options
+    own = az.spec(config.model.attention).options
+    accepted |= set(own)
+    for name in [name for name in options if name not in own]:
+      dropped.setdefault(name, set()).add(config.model.attention)
+      with options.unlocked():
+        del options[name]
+  for name, variants in dropped.items():
+    if variants >= {config.model.attention for config in configs.values()}:
+      raise cli.HarnessError(
+          f"--override model.attention_options.{name}: no variant of the grid "
+          f"({', '.join(sorted(variants))}) has an option {name!r}"
+          f"{cli.did_you_mean(name, accepted)}")
+    logging.info("model.attention_options.%s skipped for %s: no such option there", name,
+                 ", ".join(sorted(variants)))
 
 
 def all_tasks() -> tuple[str, ...]:
@@ -84,6 +83,8 @@ def expand_tasks(tasks) -> list[str]:
 
 def not_applicable(task: str, attention: str) -> str | None:
   """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
+  import attention_zoo as az
+
   spec = az.spec(attention)
   if lra.task_spec(task).objective == "next_token" and not spec.supports_causal:
     return f"{attention} cannot be causal: {az.registry.get(attention).WHY_NOT_CAUSAL}"
@@ -97,21 +98,28 @@ def check_names(tasks: list[str], attentions: list[str]) -> None:
       raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}; "
                              f"groups: {groups}")
   for attention in attentions:
-    if attention not in az.available():
-      raise cli.HarnessError(f"unknown attention {attention!r}; registered: "
-                             f"{', '.join(az.available())} "
-                             "(a variant in your own module: --plugins=MODULE)")
+    cli.check_attention(attention)
+
+
+def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds: list[int],
+                 overrides=()) -> dict:
+  """{(task, attention, seed): config} of the grid (a group name in `tasks` expanded);
+  HarnessError for an unknown name or field, before anything imports JAX."""
+  tasks = expand_tasks(tasks)
+  check_names(tasks, attentions)
+  return {(task, attention, seed): task_config(task, attention, preset, seed, overrides)
+          for task in tasks for attention in attentions for seed in seeds}
 
 
 def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: list[int], out,
              overrides=()) -> list[str]:
   """Trains every missing run of the grid; returns a line per failed run."""
-  from experiments import trainer  # imports jax: after the cheap checks
+  configs = grid_configs(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
+                         overrides=overrides)
+  from experiments import provenance, trainer  # imports jax: after the cheap checks
 
-  tasks = expand_tasks(tasks)
-  check_names(tasks, attentions)
-  grid = [(t, a, s) for t in tasks for a in attentions for s in seeds]
-  configs = {key: task_config(*key[:2], preset, key[2], overrides) for key in grid}
+  drop_options_of_other_variants(configs)
+  grid = list(configs)
   failures = []
   for number, (task, attention, seed) in enumerate(grid, start=1):
     workdir = Path(out) / "runs" / task / attention / f"seed{seed}"
@@ -145,18 +153,20 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
-  import jax
-
-  from experiments import report, trainer
-
-  trainer.initialize_distributed()
   started = time.time()
-  attentions = plugins.split_modules(FLAGS.attentions) or list(az.available())
+  attentions = plugins.split_modules(FLAGS.attentions) or cli.attention_names()
   out = FLAGS.out or f"results/{FLAGS.preset}"
   try:
     seeds = [int(s) for s in FLAGS.seeds]
   except ValueError:
     raise cli.HarnessError(f"--seeds takes integers, got {','.join(FLAGS.seeds)}") from None
+  grid_configs(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
+               overrides=FLAGS.override)   # a mistake stops here, before JAX starts
+  import jax
+
+  from experiments import report, trainer
+
+  trainer.initialize_distributed()
   failures = run_grid(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
                       out=out, overrides=FLAGS.override)
   if jax.process_index() == 0:
@@ -177,5 +187,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
   flags.DEFINE_multi_string("override", [],
-                            "field=value applied to every config, e.g. model.num_layers=1.")
+                            "field=value applied to every config, e.g. model.num_layers=1; "
+                            "model.attention_options.<name>=value to the variants that have it.")
   cli.run(main)

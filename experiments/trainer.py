@@ -19,7 +19,8 @@ A run in `workdir` leaves:
                    best_validation}
   tensorboard/     the same scalars as TensorBoard events
   results.json     test accuracy of the final model and of the best-validation model (both
-                   labelled), the resolved model, where the data came from, the code and device
+                   labelled), the resolved model and config, the user's overrides of the
+                   config file's values, where the data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
 (experiments/writers.py).
@@ -35,7 +36,6 @@ from typing import Callable
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from absl import logging
@@ -43,10 +43,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-import attention_zoo as az
 import lra
 from attention_zoo.models import TransformerConfig, num_params
-from configs.lra.common import PRESETS
 from experiments import build
 from experiments import data as data_lib
 from experiments import objectives
@@ -54,7 +52,6 @@ from experiments import provenance
 from experiments.memory import compiled_memory, device_memory_bytes
 from experiments.checkpoints import Checkpoints
 from experiments.cli import HarnessError
-from experiments.optim import learning_rate_schedule, make_optimizer
 from experiments.writers import MetricsWriter
 
 
@@ -90,26 +87,8 @@ def initialize_distributed() -> None:
   jax.distributed.initialize(*where)
 
 
-def resolve_defaults(config) -> ml_collections.ConfigDict:
-  """A copy of the config with its "0 = follow another field" defaults filled in."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.eval_batch_size = config.eval_batch_size or config.batch_size
-  config.checkpoint_every = config.checkpoint_every or config.eval_every
-  config.schedule.steps_per_cycle = config.schedule.steps_per_cycle or config.num_train_steps
-  return config
-
-
 def check_config(config) -> None:
-  """Names and sizes the run cannot start with -> HarnessError naming the valid choices."""
-  tasks = lra.available_tasks() + lra.diagnostic_tasks()
-  if config.task not in tasks:
-    raise HarnessError(f"unknown task {config.task!r}; tasks: {', '.join(tasks)}")
-  if config.preset not in PRESETS:
-    raise HarnessError(f"unknown preset {config.preset!r}; presets: {', '.join(PRESETS)}")
-  if config.model.attention not in az.available():
-    raise HarnessError(f"unknown attention {config.model.attention!r}; registered: "
-                       f"{', '.join(az.available())} (a variant in your own module: "
-                       "--plugins=MODULE)")
+  """Sizes the run cannot start with (of a resolved config) -> HarnessError."""
   for name in ("batch_size", "eval_batch_size", "num_train_steps", "eval_every",
                "checkpoint_every", "log_every", "grad_accum_steps", "keep_checkpoints"):
     if config[name] < 1:
@@ -130,12 +109,9 @@ def check_config(config) -> None:
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
   """The task's model (experiments.build) and its resolved TransformerConfig."""
   try:
-    resolved = build.model_config(config)
-    model = build.model_class(config.task)(
-        resolved, rngs=nnx.Rngs(params=config.seed, dropout=config.seed + 1))
+    return build.model(config, nnx.Rngs(params=config.seed, dropout=config.seed + 1))
   except (TypeError, ValueError) as e:
     raise HarnessError(f"cannot build the {config.model.attention} model: {e}") from None
-  return model, resolved
 
 
 def check_memory(compiled, config) -> None:
@@ -259,11 +235,8 @@ def make_steps(config, graphdef, replicated) -> Steps:
   """The step functions of `config`'s model (`graphdef`) with its optimiser (config.optimizer)
   under its learning-rate schedule (config.schedule). The trainer keeps them per config
   (Steps.for_config); the efficiency benchmark compiles and times this same train step."""
-  s = config.schedule
-  schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
-                                    warmup_steps=s.warmup_steps, steps_per_cycle=s.steps_per_cycle)
-  return Steps(graphdef, make_optimizer(config.optimizer, schedule), schedule,
-               config.grad_accum_steps, replicated)
+  tx, schedule = build.optimizer(config)
+  return Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated)
 
 
 def initial_state(steps: Steps, params, rest) -> TrainState:
@@ -277,7 +250,8 @@ class Trainer:
   """Builds everything a run needs from the config; `run()` trains, tests, writes results."""
 
   def __init__(self, config, workdir):
-    config = resolve_defaults(config)
+    self.overrides = build.overrides(config)
+    config = build.resolve(config)
     check_config(config)
     self.config, self.workdir = config, Path(workdir)
     self.task = lra.task_spec(config.task)
@@ -429,6 +403,7 @@ class Trainer:
         "data_checks": self.data_checks,
         "environment": provenance.environment(),
         "model": build.describe(self.model_config),
+        "overrides": self.overrides,
         "config": config.to_dict(),
     }
     if self.is_writer:

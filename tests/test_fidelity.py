@@ -31,8 +31,8 @@ def test_the_quirks_and_released_settings_are_rows():
   assert image["full", "model.embed_init_std"]["paper"] == 1.0
   assert image["full", "model.qkv_dim"]["released"] == 64
   assert image["bigbird", "model.num_heads"]["note"]
-  assert image["performer", "attention.kernel"]["paper"] == "relu"
+  assert image["performer", "model.attention_options.kernel"]["paper"] == "relu"
   listops = {(r["variant"], r["field"]): r for r in fidelity.rows("listops")}
-  assert listops["performer", "attention.nb_features"]["paper"] == 2
-  assert listops["reformer", "attention.num_chunks"]["paper"] == 10
-  assert listops["longformer", "attention.num_global_tokens"]["paper"] == 0
+  assert listops["performer", "model.attention_options.nb_features"]["paper"] == 2
+  assert listops["reformer", "model.attention_options.num_chunks"]["paper"] == 10
+  assert listops["longformer", "model.attention_options.num_global_tokens"]["paper"] == 0

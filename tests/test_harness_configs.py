@@ -1,9 +1,14 @@
 """The harness without training: configs for every task x attention, schedules, overrides,
 plugins, the short ListOps generator, and the report on results written here."""
+import ast
+import dataclasses
 import importlib
 import json
 import math
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,15 +17,22 @@ from flax import nnx
 
 import attention_zoo as az
 import lra
+from attention_zoo.models import TransformerConfig
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments import build, cli, optim, plugins, report, reproduce
 
+REPO = Path(__file__).resolve().parents[1]
 TASKS = lra.available_tasks()
 
 
 def get_config(task, arg):
   return importlib.import_module(f"configs.lra.{task}").get_config(arg)
+
+
+def resolved(task, arg):
+  """The config as the run sees it: every preset value filled in for its variant."""
+  return build.resolve(get_config(task, arg))
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -62,46 +74,46 @@ def test_paper_preset_has_the_released_hyperparameters():
   assert listops.model.embed_init_std == 1.0 and listops.model.zero_token_is_padding
   # FAVOR+ softmax with 2 features on ListOps; a ReLU kernel without random features elsewhere.
   assert build.model_config(listops).attention_options["nb_features"] == 2
-  text_performer = build.model_config(get_config("text", "performer"))
+  text_performer = build.model_config(resolved("text", "performer"))
   assert text_performer.attention_options["kernel"] == "relu"
   assert text_performer.attention_options["features"] == "deterministic"
   assert text_performer.attention_ignores_padding
-  reformer = build.model_config(get_config("text", "reformer"))
+  reformer = build.model_config(resolved("text", "reformer"))
   assert reformer.attention_options["num_chunks"] == 10
   assert reformer.attention_options["scale"] == pytest.approx(math.sqrt(256 // 4))
-  longformer = build.model_config(get_config("listops", "longformer"))
+  longformer = build.model_config(resolved("listops", "longformer"))
   assert longformer.attention_options["num_global_tokens"] == 0
-  retrieval = get_config("retrieval", "full")
+  retrieval = resolved("retrieval", "full")
   assert (retrieval.model.interaction, retrieval.model.max_len) == ("nli", 4000)
   # Image: qkv 64 (not emb 128), and each model's released dimensions.
-  image = get_config("image", "full")
+  image = resolved("image", "full")
   assert (image.model.emb_dim, image.model.qkv_dim, image.model.num_heads) == (128, 64, 8)
   assert (image.batch_size, image.num_train_steps, image.schedule.factors) == (256, 35_000,
                                                                              common.COSINE)
   assert (image.model.dropout_rate, image.model.attention_dropout_rate) == (0.3, 0.2)
-  local = get_config("image", "local")
+  local = resolved("image", "local")
   assert (local.model.num_heads, local.model.pooling) == (2, "mean")
   assert build.model_config(local).attention_options["block_size"] == 64
-  reformer = get_config("image", "reformer").model
+  reformer = resolved("image", "reformer").model
   assert (reformer.num_layers, reformer.emb_dim, reformer.mlp_dim) == (4, 64, 64)
-  assert get_config("image", "longformer").model.num_layers == 4
-  sinkhorn = get_config("image", "sinkhorn")
+  assert resolved("image", "longformer").model.num_layers == 4
+  sinkhorn = resolved("image", "sinkhorn")
   assert sinkhorn.optimizer.weight_decay == 0.7 and sinkhorn.model.pooling == "mean"
   assert build.model_config(sinkhorn).attention_options["block_size"] == 64
-  assert get_config("image", "bigbird").model.num_heads == 1   # the misspelt num_head
-  pathfinder = get_config("pathfinder", "full")
+  assert resolved("image", "bigbird").model.num_heads == 1   # the misspelt num_head
+  pathfinder = resolved("pathfinder", "full")
   assert (pathfinder.batch_size, pathfinder.num_train_steps, pathfinder.model.pooling) == (
       512, 62_400, "mean")
   assert (pathfinder.model.dropout_rate, pathfinder.model.qkv_dim) == (0.2, 16)
-  assert get_config("pathfinder", "performer").model.emb_dim == 128   # LRA issue #37
-  assert get_config("pathx", "full").model.max_len == 128 * 128
+  assert resolved("pathfinder", "performer").model.emb_dim == 128   # LRA issue #37
+  assert resolved("pathx", "full").model.max_len == 128 * 128
 
 
 def test_fair_preset_fixes_the_quirks_on_the_same_budget():
   for task in TASKS:
     for attention in common.LRA_VARIANTS:
-      paper, fair = (get_config(task, f"{attention},{p}") for p in ("paper", "fair"))
-      transformer = get_config(task, "full,paper")
+      paper, fair = (resolved(task, f"{attention},{p}") for p in ("paper", "fair"))
+      transformer = resolved(task, "full,paper")
       for field in ("batch_size", "num_train_steps", "eval_every"):
         assert fair[field] == paper[field]
       assert dict(fair.schedule) == dict(paper.schedule)
@@ -111,9 +123,9 @@ def test_fair_preset_fixes_the_quirks_on_the_same_budget():
       model = build.model_config(fair)
       assert model.embed_init_std is None and not model.zero_token_is_padding
       assert not model.attention_ignores_padding
-  fair_performer = build.model_config(get_config("text", "performer,fair")).attention_options
+  fair_performer = build.model_config(resolved("text", "performer,fair")).attention_options
   assert (fair_performer["kernel"], fair_performer["nb_features"]) == ("softmax", 256)
-  assert build.model_config(get_config("listops", "longformer,fair")).attention_options[
+  assert build.model_config(resolved("listops", "longformer,fair")).attention_options[
       "num_global_tokens"] == 1
 
 
@@ -132,9 +144,9 @@ def test_length_options_scale_with_the_built_max_len():
   # An option set in the config is taken as it is.
   tiny.model.attention_options.block_size = 7
   assert build.model_config(tiny).attention_options["block_size"] == 7
-  assert (common.scale_length_options({"block_size": 64, "k": 16}, 0.25)
+  assert (build.scale_length_options({"block_size": 64, "k": 16}, 0.25)
           == {"block_size": 16, "k": 16})
-  assert common.scale_length_options({"window": 256}, 1.0) == {"window": 256}
+  assert build.scale_length_options({"window": 256}, 1.0) == {"window": 256}
   # Pixel tasks keep their length, and so their blocks.
   assert build.model_config(get_config("image", "local,tiny")).attention_options["block_size"] == 64
 
@@ -146,7 +158,8 @@ def test_attention_override_resolves_that_attentions_settings():
   assert not model.attention_ignores_padding
   config = reproduce.task_config("listops", "performer", "paper", 0, [
       "model.attention=local", "model.attention_options.nb_features=8"])
-  with pytest.raises(ValueError, match="sets nb_features, which local does not accept"):
+  with pytest.raises(cli.HarnessError, match="local has no option 'nb_features'; its options: "
+                                             "block_size"):
     build.model_config(config)
   for fixed in ("preset=tiny", "task=text"):
     with pytest.raises(cli.HarnessError, match="cannot be overridden"):
@@ -174,6 +187,130 @@ def test_unknown_field_names_the_valid_ones():
   assert "config has no field 'optimiser'" in cli.unknown_field(config, "optimiser.b1")
 
 
+def test_no_config_file_imports_the_project():
+  """configs/ is data: it may import ml_collections, the standard library and other configs,
+  never the library, the data package or the harness."""
+  project = {"attention_zoo", "lra", "experiments"}
+  for path in sorted(REPO.joinpath("configs").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      for name in names:
+        assert name.split(".")[0] not in project, f"{path.relative_to(REPO)} imports {name}"
+
+
+def test_config_model_fields_are_the_transformer_config_fields():
+  model = common.base_config("listops", "full", "tiny").model
+  fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+  assert set(model) == set(fields)
+  # Each default is the library's, but the one a preset decides (None until the model is built).
+  for name, field in fields.items():
+    if field.default is not dataclasses.MISSING and name != "attention_ignores_padding":
+      assert model[name] == field.default, name
+  assert model.get_type("qkv_dim") is int and model.attention_ignores_padding is None
+
+
+def test_the_chosen_variant_decides_its_settings_and_the_users_values_win():
+  # The issue's command: an option of the variant the override names, not of the argument's.
+  config = get_config("listops", "full,tiny")
+  cli.set_field(config, "model.attention", "local")
+  cli.set_field(config, "model.attention_options.block_size", "8")
+  assert build.model_config(config).attention_options == {"block_size": 8}
+  # Under paper, the dimensions that a variant's released file changes follow the variant.
+  swapped = get_config("image", "full,paper")
+  assert swapped.model.num_heads is None   # decided by the variant, when the model is built
+  cli.set_field(swapped, "model.attention", "local")
+  assert build.resolve(swapped) == resolved("image", "local,paper")
+  assert (build.resolve(swapped).model.num_heads, build.resolve(swapped).model.pooling) == (
+      2, "mean")
+  assert build.overrides(swapped) == {}   # the run is exactly image.py:local,paper
+  cli.set_field(swapped, "model.num_heads", "4")
+  cli.set_field(swapped, "model.attention_options.block_size", "16")
+  assert build.resolve(swapped).model.num_heads == 4
+  assert build.overrides(swapped) == {"model.num_heads": 4,
+                                      "model.attention_options.block_size": 16}
+  # The resolved config names only this variant's options.
+  assert dict(build.resolve(get_config("listops", "performer,tiny")).model.attention_options) == {
+      "kernel": "softmax", "nb_features": 256}
+
+
+def test_unknown_names_suggest_the_closest():
+  config = get_config("listops", "full,tiny")
+  assert "(did you mean 'num_layers'?)" in cli.unknown_field(config, "model.num_layer")
+  assert "(did you mean 'schedule'?)" in cli.unknown_field(config, "schedul.factors")
+  assert cli.unknown_field(config, "model.attention_options.anything") is None
+  assert "(did you mean 'performer'?)" in cli.unknown_attention("perfomer")
+  cli.set_field(config, "model.attention", "performer")
+  cli.set_field(config, "model.attention_options.nb_feature", "16")
+  with pytest.raises(cli.HarnessError, match="performer has no option 'nb_feature' "
+                                             "\\(did you mean 'nb_features'\\?\\)"):
+    build.resolve(config)
+
+
+def test_the_names_read_from_source_are_the_registry():
+  assert cli.names_in_source() == list(az.available())
+
+
+def test_an_option_override_applies_to_the_variants_that_have_it(caplog):
+  grid = reproduce.grid_configs(preset="tiny", tasks=["listops"],
+                                attentions=["full", "performer"], seeds=[0],
+                                overrides=["model.attention_options.nb_features=16"])
+  with caplog.at_level("INFO"):
+    reproduce.drop_options_of_other_variants(grid)
+  assert dict(grid["listops", "performer", 0].model.attention_options) == {"nb_features": 16}
+  assert dict(grid["listops", "full", 0].model.attention_options) == {}
+  assert "model.attention_options.nb_features skipped for full: no such option" in caplog.text
+  misspelt = reproduce.grid_configs(preset="tiny", tasks=["listops"],
+                                    attentions=["full", "performer"], seeds=[0],
+                                    overrides=["model.attention_options.nb_feature=16"])
+  with pytest.raises(cli.HarnessError, match="no variant of the grid \\(full, performer\\) has an "
+                                             "option 'nb_feature' \\(did you mean 'nb_features'"):
+    reproduce.drop_options_of_other_variants(misspelt)
+
+
+# Runs an entry point as `python -m`, then says on stderr whether it imported JAX.
+RUN_AND_REPORT_JAX = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+try:
+  runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+finally:
+  print("jax imported:", "jax" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
+  train = ["experiments.train", f"--workdir={tmp_path}"]
+  cases = {
+      "field": (train + ["--config=configs/lra/listops.py:full,tiny", "--config.model.num_layer=1"],
+                "did you mean 'num_layers'"),
+      # The option of the overriding variant is accepted; the misspelt field is not.
+      "field after an option": (train + ["--config=configs/lra/listops.py:full,tiny",
+                                         "--config.model.attention=local",
+                                         "--config.model.attention_options.block_size=8",
+                                         "--config.num_train_step=1"],
+                                "did you mean 'num_train_steps'"),
+      "attention": (train + ["--config=configs/lra/listops.py:perfomer,tiny"],
+                    "unknown attention 'perfomer' (did you mean 'performer'?)"),
+      "overridden attention": (train + ["--config=configs/lra/listops.py:full,tiny",
+                                        "--config.model.attention=nope"],
+                               "unknown attention 'nope'"),
+      "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
+      "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
+                    f"--out={tmp_path}", "--override=model.num_layer=1"],
+                   "did you mean 'num_layers'"),
+  }
+  processes = {name: subprocess.Popen([sys.executable, "-c", RUN_AND_REPORT_JAX, *args], cwd=REPO,
+                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for name, (args, _) in cases.items()}
+  for name, process in processes.items():
+    _, stderr = process.communicate(timeout=120)
+    lines = stderr.strip().splitlines()
+    assert process.returncode == 1 and len(lines) == 2, (name, stderr)
+    assert lines[0].startswith("error: ") and cases[name][1] in lines[0], (name, lines[0])
+    assert lines[1] == "jax imported: False", name
+
+
 def test_overrides_parse_as_the_field_type():
   config = reproduce.task_config("listops", "performer", "tiny", 3, [
       "model.num_layers=3", "schedule.base_learning_rate=1e-3", "model.pre_ln=false",
@@ -184,7 +321,7 @@ def test_overrides_parse_as_the_field_type():
   assert config.model.remat == "block"
   assert config.schedule.base_learning_rate == 1e-3 and config.model.qkv_dim == 16
   assert config.model.attention_options.nb_features == 32 and config.data_dir == "/x"
-  assert config.model.attention_options.kernel == "relu"   # a str placeholder
+  assert config.model.attention_options.kernel == "relu"   # read as a literal, else text
   with pytest.raises(cli.HarnessError, match="unknown config field 'model.layers'"):
     reproduce.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
   with pytest.raises(cli.HarnessError, match="takes field=value"):
@@ -262,12 +399,11 @@ def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):
   assert plugins.load_plugins([plugin_module]) == ["harness_test_plugin"]
   assert "harness_test_plugin" in az.available()
   assert plugins.load_plugins([plugin_module]) == []  # already imported
-  with pytest.raises(plugins.PluginError, match="plugin module 'no_such_plugin' not found"):
+  with pytest.raises(az.PluginError, match="plugin module 'no_such_plugin' not found"):
     plugins.load_plugins(["no_such_plugin"])
   with pytest.raises(ImportError, match="'harness_broken_plugin' failed to import .*not_a_module"):
     plugins.load_plugins(["harness_broken_plugin"])
   assert plugins.split_modules(["a,b", " c "]) == ["a", "b", "c"]
-  assert plugins.preload_from_argv(["prog", "--plugins", "json", "--x=1"]) == []
 
 
 # -------------------------------------------------------------------------- ListOps lengths

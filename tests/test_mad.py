@@ -173,12 +173,11 @@ def test_bottleneck_reads_every_position_from_the_last_real_one():
 
 
 def test_configs_build_for_both_presets_and_refuse_fair():
-  from configs.lra import common
-  from experiments import build
+  from experiments import build, cli
 
   for task in lra.mad_tasks():
     for preset in ("tiny", "paper"):
-      config = common.task_module(task).get_config(f"linear_transformer,{preset}")
+      config = cli.task_module(task).get_config(f"linear_transformer,{preset}")
       ds = lra.load(task, "validation", max_len=config.model.max_len,
                     **{**config.data, "num_validation": 2})
       assert config.model.vocab_size == ds.spec.vocab_size
@@ -187,7 +186,7 @@ def test_configs_build_for_both_presets_and_refuse_fair():
       expected = BottleneckLM if task == "compression" else build.DecoderLM
       assert build.model_class(task) is expected
   with pytest.raises(ValueError, match="presets tiny, paper, not 'fair'"):
-    common.task_module("compression").get_config("full,fair")
+    cli.task_module("compression").get_config("full,fair")
 
 
 def test_mad_group_expands_and_unknown_tasks_list_the_names():

@@ -14,6 +14,8 @@ def _model(layers, emb, qkv, mlp, heads, pooling="cls"):
           "model.mlp_dim": mlp, "model.num_heads": heads, "model.pooling": pooling}
 
 
+TASK = {"model.vocab_size": 256, "model.num_classes": 10}   # lra.task_spec
+
 # lra_benchmarks/image/configs/cifar10: the base config, then each model's file.
 RELEASED = {
     "shared": {
@@ -25,18 +27,18 @@ RELEASED = {
         "schedule.warmup_steps": EPOCH, "schedule.steps_per_cycle": 200 * EPOCH,
     },
     "full": _model(1, 128, 64, 128, 8),
-    "local": {**_model(1, 128, 64, 128, 2, "mean"), "attention.block_size": 64},
+    "local": {**_model(1, 128, 64, 128, 2, "mean"), "model.attention_options.block_size": 64},
     "sparse_transformer": _model(1, 128, 64, 128, 8),
     "longformer": _model(4, 128, 64, 128, 4, "mean"),
     "linformer": _model(1, 128, 64, 128, 8),
     # The file says qkv_dim 32; the released Reformer ignores it and projects to emb_dim.
     "reformer": _model(4, 64, 64, 64, 8),
     # Sinkhorn's file keeps the base dimensions (emb 32, 1 head).
-    "sinkhorn": {"attention.block_size": 64, "optimizer.weight_decay": 0.7,
+    "sinkhorn": {"model.attention_options.block_size": 64, "optimizer.weight_decay": 0.7,
                  "model.dropout_rate": 0.1},
     "synthesizer": _model(1, 128, 64, 128, 8),
     # The file sets `num_head = 4`, a misspelling: the base's single head stays.
-    "bigbird": {**_model(1, 128, 64, 128, 1), "attention.block_size": 64},
+    "bigbird": {**_model(1, 128, 64, 128, 1), "model.attention_options.block_size": 64},
     "linear_transformer": _model(1, 128, 64, 128, 8),
     "performer": _model(1, 128, 64, 128, 8),
 }
@@ -52,5 +54,5 @@ TINY = {
 
 
 def get_config(arg=None):
-  return common.task_config("image", arg, released=RELEASED, tiny=TINY,
+  return common.task_config("image", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
                             paper_changes=PAPER_CHANGES)

@@ -9,6 +9,8 @@ it); the tiny preset generates its small data when missing.
 """
 from configs.lra import common
 
+TASK = {"model.vocab_size": 16, "model.num_classes": 10}   # lra.task_spec
+
 # lra_benchmarks/listops/configs: every model's file is the base config, except Performer's.
 # train.py passes no dropout rates (the encoders' 0.1 apply) and no pooling (CLS).
 RELEASED = {
@@ -23,8 +25,10 @@ RELEASED = {
         "schedule.warmup_steps": 1_000,
     },
     # FAVOR+ softmax with 2 random features, redrawn at every call (q, k scaled by d^-1/4).
-    "performer": {"attention.kernel": "softmax", "attention.features": "random",
-                  "attention.nb_features": 2, "attention.redraw": True, "attention.scale": None},
+    "performer": {"model.attention_options.kernel": "softmax",
+                  "model.attention_options.features": "random",
+                  "model.attention_options.nb_features": 2, "model.attention_options.redraw": True,
+                  "model.attention_options.scale": None},
     # The released Sinkhorn encoder pools by MEAN (its only pooling; ListOps passes none).
     "sinkhorn": {"model.pooling": "mean"},
 }
@@ -40,4 +44,4 @@ TINY = {
 
 
 def get_config(arg=None):
-  return common.task_config("listops", arg, released=RELEASED, tiny=TINY)
+  return common.task_config("listops", arg, task_fields=TASK, released=RELEASED, tiny=TINY)

@@ -16,6 +16,8 @@ def _model(layers, heads, emb, qkv, mlp, dropout):
           "model.qkv_dim": qkv, "model.mlp_dim": mlp, "model.dropout_rate": dropout}
 
 
+TASK = {"model.vocab_size": 256, "model.num_classes": 2}   # lra.task_spec
+
 # lra_benchmarks/image/configs/pathfinder32: the base config, then each model's file. Every
 # model pools by MEAN over fixed sinusoidal positions.
 RELEASED = {
@@ -29,15 +31,15 @@ RELEASED = {
         "schedule.warmup_steps": EPOCH, "schedule.steps_per_cycle": 200 * EPOCH,
     },
     "full": _model(4, 4, 32, 16, 32, 0.2),
-    "local": {**_model(2, 4, 64, 32, 64, 0.1), "attention.block_size": 64},
+    "local": {**_model(2, 4, 64, 32, 64, 0.1), "model.attention_options.block_size": 64},
     "sparse_transformer": _model(1, 8, 32, 16, 32, 0.2),
     "longformer": _model(2, 2, 32, 16, 32, 0.1),
     "linformer": _model(1, 2, 32, 16, 32, 0.2),
     # The file says qkv_dim 32; the released Reformer ignores it and projects to emb_dim.
     "reformer": _model(2, 8, 64, 64, 64, 0.2),
-    "sinkhorn": {**_model(2, 4, 32, 16, 64, 0.2), "attention.block_size": 64},
+    "sinkhorn": {**_model(2, 4, 32, 16, 64, 0.2), "model.attention_options.block_size": 64},
     "synthesizer": _model(2, 4, 64, 32, 64, 0.2),
-    "bigbird": {**_model(4, 2, 64, 32, 64, 0.2), "attention.block_size": 64},
+    "bigbird": {**_model(4, 2, 64, 32, 64, 0.2), "model.attention_options.block_size": 64},
     "linear_transformer": _model(1, 2, 128, 64, 128, 0.2),
     "performer": _model(4, 8, 32, 16, 32, 0.2),
 }
@@ -56,5 +58,5 @@ TINY = {
 
 
 def get_config(arg=None):
-  return common.task_config("pathfinder", arg, released=RELEASED, tiny=TINY,
+  return common.task_config("pathfinder", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
                             paper_changes=PAPER_CHANGES)

@@ -10,6 +10,8 @@ from configs.lra import common
 
 EPOCH = 160_000 // 64   # steps per epoch of the 160,000 training images
 
+TASK = {"model.vocab_size": 256, "model.num_classes": 2}   # lra.task_spec
+
 # lra_benchmarks/image/configs/pathfinder128: only the Transformer's config was released, so
 # every variant runs with it.
 RELEASED = {
@@ -35,4 +37,4 @@ TINY = {
 
 
 def get_config(arg=None):
-  return common.task_config("pathx", arg, released=RELEASED, tiny=TINY)
+  return common.task_config("pathx", arg, task_fields=TASK, released=RELEASED, tiny=TINY)

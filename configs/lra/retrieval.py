@@ -7,6 +7,8 @@ Data: data_dir/tsv_data/new_aan_pairs.{train,eval,test}.tsv from the LRA release
 """
 from configs.lra import common
 
+TASK = {"model.vocab_size": 257, "model.num_classes": 2}   # lra.task_spec
+
 # lra_benchmarks/matching/configs: every model's file is the base config. The warm-up (8,000
 # steps) is longer than the run (5,000): the learning rate never reaches its peak.
 RELEASED = {
@@ -34,5 +36,5 @@ TINY = {
 
 
 def get_config(arg=None):
-  return common.task_config("retrieval", arg, released=RELEASED, tiny=TINY,
+  return common.task_config("retrieval", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
                             paper_changes=PAPER_CHANGES)

@@ -8,6 +8,8 @@ Validation is carved from the training reviews (lra.load), never the test set.
 """
 from configs.lra import common
 
+TASK = {"model.vocab_size": 257, "model.num_classes": 2}   # lra.task_spec
+
 # lra_benchmarks/text_classification/configs: every model's file is the base config (Linformer's
 # `low_rank_features = 32` and Synthesizer's mode fields are set where train.py never reads
 # them). train.py passes qkv_dim, max_len and the pooling; no dropout rates (0.1 apply).
@@ -36,5 +38,5 @@ TINY = {
 
 
 def get_config(arg=None):
-  return common.task_config("text", arg, released=RELEASED, tiny=TINY,
+  return common.task_config("text", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
                             paper_changes=PAPER_CHANGES)

@@ -16,7 +16,7 @@ import jax
 import attention_zoo as az
 from attention_zoo.models import DTYPES as MODEL_DTYPES
 from attention_zoo.models import REMAT_POLICIES
-from experiments import cli, memory, reproduce, trainer
+from experiments import build, cli, memory, reproduce
 
 BASELINE = "full"                       # every speed-up is against it, measured in the same run
 JAX_BASELINE = "jax_dot_product_attention"   # attention mode: jax.nn's XLA attention
@@ -122,11 +122,10 @@ class Settings:
     jax baseline takes `full`'s)."""
     variant = BASELINE if name == JAX_BASELINE else name
     try:
-      config = reproduce.task_config(TASK, variant, PRESET, self.seed,
-                                     self.overrides(variant, length))
+      return build.resolve(reproduce.task_config(TASK, variant, PRESET, self.seed,
+                                                 self.overrides(variant, length)))
     except cli.HarnessError as e:
       raise ValueError(f"{name} at length {length}: {e}") from None
-    return trainer.resolve_defaults(config)
 
 
 def parse_attention_options(items) -> dict[str, dict[str, str]]:
