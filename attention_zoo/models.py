@@ -199,6 +199,9 @@ class Stack(nnx.Module):
 
   def decode_step(self, token, *, context=None, context_mask=None):
     """One token [b, 1] through the cached causal stack -> hidden [b, 1, emb]."""
+    if self.decode_position is None:
+      raise ValueError("decode_step needs a cache: call init_cache(batch_size, max_len) first "
+                       "(generate() does it for you)")
     x = self._add_positions(self.embed(token), self.decode_position[...][None])
     self.decode_position[...] += 1
     mask = jnp.ones(token.shape, bool)
@@ -332,7 +335,12 @@ class DecoderLM(nnx.Module):
     hidden, _ = self.decoder(tokens, mask, deterministic=deterministic)
     return self.lm_head(hidden.astype(jnp.float32))
 
+  def init_cache(self, batch_size: int, max_len: int):
+    """Empty caches for `decode_step`, one token at a time up to `max_len` positions."""
+    self.decoder.init_cache(batch_size, max_len)
+
   def decode_step(self, token):
+    """One token [b, 1] -> next-token logits [b, vocab]; needs `init_cache` first."""
     return self.lm_head(self.decoder.decode_step(token)[:, 0].astype(jnp.float32))
 
   def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0, rng=None,
@@ -343,7 +351,7 @@ class DecoderLM(nnx.Module):
     without it, each step recomputes the whole prefix (`use_cache=False`).
     """
     return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng,
-                     use_cache=use_cache, start=lambda b, total: self.decoder.init_cache(b, total),
+                     use_cache=use_cache, start=self.init_cache,
                      step=_lm_decode_step, forward=_lm_forward)
 
 

@@ -71,6 +71,14 @@ def test_cached_greedy_generation_equals_full_recomputation(position_kind):
   np.testing.assert_array_equal(cached[:, 4:], jnp.argmax(logits[:, 3:-1], axis=-1))
 
 
+def test_decode_step_before_init_cache_says_to_call_it():
+  model = DecoderLM(TINY, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"init_cache\(batch_size, max_len\) first"):
+    model.decode_step(_tokens((2, 1)))
+  model.init_cache(2, 4)
+  assert model.decode_step(_tokens((2, 1))).shape == (2, 24)
+
+
 @pytest.mark.slow
 def test_sampling_needs_an_rng_and_uses_it():
   model = DecoderLM(TINY, rngs=nnx.Rngs(0))
