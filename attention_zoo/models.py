@@ -224,22 +224,30 @@ class Stack(nnx.Module):
 def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, deterministic: bool):
   """`block(...)` that keeps only what `policy` saves and recomputes the rest in the backward pass.
 
-  nnx.remat (jax.checkpoint) alone marks what to recompute, but XLA:CPU drops the barriers that
-  keep the recomputation apart and merges it back into the forward pass (common-subexpression
+  jax.checkpoint alone marks what to recompute, but XLA:CPU drops the barriers that keep the
+  recomputation apart and merges it back into the forward pass (common-subexpression
   elimination), so every activation is kept. Here the backward runs inside a `lax.cond` whose
   two branches are the same pullback: XLA never merges across computations, so the
   recomputation stays in the backward pass on every backend. The block runs as a pure function
-  of its state (parameters and RNG counters), which is written back afterwards; the recomputation
-  replays the same RNG keys, so dropout masks are the same.
+  of its state's values (parameters and RNG counters); the recomputation replays the same RNG
+  keys, so dropout masks are the same. Only the variables the block wrote (dropout's RNG
+  counters in training) are written back, as a call without remat would: a model merged from
+  `nnx.split` inside plain `jax.grad` holds RNG state of an outer trace, which must not be
+  written when nothing drew from it.
   """
   graphdef, state = nnx.split(block)
+  variables_of = lambda state: [variable for _, variable in nnx.to_flat_state(state)]
 
   def pure(state, x, mask, context, context_mask):
+    values = [variable.get_value() for variable in variables_of(state)]
     block = nnx.merge(graphdef, state)
     out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
-    return out, nnx.state(block)
+    # each variable's new value, None where the block left it as it was (the same traced value)
+    written = [None if variable.get_value() is value else variable.get_value()
+               for variable, value in zip(variables_of(nnx.state(block)), values, strict=True)]
+    return out, written
 
-  recomputed = nnx.remat(pure, policy=policy)
+  recomputed = jax.checkpoint(pure, policy=policy)
 
   @jax.custom_vjp
   def run(*args):
@@ -253,8 +261,10 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, det
     return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
 
   run.defvjp(forward, backward)
-  out, state = run(state, x, mask, context, context_mask)
-  nnx.update(block, state)
+  out, written = run(state, x, mask, context, context_mask)
+  for variable, value in zip(variables_of(state), written, strict=True):
+    if value is not None:
+      variable.set_value(value)
   return out
 
 

@@ -246,6 +246,20 @@ def test_remat_keeps_outputs_gradients_and_dropout_masks(kind, remats):
       np.testing.assert_allclose(got, want, atol=1e-6, err_msg=remat)
 
 
+def test_remat_model_differentiates_under_plain_jax_transforms():
+  """jax.jit(jax.grad) over nnx.split / nnx.merge, as functional training loops do: the remat
+  wrapper writes no RNG state it did not draw from (it once raised TraceContextError)."""
+  tokens = _tokens((2, 12), seed=4)
+  grads = {}
+  for remat in ("none", "block"):
+    model = Classifier(dataclasses.replace(TINY, remat=remat), rngs=nnx.Rngs(5))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = lambda params, rest: nnx.merge(graphdef, params, rest)(tokens).sum()
+    grads[remat] = jax.tree.leaves(jax.jit(jax.grad(loss))(params, rest))
+  for got, want in zip(grads["block"], grads["none"], strict=True):
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 def test_remat_model_still_decodes_with_its_cache():
   model = DecoderLM(dataclasses.replace(TINY, remat="block"), rngs=nnx.Rngs(3))
   prompt = _tokens((2, 4), seed=2)
