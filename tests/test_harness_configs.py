@@ -15,6 +15,7 @@ import lra
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments import build, cli, optim, plugins, report, reproduce
+from experiments import data as data_lib
 
 TASKS = lra.available_tasks()
 
@@ -268,6 +269,33 @@ def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):
     plugins.load_plugins(["harness_broken_plugin"])
   assert plugins.split_modules(["a,b", " c "]) == ["a", "b", "c"]
   assert plugins.preload_from_argv(["prog", "--plugins", "json", "--x=1"]) == []
+
+
+# ------------------------------------------------------------------------ tiny data generation
+
+def test_tiny_data_is_generated_only_into_its_own_folder_unless_asked(tmp_path, monkeypatch):
+  """A mistyped data_dir is an error naming it, not a fresh dataset trained on in silence."""
+  class Generating(Exception):
+    pass
+
+  def generate(config):
+    raise Generating(config.data_dir)
+
+  monkeypatch.setattr(data_lib, "generate", generate)
+  monkeypatch.chdir(tmp_path)   # the preset's own folder, data/lra_tiny, is missing here
+  tiny = lambda *overrides: reproduce.task_config("listops", "full", "tiny", 0, overrides)
+  with pytest.raises(Generating, match="data/lra_tiny"):
+    data_lib.load_splits(tiny())
+  with pytest.raises(Generating, match="data/lra_tiny"):
+    data_lib.load_splits(tiny(f"data_dir={tmp_path}/data/../data/lra_tiny"))
+  mistyped = tmp_path / "data" / "lra_tyni"
+  with pytest.raises(cli.HarnessError, match=(
+      rf"listops data is missing from {mistyped} .*basic_train.tsv.*only into its own folder "
+      r"data/lra_tiny.*--config.generate_data=True")):
+    data_lib.load_splits(tiny(f"data_dir={mistyped}"))
+  assert not mistyped.exists()
+  with pytest.raises(Generating, match="lra_tyni"):
+    data_lib.load_splits(tiny(f"data_dir={mistyped}", "generate_data=True"))
 
 
 # -------------------------------------------------------------------------- ListOps lengths

@@ -29,8 +29,9 @@ LISTOPS_SIZES = ["generate.num_train=48", "generate.num_val=8", "generate.num_te
 
 
 def config_for(task, data_dir, *overrides, attention="full", seed=0):
+  """The tiny preset's config over data_dir, where missing ListOps / Pathfinder are generated."""
   return reproduce.task_config(task, attention, "tiny", seed,
-                               SMALL + [f"data_dir={data_dir}", *overrides])
+                               SMALL + [f"data_dir={data_dir}", "generate_data=True", *overrides])
 
 
 def our_warnings(caplog):
