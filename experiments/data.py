@@ -15,6 +15,7 @@ from absl import logging
 
 import lra
 from configs.lra import common
+from experiments.checkpoints import barrier
 from experiments.cli import HarnessError
 
 GENERATED_TASKS = ("listops", "pathfinder", "pathx")
@@ -46,7 +47,7 @@ def load_splits(config) -> dict[str, lra.Dataset]:
           "generate the tiny data there") from None
   if jax.process_index() == 0:
     generate(config)
-  _barrier("lra-data-generated")
+  barrier("lra-data-generated")
   return {split: _load(config, split) for split in lra.SPLITS}
 
 
@@ -102,13 +103,6 @@ def provenance(config) -> dict:
   generator's settings) or TFDS, and a fingerprint of the files read."""
   return lra.provenance(config.task, config.data_dir or None, max_len=config.model.max_len,
                         **config.data)
-
-
-def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices(name)
 
 
 def majority_accuracy(ds: lra.Dataset) -> float:
