@@ -350,6 +350,22 @@ def test_report_legends_cover_no_bars_or_curves(tmp_path, monkeypatch):
   assert sorted(checked) == ["bars_tiny_listops.png", "curves_tiny_listops.png"]
 
 
+def test_the_report_can_read_only_the_asked_runs(tmp_path):
+  """reproduce reports the comparison it was asked for, not every run in its output folder."""
+  runs = tmp_path / "runs"
+  for task, attention, seed in (("listops", "full", 0), ("listops", "softmax_temp", 0),
+                                ("listops", "performer", 0), ("listops", "full", 1),
+                                ("mqar", "full", 0)):
+    write_results(runs, task, attention, seed, 0.3, 0.17)
+  write_results(tmp_path / "fair", "listops", "full", 0, 0.3, 0.17, preset="fair")
+  asked = {"preset": ["tiny"], "task": ["listops"], "attention": ["full", "softmax_temp"],
+           "seed": [0]}
+  found = report.read_runs(tmp_path, only=asked)
+  assert sorted((r["task"], r["attention"], r["seed"]) for r in found) == [
+      ("listops", "full", 0), ("listops", "softmax_temp", 0)]
+  assert len(report.read_runs(tmp_path)) == 6
+
+
 @pytest.mark.slow
 def test_report_table_csv_and_plots(tmp_path, capsys):
   runs = tmp_path / "runs"
