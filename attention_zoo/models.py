@@ -199,6 +199,9 @@ class Stack(nnx.Module):
 
   def decode_step(self, token, *, context=None, context_mask=None):
     """One token [b, 1] through the cached causal stack -> hidden [b, 1, emb]."""
+    if self.decode_position is None:
+      raise ValueError("decode_step needs a cache: call init_cache(batch_size, max_len) first "
+                       "(generate() does it for you)")
     x = self._add_positions(self.embed(token), self.decode_position[...][None])
     self.decode_position[...] += 1
     mask = jnp.ones(token.shape, bool)
@@ -221,22 +224,30 @@ class Stack(nnx.Module):
 def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, deterministic: bool):
   """`block(...)` that keeps only what `policy` saves and recomputes the rest in the backward pass.
 
-  nnx.remat (jax.checkpoint) alone marks what to recompute, but XLA:CPU drops the barriers that
-  keep the recomputation apart and merges it back into the forward pass (common-subexpression
+  jax.checkpoint alone marks what to recompute, but XLA:CPU drops the barriers that keep the
+  recomputation apart and merges it back into the forward pass (common-subexpression
   elimination), so every activation is kept. Here the backward runs inside a `lax.cond` whose
   two branches are the same pullback: XLA never merges across computations, so the
   recomputation stays in the backward pass on every backend. The block runs as a pure function
-  of its state (parameters and RNG counters), which is written back afterwards; the recomputation
-  replays the same RNG keys, so dropout masks are the same.
+  of its state's values (parameters and RNG counters); the recomputation replays the same RNG
+  keys, so dropout masks are the same. Only the variables the block wrote (dropout's RNG
+  counters in training) are written back, as a call without remat would: a model merged from
+  `nnx.split` inside plain `jax.grad` holds RNG state of an outer trace, which must not be
+  written when nothing drew from it.
   """
   graphdef, state = nnx.split(block)
+  variables_of = lambda state: [variable for _, variable in nnx.to_flat_state(state)]
 
   def pure(state, x, mask, context, context_mask):
+    values = [variable.get_value() for variable in variables_of(state)]
     block = nnx.merge(graphdef, state)
     out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
-    return out, nnx.state(block)
+    # each variable's new value, None where the block left it as it was (the same traced value)
+    written = [None if variable.get_value() is value else variable.get_value()
+               for variable, value in zip(variables_of(nnx.state(block)), values, strict=True)]
+    return out, written
 
-  recomputed = nnx.remat(pure, policy=policy)
+  recomputed = jax.checkpoint(pure, policy=policy)
 
   @jax.custom_vjp
   def run(*args):
@@ -250,8 +261,10 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, det
     return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
 
   run.defvjp(forward, backward)
-  out, state = run(state, x, mask, context, context_mask)
-  nnx.update(block, state)
+  out, written = run(state, x, mask, context, context_mask)
+  for variable, value in zip(variables_of(state), written, strict=True):
+    if value is not None:
+      variable.set_value(value)
   return out
 
 
@@ -332,7 +345,12 @@ class DecoderLM(nnx.Module):
     hidden, _ = self.decoder(tokens, mask, deterministic=deterministic)
     return self.lm_head(hidden.astype(jnp.float32))
 
+  def init_cache(self, batch_size: int, max_len: int):
+    """Empty caches for `decode_step`, one token at a time up to `max_len` positions."""
+    self.decoder.init_cache(batch_size, max_len)
+
   def decode_step(self, token):
+    """One token [b, 1] -> next-token logits [b, vocab]; needs `init_cache` first."""
     return self.lm_head(self.decoder.decode_step(token)[:, 0].astype(jnp.float32))
 
   def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0, rng=None,
@@ -343,7 +361,7 @@ class DecoderLM(nnx.Module):
     without it, each step recomputes the whole prefix (`use_cache=False`).
     """
     return _generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng,
-                     use_cache=use_cache, start=lambda b, total: self.decoder.init_cache(b, total),
+                     use_cache=use_cache, start=self.init_cache,
                      step=_lm_decode_step, forward=_lm_forward)
 
 

@@ -16,7 +16,9 @@ every file in it. `restore_latest` tries the checkpoints newest first, and uses 
 One that fails is moved to `corrupt_checkpoints/<step>` with a warning naming it and the reason,
 and the one before it is tried. A checkpoint without checksums (written before they existed,
 or by a run stopped between orbax's save and the checksums) cannot be verified: it is used
-only if it passes 2 and 3, with a warning that it was not verified.
+only if it passes 2 and 3, with a warning that it was not verified. A checkpoint of another
+model is not corrupt: the trainer compares the model in its record (`latest_record`) with its
+own before restoring anything.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from absl import logging
 from experiments import provenance
 
 CHECKSUMS = "checksums.json"
+FOLDERS = ("checkpoints", "corrupt_checkpoints")   # under the workdir
 _CHUNK_BYTES = 1 << 22
 
 
@@ -90,6 +93,15 @@ def file_checksums(folder: Path) -> dict[str, dict]:
   return sums
 
 
+def barrier(name: str) -> None:
+  """Waits until every process gets here (one process: returns): after process 0 has moved
+  files, before the others read the folder."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices(name)
+
+
 class ChecksumMismatch(ValueError):
   """A checkpoint's files differ from the checksums written when it was saved."""
 
@@ -121,8 +133,7 @@ class Checkpoints:
   `poll()` between saves and `finish()` at the end write the checksums of finished saves."""
 
   def __init__(self, workdir, *, keep: int):
-    self.directory = Path(workdir).absolute() / "checkpoints"
-    self.corrupt_directory = Path(workdir).absolute() / "corrupt_checkpoints"
+    self.directory, self.corrupt_directory = (Path(workdir).absolute() / name for name in FOLDERS)
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
     self.set_aside: list[int] = []      # steps moved to corrupt_directory by restore_latest
@@ -159,6 +170,19 @@ class Checkpoints:
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(_abstract(template)), record=ocp.args.JsonRestore()))
     return _unstorable(restored.state, template), dict(restored.record)
+
+  def latest_record(self) -> tuple[int, dict] | None:
+    """(step, record) of the newest checkpoint whose record reads, without its state; None if
+    none does."""
+    self.finish()
+    for step in reversed(self.all_steps()):
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            record=ocp.args.JsonRestore()))
+      except Exception:  # noqa: BLE001 - unreadable: restore_latest sets it aside with the reason
+        continue
+      return step, dict(restored.record)
+    return None
 
   def restore_latest(self, template):
     """The newest checkpoint that passes verification, as (step, tree, record); None if none
@@ -199,10 +223,7 @@ class Checkpoints:
       if target.exists():
         shutil.rmtree(target)
       shutil.move(str(self.directory / str(step)), str(target))
-    if jax.process_count() > 1:   # every process sees the move before it lists the steps again
-      from jax.experimental import multihost_utils
-
-      multihost_utils.sync_global_devices(f"checkpoint {step} set aside")
+    barrier(f"checkpoint {step} set aside")   # every process sees the move before it lists
     self.set_aside.append(step)
     self.manager.reload()
 

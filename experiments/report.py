@@ -36,13 +36,15 @@ POLICIES = {
 }
 
 
-def read_runs(runs_dir) -> list[dict]:
-  """Every results.json under runs_dir, with `workdir` added."""
+def read_runs(runs_dir, *, only: dict | None = None) -> list[dict]:
+  """Every results.json under runs_dir, with `workdir` added; with `only` ({field: the values
+  to keep}, e.g. {"attention": ["full"]}), those whose fields all hold one of the values."""
   runs = []
   for path in sorted(Path(runs_dir).rglob("results.json")):
     result = json.loads(path.read_text(encoding="utf-8"))
-    result["workdir"] = str(path.parent)
-    runs.append(result)
+    if all(result.get(field) in values for field, values in (only or {}).items()):
+      result["workdir"] = str(path.parent)
+      runs.append(result)
   return runs
 
 
@@ -288,10 +290,10 @@ def save_figure(fig, path: Path) -> Path:
   return path
 
 
-def write_report(runs_dir, out_dir) -> str:
-  """Writes table.md, table.csv and the PNGs into out_dir (each atomically); returns the
-  markdown."""
-  runs = read_runs(runs_dir)
+def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
+  """Writes table.md, table.csv and the PNGs of the runs under runs_dir (those `only` keeps:
+  see read_runs) into out_dir (each atomically); returns the markdown."""
+  runs = read_runs(runs_dir, only=only)
   if not runs:
     raise cli.HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
                            "experiments.reproduce first")

@@ -11,7 +11,9 @@ and is skipped, with a log line, for the others (docs/harness.md, Configs).
 
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
 skipped and an interrupted one resumes, so the same command continues a grid. The report
-(OUT/table.md, table.csv, PNGs) covers every finished run under OUT/runs.
+(OUT/table.md, table.csv, PNGs) covers the asked preset, tasks, attentions and seeds; a value
+every run would refuse (e.g. --override=num_train_steps=0) is one error before any run.
+`python -m experiments.report --runs=OUT/runs --out=OUT` reports every run under OUT/runs.
 """
 from __future__ import annotations
 
@@ -119,6 +121,8 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   from experiments import provenance, trainer  # imports jax: after the cheap checks
 
   drop_options_of_other_variants(configs)
+  for config in configs.values():   # a bad value is one error now, not one per run
+    trainer.check_config(config)
   grid = list(configs)
   failures = []
   for number, (task, attention, seed) in enumerate(grid, start=1):
@@ -169,8 +173,11 @@ def main(argv):
   trainer.initialize_distributed()
   failures = run_grid(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
                       out=out, overrides=FLAGS.override)
-  if jax.process_index() == 0:
-    print(report.write_report(Path(out) / "runs", out))
+  tasks = expand_tasks(FLAGS.tasks)
+  some_finished = len(failures) < len(tasks) * len(attentions) * len(seeds)
+  if jax.process_index() == 0 and some_finished:   # the asked comparison, not all of out/runs
+    asked = {"preset": [FLAGS.preset], "task": tasks, "attention": attentions, "seed": seeds}
+    print(report.write_report(Path(out) / "runs", out, only=asked))
     print(f"wrote {out}/table.md, table.csv and plots; wall time {time.time() - started:.0f} s")
   if failures:
     raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))

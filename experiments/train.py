@@ -6,7 +6,9 @@
         --config.model.num_layers=1 --plugins=my_attention
 
 `--config=FILE:ATTENTION[,PRESET]` (preset paper, the default, fair or tiny); any field can
-be overridden with `--config.<field>=value`. Running again with the same workdir resumes.
+be overridden with `--config.<field>=value`. Running again with the same workdir resumes;
+`--restart` starts it again from step 0, keeping the earlier run's files renamed (a workdir
+holding checkpoints of another model is refused without it).
 """
 from absl import flags
 from ml_collections import config_flags
@@ -22,7 +24,7 @@ def main(argv):
   from experiments import trainer  # after flag parsing: errors there stay one line
 
   trainer.initialize_distributed()
-  results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)
   print(f"{results['task']} / {results['attention']}: test accuracy "
         f"{results['test_accuracy_final']:.4f} at the final step {results['steps']}, "
         f"{results['test_accuracy_best_validation']:.4f} at the best validation step "
@@ -34,5 +36,7 @@ if __name__ == "__main__":
                                   "(or configs/mqar.py:<attention>,tiny)", lock_config=True)
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.json.")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
+  flags.DEFINE_bool("restart", False, "Start from step 0 even if the workdir holds checkpoints; "
+                    "the earlier run's files and checkpoints are renamed <name>.1.")
   flags.mark_flags_as_required(["config", "workdir"])
   cli.run(main)

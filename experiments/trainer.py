@@ -23,7 +23,10 @@ A run in `workdir` leaves:
                    config file's values, where the data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
-(experiments/writers.py).
+(experiments/writers.py). Checkpoints of another model (a model field changed, other than the
+compute-only `dtype` and `remat`) are refused with an error naming the fields: train it in a
+new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
+the earlier run's files and checkpoints renamed <name>.1.
 """
 from __future__ import annotations
 
@@ -50,13 +53,41 @@ from experiments import data as data_lib
 from experiments import objectives
 from experiments import provenance
 from experiments.memory import compiled_memory, device_memory_bytes
-from experiments.checkpoints import Checkpoints
+from experiments.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
+from experiments.checkpoints import Checkpoints, barrier
 from experiments.cli import HarnessError
 from experiments.writers import MetricsWriter
 
 
 class NaNLossError(HarnessError):
   """Training produced a non-finite loss or parameters."""
+
+
+# Model fields that change how the model is computed, not what it is or what a checkpoint holds:
+# a run may resume with them changed (check_memory suggests both to make a run fit).
+COMPUTE_ONLY_FIELDS = ("dtype", "remat")
+
+
+def model_differences(saved: dict, current: dict) -> list[str]:
+  """"model.<field> is <saved> there, <current> in this config" for each field of two recorded
+  models (build.describe) that differs, compute-only fields aside."""
+  def flat(model: dict, prefix: str = "model") -> dict:
+    fields = {}
+    for name, value in model.items():
+      if isinstance(value, dict):
+        fields.update(flat(value, f"{prefix}.{name}"))
+      elif name not in COMPUTE_ONLY_FIELDS or prefix != "model":
+        fields[f"{prefix}.{name}"] = value
+    return fields
+
+  saved, current = flat(saved), flat(current)
+  return [f"{name} is {saved.get(name, 'unset')} there, {current.get(name, 'unset')} in this "
+          "config" for name in sorted(saved.keys() | current.keys())
+          if saved.get(name) != current.get(name)]
+
+
+# What a run that starts from step 0 has seen.
+FRESH_RECORD = {"best_eval_accuracy": -1.0, "best_step": 0, "wall_seconds": 0.0}
 
 
 @flax.struct.dataclass
@@ -249,11 +280,13 @@ def initial_state(steps: Steps, params, rest) -> TrainState:
 class Trainer:
   """Builds everything a run needs from the config; `run()` trains, tests, writes results."""
 
-  def __init__(self, config, workdir):
+  def __init__(self, config, workdir, *, restart: bool = False):
+    """`restart`: start from step 0 even when `workdir` holds checkpoints (of this model or of
+    another), renaming the earlier run's files and checkpoints to <name>.1."""
     self.overrides = build.overrides(config)
     config = build.resolve(config)
     check_config(config)
-    self.config, self.workdir = config, Path(workdir)
+    self.config, self.workdir, self.restart = config, Path(workdir), restart
     self.task = lra.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
     self.mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -263,6 +296,7 @@ class Trainer:
     self.datasets = data_lib.load_splits(config)
     self.data_checks = data_lib.check_splits(config, self.datasets)
     model, self.model_config = build_model(config)
+    self.model_record = json.loads(json.dumps(build.describe(self.model_config)))  # as reread
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, replicated))
@@ -291,10 +325,15 @@ class Trainer:
 
   def run(self) -> dict:
     self.workdir.mkdir(parents=True, exist_ok=True)
-    checkpoints = Checkpoints(self.workdir, keep=self.config.keep_checkpoints)
     writer = MetricsWriter(self.workdir)
+    if self.restart:
+      kept = writer.start_fresh(also=CHECKPOINT_FOLDERS)
+      barrier("earlier run set aside")
+      logging.warning("restarting %s from step 0 as asked%s", self.workdir,
+                      f"; the earlier run's files are kept as {kept}" if kept else "")
+    checkpoints = Checkpoints(self.workdir, keep=self.config.keep_checkpoints)
     try:
-      record = self._resume(checkpoints, writer)
+      record = dict(FRESH_RECORD) if self.restart else self._resume(checkpoints, writer)
       clock = _Clock(record["wall_seconds"])
       self._train(checkpoints, writer, record, clock)
       checkpoints.finish()
@@ -304,7 +343,10 @@ class Trainer:
       writer.close()
 
   def _resume(self, checkpoints: Checkpoints, writer: MetricsWriter) -> dict:
-    record = {"best_eval_accuracy": -1.0, "best_step": 0, "wall_seconds": 0.0}
+    latest = checkpoints.latest_record()
+    if latest is not None and "model" in latest[1]:   # older checkpoints did not record it
+      self._check_same_model(checkpoints, *latest)
+    record = dict(FRESH_RECORD)
     restored = checkpoints.restore_latest({"train": self.state, "best": self.best})
     if restored is None:
       kept = writer.start_fresh()
@@ -322,6 +364,15 @@ class Trainer:
     writer.resume(step)
     logging.info("resumed %s from step %d", self.workdir, step)
     return record
+
+  def _check_same_model(self, checkpoints: Checkpoints, step: int, record: dict) -> None:
+    differences = model_differences(record["model"], self.model_record)
+    if differences:
+      raise HarnessError(
+          f"{checkpoints.directory} holds checkpoints of another model (step {step}): "
+          f"{'; '.join(differences)}. To train this model, use a new workdir, or start this "
+          "one again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
+          "earlier run's files and checkpoints as <name>.1")
 
   def _train(self, checkpoints: Checkpoints, writer: MetricsWriter, record: dict, clock: _Clock):
     config = self.config
@@ -356,7 +407,8 @@ class Trainer:
           if not bool(self.steps.all_finite(self.state.params)):
             self._stop(step, "the parameters", checkpoints)
           record["wall_seconds"] = clock.total()
-          checkpoints.save(step, {"train": self.state, "best": self.best}, record)
+          checkpoints.save(step, {"train": self.state, "best": self.best},
+                           {**record, "model": self.model_record})
 
   def _check_finite(self, pending: list, step: int, checkpoints: Checkpoints) -> dict:
     """Means of the pending train metrics; stops the run if a loss is not finite."""
@@ -424,5 +476,5 @@ class _Clock:
     return self.before + time.time() - self.started
 
 
-def train_and_evaluate(config, workdir) -> dict:
-  return Trainer(config, workdir).run()
+def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
+  return Trainer(config, workdir, restart=restart).run()

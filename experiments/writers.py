@@ -49,14 +49,16 @@ class MetricsWriter:
     for path in earlier:   # only now: a crash before this leaves duplicates, never a gap
       path.unlink()
 
-  def start_fresh(self) -> str | None:
-    """Starts at step 0. An earlier run's metrics.jsonl, tensorboard/ and results.json are
-    renamed to <name>.1 (older copies shift up); returns how they are named now, or None."""
+  def start_fresh(self, *, also: tuple[str, ...] = ()) -> str | None:
+    """Starts at step 0. An earlier run's metrics.jsonl, tensorboard/ and results.json, and the
+    files or folders named in `also`, are renamed to <name>.1 (older copies shift up); returns
+    how they are named now, or None."""
     if not self.enabled:
       return None
     rotated = None
-    if read_metrics(self.workdir) or (self.workdir / RESULTS).exists():
-      rotated = _rotate([self.workdir / name for name in (METRICS, TENSORBOARD, RESULTS)])
+    paths = [self.workdir / name for name in (METRICS, TENSORBOARD, RESULTS, *also)]
+    if read_metrics(self.workdir) or any(path.exists() for path in paths[2:]):
+      rotated = _rotate(paths)
     self._open()
     return rotated
 

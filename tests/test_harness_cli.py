@@ -89,6 +89,10 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
                  ["plugin module 'no_such_plugin' not found"]),
       "reproduce": (["experiments.reproduce", "--tasks=listops,cifar", f"--out={tmp_path}"],
                     ["unknown task 'cifar'", "pathfinder"]),
+      # once, before any run: not per run, then "no results.json" for the empty report
+      "reproduce config": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
+                            f"--out={tmp_path}", "--override=num_train_steps=0"],
+                           ["config.num_train_steps must be >= 1, got 0"]),
   }
   processes = {name: start(args, plugin_dir=plugin_dir) for name, (args, _) in cases.items()}
   for name, process in processes.items():
@@ -193,9 +197,16 @@ def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path,
   args = ["experiments.reproduce", "--preset=tiny", "--tasks=listops", "--attentions=full",
           "--seeds=0,1", f"--out={out}",
           *overrides("--override=", {**SMALL, "data_dir": listops_dir})]
+  earlier = out / "runs" / "listops" / "performer" / "seed0"   # a run of another comparison
+  earlier.mkdir(parents=True)
+  (earlier / "results.json").write_text(json.dumps({
+      "task": "listops", "attention": "performer", "preset": "tiny", "seed": 0,
+      "test_accuracy_final": 0.2, "test_accuracy_best_validation": 0.2,
+      "majority_accuracy": 0.17}))
   code, stdout, stderr = finish(start(args))
   assert code == 0, stderr
   assert "| Model | listops |" in stdout and "*majority class*" in stdout
+  assert "performer" not in stdout   # only the asked comparison is reported
   row = next(line for line in stdout.splitlines() if line.startswith("| full |"))
   assert " ± " in row and "(36.37, " in row  # two seeds; the paper's number beside ours
   for seed in (0, 1):

@@ -21,6 +21,7 @@ from attention_zoo.models import TransformerConfig
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments import build, cli, optim, plugins, report, reproduce
+from experiments import data as data_lib
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = lra.available_tasks()
@@ -406,6 +407,33 @@ def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):
   assert plugins.split_modules(["a,b", " c "]) == ["a", "b", "c"]
 
 
+# ------------------------------------------------------------------------ tiny data generation
+
+def test_tiny_data_is_generated_only_into_its_own_folder_unless_asked(tmp_path, monkeypatch):
+  """A mistyped data_dir is an error naming it, not a fresh dataset trained on in silence."""
+  class Generating(Exception):
+    pass
+
+  def generate(config):
+    raise Generating(config.data_dir)
+
+  monkeypatch.setattr(data_lib, "generate", generate)
+  monkeypatch.chdir(tmp_path)   # the preset's own folder, data/lra_tiny, is missing here
+  tiny = lambda *overrides: reproduce.task_config("listops", "full", "tiny", 0, overrides)
+  with pytest.raises(Generating, match="data/lra_tiny"):
+    data_lib.load_splits(tiny())
+  with pytest.raises(Generating, match="data/lra_tiny"):
+    data_lib.load_splits(tiny(f"data_dir={tmp_path}/data/../data/lra_tiny"))
+  mistyped = tmp_path / "data" / "lra_tyni"
+  with pytest.raises(cli.HarnessError, match=(
+      rf"listops data is missing from {mistyped} .*basic_train.tsv.*only into its own folder "
+      r"data/lra_tiny.*--config.generate_data=True")):
+    data_lib.load_splits(tiny(f"data_dir={mistyped}"))
+  assert not mistyped.exists()
+  with pytest.raises(Generating, match="lra_tyni"):
+    data_lib.load_splits(tiny(f"data_dir={mistyped}", "generate_data=True"))
+
+
 # -------------------------------------------------------------------------- ListOps lengths
 
 @pytest.mark.slow
@@ -456,6 +484,22 @@ def test_report_legends_cover_no_bars_or_curves(tmp_path, monkeypatch):
   found = report.read_runs(runs)
   report.plot(report.summarize(found), found, tmp_path)
   assert sorted(checked) == ["bars_tiny_listops.png", "curves_tiny_listops.png"]
+
+
+def test_the_report_can_read_only_the_asked_runs(tmp_path):
+  """reproduce reports the comparison it was asked for, not every run in its output folder."""
+  runs = tmp_path / "runs"
+  for task, attention, seed in (("listops", "full", 0), ("listops", "softmax_temp", 0),
+                                ("listops", "performer", 0), ("listops", "full", 1),
+                                ("mqar", "full", 0)):
+    write_results(runs, task, attention, seed, 0.3, 0.17)
+  write_results(tmp_path / "fair", "listops", "full", 0, 0.3, 0.17, preset="fair")
+  asked = {"preset": ["tiny"], "task": ["listops"], "attention": ["full", "softmax_temp"],
+           "seed": [0]}
+  found = report.read_runs(tmp_path, only=asked)
+  assert sorted((r["task"], r["attention"], r["seed"]) for r in found) == [
+      ("listops", "full", 0), ("listops", "softmax_temp", 0)]
+  assert len(report.read_runs(tmp_path)) == 6
 
 
 @pytest.mark.slow

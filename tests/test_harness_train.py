@@ -4,6 +4,7 @@ compilation, the memory check."""
 import contextlib
 import json
 import re
+import shutil
 import struct
 
 import jax
@@ -15,6 +16,7 @@ from attention_zoo.models import DualEncoderClassifier, num_params
 from experiments import checkpoints as checkpoints_lib
 from experiments import data as data_lib
 from experiments import reproduce, trainer
+from experiments.cli import HarnessError
 from experiments.writers import read_metrics
 from lra_fixtures import write_cifar, write_imdb, write_pathfinder, write_retrieval
 
@@ -29,8 +31,9 @@ LISTOPS_SIZES = ["generate.num_train=48", "generate.num_val=8", "generate.num_te
 
 
 def config_for(task, data_dir, *overrides, attention="full", seed=0):
+  """The tiny preset's config over data_dir, where missing ListOps / Pathfinder are generated."""
   return reproduce.task_config(task, attention, "tiny", seed,
-                               SMALL + [f"data_dir={data_dir}", *overrides])
+                               SMALL + [f"data_dir={data_dir}", "generate_data=True", *overrides])
 
 
 def our_warnings(caplog):
@@ -222,6 +225,28 @@ def test_no_usable_checkpoint_keeps_the_earlier_files_and_starts_afresh(run_a, d
   assert_tensorboard_matches_metrics(tmp_path)
   assert len(tensorboard_scalars(tmp_path / "tensorboard.1")) == len(tensorboard_scalars(
       tmp_path / "tensorboard"))
+
+
+def test_a_checkpoint_of_another_model_is_refused_then_restarted_on_request(run_a, data_root,
+                                                                          tmp_path):
+  """Not corrupt, so not set aside: the error names the differing fields (not remat, which
+  changes no stored value) and the ways out; restart=True keeps the earlier run's files."""
+  run, results_a, _ = run_a
+  shutil.copytree(run.workdir, tmp_path, dirs_exist_ok=True)
+  config = run_config("listops", data_root)
+  config.model.mlp_dim, config.model.remat = 48, "block"
+  with pytest.raises(HarnessError, match=(
+      rf"^{tmp_path}/checkpoints holds checkpoints of another model \(step 6\): model.mlp_dim is "
+      r"32 there, 48 in this config\. .*a new workdir.*--restart")):
+    trainer.Trainer(config, tmp_path).run()
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in run.workdir.iterdir())
+  with batches_spy() as starts:
+    results = trainer.Trainer(config, tmp_path, restart=True).run()
+  assert starts == [0] and results["model"]["mlp_dim"] == 48
+  assert sorted(p.name for p in (tmp_path / "checkpoints.1").iterdir()) == ["2", "4", "6"]
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2", "4", "6"]
+  assert json.loads((tmp_path / "results.json.1").read_text())["model"]["mlp_dim"] == 32
+  assert read_metrics_file(tmp_path / "metrics.jsonl.1")[-1] == read_metrics(run.workdir)[-1]
 
 
 def test_checkpoints_verify_checksums_and_values_and_fall_back(tmp_path, caplog):

@@ -71,6 +71,14 @@ def test_cached_greedy_generation_equals_full_recomputation(position_kind):
   np.testing.assert_array_equal(cached[:, 4:], jnp.argmax(logits[:, 3:-1], axis=-1))
 
 
+def test_decode_step_before_init_cache_says_to_call_it():
+  model = DecoderLM(TINY, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"init_cache\(batch_size, max_len\) first"):
+    model.decode_step(_tokens((2, 1)))
+  model.init_cache(2, 4)
+  assert model.decode_step(_tokens((2, 1))).shape == (2, 24)
+
+
 @pytest.mark.slow
 def test_sampling_needs_an_rng_and_uses_it():
   model = DecoderLM(TINY, rngs=nnx.Rngs(0))
@@ -236,6 +244,20 @@ def test_remat_keeps_outputs_gradients_and_dropout_masks(kind, remats):
     np.testing.assert_allclose(remat_loss, loss, atol=1e-6, err_msg=remat)
     for got, want in zip(remat_grads, grads, strict=True):
       np.testing.assert_allclose(got, want, atol=1e-6, err_msg=remat)
+
+
+def test_remat_model_differentiates_under_plain_jax_transforms():
+  """jax.jit(jax.grad) over nnx.split / nnx.merge, as functional training loops do: the remat
+  wrapper writes no RNG state it did not draw from (it once raised TraceContextError)."""
+  tokens = _tokens((2, 12), seed=4)
+  grads = {}
+  for remat in ("none", "block"):
+    model = Classifier(dataclasses.replace(TINY, remat=remat), rngs=nnx.Rngs(5))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    loss = lambda params, rest: nnx.merge(graphdef, params, rest)(tokens).sum()
+    grads[remat] = jax.tree.leaves(jax.jit(jax.grad(loss))(params, rest))
+  for got, want in zip(grads["block"], grads["none"], strict=True):
+    np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_remat_model_still_decodes_with_its_cache():

@@ -3,9 +3,11 @@ the commands shown name existing configs and modules, every relative link resolv
 names every entry point, and CI runs the README's test command."""
 import importlib.util
 import re
+import runpy
 from pathlib import Path
 
 import pytest
+import setuptools
 
 import attention_zoo as az
 
@@ -110,3 +112,27 @@ def test_ci_runs_the_readme_install_and_test_commands():
   tests_section = README.split("## Tests", 1)[1]
   test_command = re.search(r"```bash\n(.*?)\n```", tests_section, flags=re.S).group(1).strip()
   assert ci.rstrip().endswith(f"python3 -m {test_command}"), (test_command, ci)
+
+
+def setup_extras(monkeypatch) -> dict[str, list[str]]:
+  """setup.py's extras_require, read by running it with setuptools.setup recording its call."""
+  call = {}
+  monkeypatch.setattr(setuptools, "setup", lambda **kwargs: call.update(kwargs))
+  monkeypatch.chdir(REPO)   # setup.py reads README.md from the working directory
+  runpy.run_path(str(REPO / "setup.py"))
+  return call["extras_require"]
+
+
+def test_install_instructions_match_the_extras(monkeypatch):
+  """Each install line adds a package the ones before it did not, and the extras README says
+  [test] already includes are in it."""
+  extras = setup_extras(monkeypatch)
+  install = README.split("## Install", 1)[1].split("\n## ", 1)[0]
+  installed = set()
+  for names in re.findall(r'pip install -e "\.\[([\w,]+)\]"', install):
+    wanted = {package for name in names.split(",") for package in extras[name]}
+    assert wanted - installed, f'pip install -e ".[{names}]" installs nothing new'
+    installed |= wanted
+  included = re.search(r"`\[test\]` already includes (.*?);", install, flags=re.S)
+  for name in re.findall(r"`\[(\w+)\]`", included.group(1) if included else ""):
+    assert set(extras[name]) <= set(extras["test"]), name

@@ -25,8 +25,9 @@ they say, and a value set on the command line always wins over the preset's.
 Fields (override any with --config.<field>=value):
   task, preset (fixed by the config file and argument), seed, data_dir, data (extra lra.load
   arguments), generate (sizes used when the tiny preset generates missing ListOps / Pathfinder
-  data), batch_size, eval_batch_size, grad_accum_steps, num_train_steps, eval_every,
-  checkpoint_every, keep_checkpoints, log_every, max_skipped_fraction, check_memory, model
+  data), generate_data (True: generate them into a data_dir other than the tiny preset's own),
+  batch_size, eval_batch_size, grad_accum_steps, num_train_steps, eval_every, checkpoint_every,
+  keep_checkpoints, log_every, max_skipped_fraction, check_memory, model
   (every TransformerConfig field; model.max_len is also the data length), optimizer,
   schedule. The comments in `base_config` say what each means.
 """
@@ -129,6 +130,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.data_dir = DATA_DIRS[preset]
   config.data = ml_collections.ConfigDict()       # extra lra.load arguments (pixel tasks)
   config.generate = ml_collections.ConfigDict()   # generator sizes (tiny listops/pathfinder/pathx)
+  config.generate_data = False   # True: tiny generates into any data_dir, not only its own
 
   config.batch_size = 32
   config.eval_batch_size = 0                      # 0 = batch_size
