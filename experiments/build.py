@@ -8,13 +8,26 @@ fills it in for the variant the config finally names, from the same tables the c
 holds. So `--config.model.attention=local` gives local's settings, an option set in
 `model.attention_options` wins over the preset's, and token-counted options follow a
 shortened `model.max_len`.
+
+The optimiser is Adam or AdamW after optional gradient clipping, with LRA's learning-rate
+schedules, which LRA writes as a product of factors (`create_learning_rate_scheduler` in the
+reference code), e.g. "constant * linear_warmup * rsqrt_decay":
+  constant                base_learning_rate
+  linear_warmup           min(1, step / warmup_steps)
+  rsqrt_decay             1 / sqrt(max(step, warmup_steps))
+  rsqrt_normalized_decay  sqrt(warmup_steps) / sqrt(max(step, warmup_steps))
+  cosine_decay            0.5 * (1 + cos(pi * (progress % 1))), progress =
+                          max(0, (step - warmup_steps) / steps_per_cycle)
+`step` counts from 1 for the first update (the reference's step 0 would give rate 0).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
+import jax.numpy as jnp
 import ml_collections
+import optax
 from flax import nnx
 
 import attention_zoo as az
@@ -22,7 +35,7 @@ import lra
 from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
                                   TransformerConfig)
 from configs.lra import common
-from experiments import cli, optim
+from experiments import cli
 
 OPTIONS = "model.attention_options."
 # Attention options measured in tokens, with the smallest value a shortened sequence scales them
@@ -76,10 +89,7 @@ def resolve(config) -> ml_collections.ConfigDict:
   attention, task = config.model.attention, config.task
   values = preset_values(task, attention, config.preset)
   for field, value in values.items():
-    *parents, name = field.split(".")
-    node = resolved
-    for parent in parents:
-      node = node[parent]
+    node, name = common.parent_and_name(resolved, field)
     if not field.startswith(OPTIONS) and node.get(name) is None:
       node[name] = value
   model = resolved.model
@@ -129,7 +139,7 @@ def scale_length_options(options: dict, ratio: float) -> dict:
 def overrides(config) -> dict:
   """Where `config` departs from its config file's get_config("<attention>,<preset>"), in
   dotted fields: the user's changes, for results.json."""
-  default = cli.task_config(config.task, f"{config.model.attention},{config.preset}")
+  default = cli.task_config(config.task, config.model.attention, config.preset)
   ours, theirs = _flatten(config.to_dict()), _flatten(default.to_dict())
   return {field: value for field, value in ours.items()
           if field not in theirs or theirs[field] != value}
@@ -172,12 +182,70 @@ def model(config, rngs: nnx.Rngs) -> tuple[nnx.Module, TransformerConfig]:
 def optimizer(config):
   """(optax optimizer, learning-rate schedule) of config.optimizer and config.schedule."""
   s = config.schedule
-  schedule = optim.learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
+  schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
                                           warmup_steps=s.warmup_steps,
                                           steps_per_cycle=s.steps_per_cycle)
-  return optim.make_optimizer(config.optimizer, schedule), schedule
+  return make_optimizer(config.optimizer, schedule), schedule
 
 
 def describe(model: TransformerConfig) -> dict:
   """The resolved model as plain JSON values (for results.json)."""
   return dataclasses.asdict(model)
+
+
+# -- the optimiser ------------------------------------------------------------------------------
+
+FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_normalized_decay", "cosine_decay")
+OPTIMIZERS = ("adam", "adamw")
+
+
+def learning_rate_schedule(factors: str, *, base_learning_rate: float, warmup_steps: int,
+                           steps_per_cycle: int):
+  """An optax schedule: update index (0-based) -> learning rate."""
+  names = [name.strip() for name in factors.split("*")]
+  unknown = [n for n in names if n not in FACTORS]
+  if unknown:
+    raise cli.HarnessError(f"unknown schedule factor(s) {', '.join(map(repr, unknown))} in "
+                       f"schedule.factors={factors!r}; factors: {', '.join(FACTORS)}")
+  if "linear_warmup" in names and warmup_steps <= 0:
+    raise cli.HarnessError("schedule.warmup_steps must be positive for linear_warmup, "
+                       f"got {warmup_steps}")
+  if "cosine_decay" in names and steps_per_cycle <= 0:
+    raise cli.HarnessError("schedule.steps_per_cycle must be positive for cosine_decay, "
+                       f"got {steps_per_cycle}")
+
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1
+    rate = jnp.ones((), jnp.float32)
+    for name in names:
+      if name == "constant":
+        rate *= base_learning_rate
+      elif name == "linear_warmup":
+        rate *= jnp.minimum(1.0, step / warmup_steps)
+      elif name == "rsqrt_decay":
+        rate /= jnp.sqrt(jnp.maximum(step, warmup_steps))
+      elif name == "rsqrt_normalized_decay":
+        rate *= jnp.sqrt(warmup_steps) / jnp.sqrt(jnp.maximum(step, warmup_steps))
+      else:  # cosine_decay
+        progress = jnp.maximum(0.0, (step - warmup_steps) / steps_per_cycle)
+        rate *= 0.5 * (1.0 + jnp.cos(jnp.pi * (progress % 1.0)))
+    return rate
+
+  return schedule
+
+
+def make_optimizer(optimizer, schedule) -> optax.GradientTransformation:
+  """Adam (L2 weight decay added to the gradient) or AdamW (decoupled decay, as LRA's
+  flax.optim.Adam), after optional global-norm gradient clipping. Decay applies to every
+  parameter, as in LRA."""
+  if optimizer.name not in OPTIMIZERS:
+    raise cli.HarnessError(f"unknown optimizer.name {optimizer.name!r}; choose one of "
+                       f"{', '.join(OPTIMIZERS)}")
+  clip = [optax.clip_by_global_norm(optimizer.grad_clip_norm)] if optimizer.grad_clip_norm else []
+  adam = dict(b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps)
+  if optimizer.name == "adamw":
+    main = optax.adamw(schedule, weight_decay=optimizer.weight_decay, **adam)
+  else:
+    decay = [optax.add_decayed_weights(optimizer.weight_decay)] if optimizer.weight_decay else []
+    main = optax.chain(*decay, optax.adam(schedule, **adam))
+  return optax.chain(*clip, main)

@@ -33,6 +33,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from experiments import provenance
+from experiments.cli import first_line
 
 CHECKSUMS = "checksums.json"
 FOLDERS = ("checkpoints", "corrupt_checkpoints")   # under the workdir
@@ -76,8 +77,7 @@ def readable(error: BaseException) -> str:
   in exceptions whose own text is a printed method object."""
   while error.__cause__ is not None or error.__context__ is not None:
     error = error.__cause__ or error.__context__
-  lines = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {lines[0][:300] if lines else '(no message)'}"
+  return f"{type(error).__name__}: {first_line(error) if str(error).strip() else '(no message)'}"
 
 
 def file_checksums(folder: Path) -> dict[str, dict]:

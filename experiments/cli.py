@@ -68,16 +68,15 @@ def avoid_cpu_scheduler_deadlock() -> None:
 def run(main) -> None:
   """`absl.app.run(main)` with one-line errors. The flags and the config are checked before
   anything imports JAX (a mistake is reported at once); then XLA's flags are set and the
-  `--plugins` modules imported, and the attention the config names is checked again against
-  the variants they register."""
+  `--plugins` modules imported (the one place plug-ins are loaded: `main` finds their variants
+  registered), and the attention the config names is checked again against the variants they
+  register."""
   absl_logging.get_absl_handler().addFilter(_OwnInfoOnly())
 
   def wrapped(argv):
     try:
       return main(argv)
     except HarnessError as e:
-      fail(str(e))
-    except ImportError as e:   # a --plugins module that main loads itself
       fail(str(e))
 
   app.run(wrapped, flags_parser=_parse_flags)
@@ -106,7 +105,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
       if "config" in flags.FLAGS:
         dict(flags.FLAGS.config)  # a config file that failed to load raises here
     except Exception as e:  # noqa: BLE001 - turned into one line below
-      raise HarnessError(_explain_config_error(argv) or str(e).strip().splitlines()[0]) from None
+      raise HarnessError(_explain_config_error(argv) or first_line(e)) from None
     config = flags.FLAGS.config if "config" in flags.FLAGS else None
     for item in option_flags:
       field, sep, value = item[len("--config."):].partition("=")
@@ -118,9 +117,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
       check_attention(config.model.attention)
     avoid_cpu_scheduler_deadlock()
     if plugins:
-      from experiments.plugins import load_plugins
+      import attention_zoo as az
 
-      load_plugins(plugins)
+      az.load_plugins(split_names(plugins))
       if config is not None:
         check_attention(config.model.attention)
   except (HarnessError, ImportError) as e:
@@ -184,12 +183,49 @@ def task_module(task: str):
   return importlib.import_module(f"{package}.{task}")
 
 
-def task_config(task: str, arg: str):
-  """get_config(arg) of the task's config file; a bad argument -> HarnessError."""
+def task_config(task: str, attention: str, preset: str, seed: int | None = None,
+                overrides=()):
+  """get_config("<attention>,<preset>") of the task's config file (see task_module), with the
+  seed and overrides ("field=value", parsed as the field's type) when given; a bad argument ->
+  HarnessError."""
   try:
-    return task_module(task).get_config(arg)
+    config = task_module(task).get_config(f"{attention},{preset}")
   except ValueError as e:
     raise HarnessError(str(e)) from None
+  if seed is None and not overrides:
+    return config
+  if seed is not None:
+    config.seed = seed
+  config.lock()
+  for override in overrides:
+    field, sep, value = override.partition("=")
+    if not sep:
+      raise HarnessError(f"--override takes field=value, got {override!r}")
+    set_field(config, field, value)
+  return config
+
+
+def split_names(text: str | list[str] | None) -> list[str]:
+  """"a,b" or ["a,b", "c"] -> ["a", "b", "c"] (a list flag's items, each maybe a list too)."""
+  if not text:
+    return []
+  items = [text] if isinstance(text, str) else list(text)
+  return [name.strip() for item in items for name in item.split(",") if name.strip()]
+
+
+def parse_seeds(items) -> list[int]:
+  """--seeds=0,1,2 -> [0, 1, 2]; HarnessError for anything that is not an integer."""
+  try:
+    return [int(s) for s in items]
+  except ValueError:
+    raise HarnessError(f"--seeds takes integers, got {','.join(items)}") from None
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  """The first line of an error's message (at most `limit` characters), or its type's name
+  when it has none."""
+  text = str(error).strip()
+  return text.splitlines()[0][:limit] if text else type(error).__name__
 
 
 def did_you_mean(word: str, choices) -> str:
@@ -218,15 +254,14 @@ def set_field(config, dotted: str, text: str) -> None:
   """config.<dotted> = text parsed as the field's type: "model.num_layers", "2" -> 2. A name
   under model.attention_options is new to the config: its value is read as a Python literal
   (8, 0.5, true, "relu"), and the variant checks it when the model is built."""
+  from configs.lra.common import parent_and_name
+
   check_not_fixed(dotted)
   problem = unknown_field(config, dotted)
   if problem:
     raise HarnessError(problem)
-  *parents, name = dotted.split(".")
-  node = config
-  for parent in parents:
-    node = node[parent]
-  is_option = ".".join(parents) == OPTIONS_FIELD
+  node, name = parent_and_name(config, dotted)
+  is_option = dotted.rpartition(".")[0] == OPTIONS_FIELD
   try:
     value = parse_value(text, None if is_option else node.get_type(name))
   except (ValueError, TypeError, SyntaxError) as e:

@@ -131,7 +131,7 @@ NOT_CONFIG_VALUES = (
 
 def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
   """The preset's values of `fields` for (task, variant), resolved as the trainer builds them."""
-  config = build.resolve(cli.task_config(task, f"{variant},{preset}"))
+  config = build.resolve(cli.task_config(task, variant, preset))
   options = {**az.spec(variant).options, **config.model.attention_options}
   values = {}
   for field in fields:
@@ -142,10 +142,8 @@ def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
       else:
         values[field] = options.get(name, "—")
     else:
-      node = config
-      for part in field.split("."):
-        node = node[part]
-      values[field] = node
+      node, name = common.parent_and_name(config, field)
+      values[field] = node[name]
   return values
 
 

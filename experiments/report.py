@@ -24,7 +24,8 @@ from absl import flags
 import lra
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments import cli, provenance
-from experiments.writers import read_metrics
+from experiments.provenance import read_metrics
+from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
 MAJORITY = "majority class"
@@ -177,7 +178,7 @@ def markdown(tables: dict) -> str:
 
 
 def write_csv(tables: dict, path: Path) -> None:
-  with provenance.atomic_file(path, "w", newline="", encoding="utf-8") as f:
+  with atomic_write(path, "w", newline="", encoding="utf-8") as f:
     out = csv.writer(f)
     out.writerow(["preset", "tested", "attention", "task", "num_seeds", "mean", "std", "paper",
                   "difference"])
@@ -201,11 +202,7 @@ def write_csv(tables: dict, path: Path) -> None:
 def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
   """Per preset and task: a bar chart of test accuracy (bars: final step; dots: best
   validation step) and the training curves (PNG)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = provenance.pyplot()
   written = []
   for (preset, policy, kind), table in tables.items():
     if policy != "test_accuracy_final":
@@ -227,7 +224,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
       ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars
-      written.append(save_figure(fig, out / f"bars_{preset}_{task}.png"))
+      written.append(provenance.save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
       colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
@@ -246,7 +243,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       loss_ax.set(xlabel="step", ylabel="training loss")
       loss_ax.legend(*acc_ax.get_legend_handles_labels(), fontsize="x-small",
                      loc="upper left", bbox_to_anchor=(1.01, 1))          # beside the curves
-      written.append(save_figure(fig, out / f"curves_{preset}_{task}.png"))
+      written.append(provenance.save_figure(fig, out / f"curves_{preset}_{task}.png"))
     if kind == "mad":
       written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})"))
   return written
@@ -255,9 +252,9 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
 def plot_profile(table: dict, path: Path, title: str) -> Path:
   """One group of bars per task (and the average), one bar per variant: the table as a chart,
   error bars the std over seeds; n/a variants are left out."""
-  import matplotlib.pyplot as plt
   import numpy as np
 
+  plt = provenance.pyplot()
   tasks = table["tasks"]
   attentions = [a for a in table["attentions"] if any((a, t) in table["cells"] for t in tasks)]
   width = 0.8 / max(len(attentions), 1)
@@ -275,19 +272,7 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
                 fontsize="small")
   ax.set(ylabel="test accuracy (%)", ylim=(0, 100), title=title)
   ax.legend(fontsize="x-small", ncol=2)
-  return save_figure(fig, path)
-
-
-def save_figure(fig, path: Path) -> Path:
-  """Writes `fig` to the PNG `path` atomically (the old plot or the new one), then closes it;
-  the image grows to hold a legend placed outside the axes."""
-  fig.tight_layout()
-  with provenance.atomic_file(path, "wb") as f:
-    fig.savefig(f, format="png", dpi=100, bbox_inches="tight")
-  import matplotlib.pyplot as plt
-
-  plt.close(fig)
-  return path
+  return provenance.save_figure(fig, path)
 
 
 def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:

@@ -24,24 +24,9 @@ from absl import flags, logging
 
 import lra
 from configs.lra.common import PRESETS
-from experiments import cli, plugins
+from experiments import cli
 
 FLAGS = flags.FLAGS
-
-
-def task_config(task: str, attention: str, preset: str, seed: int, overrides=()):
-  """The task's config file (configs/lra/<task>.py, or configs/<task>.py for a diagnostic),
-  get_config("<attention>,<preset>"), with the seed and overrides ("field=value", parsed as
-  the field's type)."""
-  config = cli.task_config(task, f"{attention},{preset}")
-  config.seed = seed
-  config.lock()
-  for override in overrides:
-    field, sep, value = override.partition("=")
-    if not sep:
-      raise cli.HarnessError(f"--override takes field=value, got {override!r}")
-    cli.set_field(config, field, value)
-  return config
 
 
 def drop_options_of_other_variants(configs: dict) -> None:
@@ -109,7 +94,8 @@ def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds:
   HarnessError for an unknown name or field, before anything imports JAX."""
   tasks = expand_tasks(tasks)
   check_names(tasks, attentions)
-  return {(task, attention, seed): task_config(task, attention, preset, seed, overrides)
+  return {(task, attention, seed): cli.task_config(task, attention, preset, seed=seed,
+                                                      overrides=overrides)
           for task in tasks for attention in attentions for seed in seeds}
 
 
@@ -158,12 +144,9 @@ def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   started = time.time()
-  attentions = plugins.split_modules(FLAGS.attentions) or cli.attention_names()
+  attentions = cli.split_names(FLAGS.attentions) or cli.attention_names()
   out = FLAGS.out or f"results/{FLAGS.preset}"
-  try:
-    seeds = [int(s) for s in FLAGS.seeds]
-  except ValueError:
-    raise cli.HarnessError(f"--seeds takes integers, got {','.join(FLAGS.seeds)}") from None
+  seeds = cli.parse_seeds(FLAGS.seeds)
   grid_configs(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
                overrides=FLAGS.override)   # a mistake stops here, before JAX starts
   import jax

@@ -32,7 +32,8 @@ from absl import flags
 
 import attention_zoo as az
 from configs.lra.common import PRESETS
-from experiments import cli, plugins, provenance, report, reproduce
+from experiments import cli, provenance, report, reproduce
+from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
 METRIC = "test_accuracy_final"
@@ -92,7 +93,7 @@ def write(table: dict, states: dict, out, field: str, values: list[str], task: s
   lines += ["| " + " | ".join([a] + [cell(a, v) for v in values]) + " |" for a in table]
   text = "\n".join(lines) + "\n"
   provenance.write_text(out / "sweep.md", text)
-  with provenance.atomic_file(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
+  with atomic_write(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.writer(f)
     writer.writerow(["attention", field, "accuracy", "state_size"])
     for attention, row in table.items():
@@ -104,11 +105,7 @@ def write(table: dict, states: dict, out, field: str, values: list[str], task: s
 
 def _plot(table: dict, states: dict, path: Path, field: str, values: list[str], task: str,
           x: str) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = provenance.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4))
   for attention, row in table.items():
     at = (lambda v: float(v)) if x == "value" else states.get(attention, {}).get
@@ -120,18 +117,15 @@ def _plot(table: dict, states: dict, path: Path, field: str, values: list[str], 
   xlabel = field if x == "value" else f"recurrent state per layer (floats), over {field}"
   ax.set(xlabel=xlabel, ylabel="test accuracy (%)", ylim=(0, 102), title=task)
   ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
-  report.save_figure(fig, path)
+  provenance.save_figure(fig, path)
 
 
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   started = time.time()
-  attentions = plugins.split_modules(FLAGS.attentions)
-  try:
-    seeds = [int(s) for s in FLAGS.seeds]
-  except ValueError:
-    raise cli.HarnessError(f"--seeds takes integers, got {','.join(FLAGS.seeds)}") from None
+  attentions = cli.split_names(FLAGS.attentions)
+  seeds = cli.parse_seeds(FLAGS.seeds)
   failures = run(task=FLAGS.task, preset=FLAGS.preset, field=FLAGS.field, values=FLAGS.values,
                  attentions=attentions, seeds=seeds, out=FLAGS.out, overrides=FLAGS.override)
   table, states = collect(FLAGS.out, FLAGS.field, FLAGS.values)

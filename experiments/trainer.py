@@ -23,7 +23,7 @@ A run in `workdir` leaves:
                    config file's values, where the data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
-(experiments/writers.py). Checkpoints of another model (a model field changed, other than the
+(experiments/provenance.py). Checkpoints of another model (a model field changed, other than the
 compute-only `dtype` and `remat`) are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
 the earlier run's files and checkpoints renamed <name>.1.
@@ -47,16 +47,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 import lra
+from lra.mqar import IGNORED
 from attention_zoo.models import TransformerConfig, num_params
 from experiments import build
 from experiments import data as data_lib
-from experiments import objectives
-from experiments import provenance
-from experiments.memory import compiled_memory, device_memory_bytes
+from experiments import measure, provenance
+from experiments.provenance import MetricsWriter
 from experiments.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
 from experiments.checkpoints import Checkpoints, barrier
 from experiments.cli import HarnessError
-from experiments.writers import MetricsWriter
 
 
 class NaNLossError(HarnessError):
@@ -148,14 +147,14 @@ def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
 def check_memory(compiled, config) -> None:
   """HarnessError if the compiled train step needs more memory than the device has (XLA's
   memory_analysis: arguments + outputs - donated + temporaries, per device; see
-  experiments/memory.py), naming what would make it fit. CPU devices share the host's memory."""
-  memory = compiled_memory(compiled)
+  experiments/measure.py), naming what would make it fit. CPU devices share the host's memory."""
+  memory = measure.compiled_memory(compiled)
   if memory is None:   # a backend without the analysis: nothing to compare
     return
   temporary, buffers = memory.temp_bytes, memory.buffer_bytes
   on_cpu = jax.default_backend() == "cpu"
   sharing = jax.local_device_count() if on_cpu else 1
-  need, have = (temporary + buffers) * sharing, device_memory_bytes()
+  need, have = (temporary + buffers) * sharing, measure.device_memory_bytes()
   if need <= have:
     return
   size = lambda n: f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
@@ -226,7 +225,7 @@ class Steps:
     model = nnx.merge(self.graphdef, params, rest)
 
     def loss_fn(model):
-      losses, correct, weights = objectives.score(model, batch, deterministic=False)
+      losses, correct, weights = score(model, batch, deterministic=False)
       return losses.sum(), (correct.sum(), weights.sum())
 
     (loss, (correct, count)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
@@ -258,7 +257,7 @@ class Steps:
 
   def _eval_step(self, model_state, batch):
     model = nnx.merge(self.graphdef, *model_state)
-    losses, correct, weights = objectives.score(model, batch, deterministic=True)
+    losses, correct, weights = score(model, batch, deterministic=True)
     return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
 
 
@@ -478,3 +477,34 @@ class _Clock:
 
 def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
   return Trainer(config, workdir, restart=restart).run()
+
+
+# -- what a task trains for ---------------------------------------------------------------------
+#
+# Classification (the LRA tasks): targets int [batch], one class per sequence. Token prediction
+# (the diagnostics, e.g. associative recall with a causal LM): targets int [batch, length], the
+# token expected at each position, IGNORED (-1) where nothing is asked. `score` gives
+# per-target losses, correctness and weights of one shape; a loss or an accuracy is the weighted
+# sum over the weight sum, so a masked token loss and a classification loss are the same
+# computation, and sums over micro-batches or devices stay exact.
+
+def logits(model, batch, deterministic: bool):
+  if "inputs2" in batch:
+    return model(batch["inputs"], batch["masks"], batch["inputs2"], batch["masks2"],
+                 deterministic=deterministic)
+  return model(batch["inputs"], batch["masks"], deterministic=deterministic)
+
+
+def score(model, batch, deterministic: bool):
+  """(losses, correct, weights), each f32 shaped like batch["targets"]: cross-entropy and
+  exact-match at every target, weight 0 where the target is IGNORED or the example is
+  filler (batch["weights"] = 0)."""
+  targets = batch["targets"]
+  out = logits(model, batch, deterministic).astype(jnp.float32)   # [b, classes] | [b, n, vocab]
+  weights = (targets != IGNORED).astype(jnp.float32)
+  if "weights" in batch:
+    weights = weights * batch["weights"].reshape((-1,) + (1,) * (targets.ndim - 1))
+  safe = jnp.where(targets == IGNORED, 0, targets)
+  losses = optax.softmax_cross_entropy_with_integer_labels(out, safe) * weights
+  correct = (jnp.argmax(out, -1) == targets).astype(jnp.float32) * weights
+  return losses, correct, weights

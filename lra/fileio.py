@@ -17,16 +17,21 @@ def temp_path(path: Path) -> Path:
 
 @contextlib.contextmanager
 def atomic_write(path, mode: str = "w", **open_kwargs):
-  """Open a temporary sibling of `path`; rename it onto `path` only if the block succeeds.
+  """Open a temporary sibling of `path` (its folder made if missing); once the block has
+  succeeded, flush it to disk and rename it onto `path`. A reader or a crash sees the old file
+  or the new one, never a torn one.
 
   On any exception (KeyboardInterrupt included) the temporary file is removed and `path`
   is left as it was.
   """
   path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
   tmp = temp_path(path)
   try:
     with open(tmp, mode, **open_kwargs) as f:
       yield f
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     tmp.unlink(missing_ok=True)

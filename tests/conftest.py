@@ -30,7 +30,7 @@ SLOW_MODULES = {
     "test_benchmark",              # compiles and times whole train steps
     "test_conformance_runner",     # the conformance CLI in subprocesses
     "test_harness_cli",            # entry points in subprocesses, two processes over gloo
-    "test_harness_files",          # report, sweep and writers over finished runs
+    "test_harness_files",          # report, sweep and the metrics writer over finished runs
     "test_harness_train",          # every task trained through the trainer
     "test_lra_listops",            # data generation, hash-seed subprocesses
     "test_lra_readers",            # readers of the official formats on written fixtures

@@ -18,9 +18,9 @@ import pytest
 from PIL import Image
 
 import attention_zoo as az
-from experiments import benchmark, build, flash_bench, memory, provenance, trainer
-from experiments.bench import hlo, measure, output, settings as settings_lib, workloads
-from experiments.bench.settings import JAX_BASELINE, Settings, Status
+from experiments import benchmark, build, kernels, measure, provenance, trainer, workloads
+from experiments import benchmark_output as output
+from experiments.workloads import JAX_BASELINE, Settings, Status
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = dict(num_layers=1, emb_dim=32, num_heads=2, mlp_dim=64)
@@ -179,7 +179,7 @@ def test_memory_limit_refuses_before_running_and_longer_lengths_still_compile():
 
 
 def test_more_than_the_device_has_is_oom_compiled(monkeypatch):
-  monkeypatch.setattr(memory, "device_memory_bytes", lambda: 1024.0)
+  monkeypatch.setattr(measure, "device_memory_bytes", lambda: 1024.0)
   rows = by(measure.run(tiny_settings(lengths=(16, 32))), "full")
   assert [r["status"] for r in rows] == [Status.OOM_COMPILED] * 2
   assert all("the device's" in r["note"] for r in rows)
@@ -258,10 +258,10 @@ def test_a_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in paths.values())
 
 
-def test_flash_bench_writes_its_table_atomically(tmp_path, monkeypatch):
+def test_flash_mode_writes_its_table_atomically(tmp_path, monkeypatch):
   written = []
   monkeypatch.setattr(provenance, "write_text", lambda path, text: written.append((path, text)))
-  flash_bench.write(str(tmp_path / "fb.md"), "# header", [], ["| row |"])
+  kernels.write(str(tmp_path / "fb.md"), "# header", [], ["| row |"])
   ((path, text),) = written
   assert path.endswith("fb.md") and text.startswith("# header") and "| row |" in text
 
@@ -288,14 +288,14 @@ def test_speedups_are_against_the_faster_baseline():
 # -- settings and flags ------------------------------------------------------------------------
 
 def test_attention_options_parsing():
-  parsed = settings_lib.parse_attention_options(
+  parsed = workloads.parse_attention_options(
       ["performer:nb_features=128,redraw=false", "local:block_size=64", "performer:kernel=relu"])
   assert parsed == {"performer": {"nb_features": "128", "redraw": "false", "kernel": "relu"},
                     "local": {"block_size": "64"}}
   with pytest.raises(ValueError, match="name:key=value"):
-    settings_lib.parse_attention_options(["nb_features=128"])
+    workloads.parse_attention_options(["nb_features=128"])
   with pytest.raises(ValueError, match="not key=value"):
-    settings_lib.parse_attention_options(["performer:nb_features"])
+    workloads.parse_attention_options(["performer:nb_features"])
 
 
 def test_bad_settings_are_refused_clearly():
@@ -317,11 +317,11 @@ def test_settings_from_flags_defaults_to_every_variant_and_the_text_config():
       seed=0, matmul_size=0)
   settings = benchmark.settings_from_flags(values)
   assert settings.attentions == az.available()
-  assert settings.batch_size == settings_lib.default_batch_size()
+  assert settings.batch_size == workloads.default_batch_size()
   model = build.model_config(settings.config("local", 1024))
   assert (model.num_layers, model.emb_dim, model.max_len) == (4, 256, 1024)
   assert model.attention_options["block_size"] == 50   # the fair preset's Text options
-  with pytest.raises(ValueError, match="--lengths must be integers"):
+  with pytest.raises(benchmark.cli.HarnessError, match="--lengths must be integers"):
     benchmark.settings_from_flags(types.SimpleNamespace(**{**vars(values), "lengths": ["1k"]}))
 
 
@@ -330,6 +330,6 @@ def test_flops_are_flagged_as_a_lower_bound_only_when_a_loop_runs_products():
   scan_products = lambda x: jax.lax.scan(lambda c, m: (c @ m, None), x[0], x)[0]
   scan_adds = lambda x: jax.lax.scan(lambda c, m: (c + m, None), x[0], x)[0]
   one_product = lambda x: x[0] @ x[1]
-  flagged = {fn: hlo.loops_over_products(jax.jit(fn).lower(x).compile())
+  flagged = {fn: measure.loops_over_products(jax.jit(fn).lower(x).compile())
              for fn in (scan_products, scan_adds, one_product)}
   assert flagged == {scan_products: True, scan_adds: False, one_product: False}

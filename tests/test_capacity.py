@@ -1,6 +1,6 @@
-"""experiments.capacity: the length search against fake memory functions (a brute-force
-oracle), the step clock, and the command end to end at tiny lengths with a small memory limit.
-No timing assertions."""
+"""experiments.benchmark --mode=capacity: the length search against fake memory functions (a
+brute-force oracle), the step clock, and the command end to end at tiny lengths with a small
+memory limit. No timing assertions."""
 import csv
 import itertools
 import math
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from experiments.bench import capacity
+from experiments import capacity_search as capacity
 
 REPO = Path(__file__).resolve().parents[1]
 LENGTHS = capacity.candidates(1024, 131072)   # 1K .. 128K, 8 candidates
@@ -127,8 +127,9 @@ def test_capacity_command_end_to_end(tmp_path):
   table, CSV and plot are written, 128 fits the device (compiled first, once), and the step
   is timed at 64, the longest within the limit."""
   env = {**os.environ, "PYTHONPATH": str(REPO)}
-  args = [sys.executable, "-m", "experiments.capacity", "--attentions=synthesizer",
-          "--min_length=64", "--max_length=128", "--remats=none", "--dtypes=float32",
+  args = [sys.executable, "-m", "experiments.benchmark", "--mode=capacity",
+          "--attentions=synthesizer", "--min_length=64", "--max_length=128", "--remats=none",
+          "--dtypes=float32",
           "--memory_limit_gb=0.0015", "--probe_lengths=16,32", f"--out={tmp_path}", *TINY]
   done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -156,8 +157,9 @@ def test_capacity_command_end_to_end(tmp_path):
 ])
 def test_capacity_command_refuses_bad_flags_in_one_line(tmp_path, flag, message):
   env = {**os.environ, "PYTHONPATH": str(REPO)}
-  done = subprocess.run([sys.executable, "-m", "experiments.capacity", flag, f"--out={tmp_path}"],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  done = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--mode=capacity", flag,
+                         f"--out={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
   assert done.returncode == 1
   assert message in done.stderr and "Traceback" not in done.stderr
 

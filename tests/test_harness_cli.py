@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import lra
-from experiments import reproduce, trainer
-from experiments.writers import read_metrics
+from experiments import cli, reproduce, trainer
+from experiments.provenance import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"model.num_layers": 1, "model.emb_dim": 16, "model.num_heads": 2, "model.mlp_dim": 32,
@@ -106,7 +106,7 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
 
 def test_batch_not_divisible_by_devices(listops_dir, tmp_path, monkeypatch):
   monkeypatch.setattr(trainer.jax, "device_count", lambda: 2)
-  config = reproduce.task_config("listops", "full", "tiny", 0,
+  config = cli.task_config("listops", "full", "tiny", 0,
                                  [f"data_dir={listops_dir}", "batch_size=3"])
   with pytest.raises(trainer.HarnessError,
                      match="batch_size / grad_accum_steps = 3 is not divisible "
@@ -127,7 +127,7 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
                    "--config.model.attention=sparse_transformer",
                    "--config.model.attention_options.num_summary=1",
                    f"--workdir={tmp_path / 'swapped'}", *overrides("--config.", settings)])
-  one = trainer.Trainer(reproduce.task_config(
+  one = trainer.Trainer(cli.task_config(
       "listops", "full", "tiny", 0, overrides("", settings)), tmp_path / "one").run()
   code, stdout, stderr = finish(process)
   assert code == 0, stderr
@@ -168,7 +168,7 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(listops_dir
                       f"--workdir={tmp_path / 'two'}", *overrides("--config.", settings)],
                      env={"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2",
                           "JAX_PROCESS_ID": str(i)}) for i in range(2)]
-  config = reproduce.task_config("listops", "full", "tiny", 0, overrides("", settings))
+  config = cli.task_config("listops", "full", "tiny", 0, overrides("", settings))
   one = trainer.Trainer(config, tmp_path / "one").run()
   for process in processes:
     code, _, stderr = finish(process)

@@ -7,7 +7,6 @@ import json
 import math
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ import lra
 from attention_zoo.models import TransformerConfig
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
-from experiments import build, cli, optim, plugins, report, reproduce
+from experiments import build, cli, report, reproduce
 from experiments import data as data_lib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,18 +152,18 @@ def test_length_options_scale_with_the_built_max_len():
 
 
 def test_attention_override_resolves_that_attentions_settings():
-  config = reproduce.task_config("listops", "performer", "paper", 0, ["model.attention=local"])
+  config = cli.task_config("listops", "performer", "paper", 0, ["model.attention=local"])
   model = build.model_config(config)
   assert model.attention == "local" and model.attention_options == {"block_size": 50}
   assert not model.attention_ignores_padding
-  config = reproduce.task_config("listops", "performer", "paper", 0, [
+  config = cli.task_config("listops", "performer", "paper", 0, [
       "model.attention=local", "model.attention_options.nb_features=8"])
   with pytest.raises(cli.HarnessError, match="local has no option 'nb_features'; its options: "
                                              "block_size"):
     build.model_config(config)
   for fixed in ("preset=tiny", "task=text"):
     with pytest.raises(cli.HarnessError, match="cannot be overridden"):
-      reproduce.task_config("listops", "full", "paper", 0, [fixed])
+      cli.task_config("listops", "full", "paper", 0, [fixed])
 
 
 def test_config_argument_errors_and_late_registered_names():
@@ -313,7 +312,7 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
 
 
 def test_overrides_parse_as_the_field_type():
-  config = reproduce.task_config("listops", "performer", "tiny", 3, [
+  config = cli.task_config("listops", "performer", "tiny", 3, [
       "model.num_layers=3", "schedule.base_learning_rate=1e-3", "model.pre_ln=false",
       "model.attention_options.nb_features=32", "model.qkv_dim=16", "data_dir=/x",
       "model.attention_options.kernel=relu",
@@ -324,11 +323,11 @@ def test_overrides_parse_as_the_field_type():
   assert config.model.attention_options.nb_features == 32 and config.data_dir == "/x"
   assert config.model.attention_options.kernel == "relu"   # read as a literal, else text
   with pytest.raises(cli.HarnessError, match="unknown config field 'model.layers'"):
-    reproduce.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
+    cli.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
   with pytest.raises(cli.HarnessError, match="takes field=value"):
-    reproduce.task_config("listops", "full", "tiny", 0, ["model.num_layers"])
+    cli.task_config("listops", "full", "tiny", 0, ["model.num_layers"])
   with pytest.raises(cli.HarnessError, match="model.num_layers=two"):
-    reproduce.task_config("listops", "full", "tiny", 0, ["model.num_layers=two"])
+    cli.task_config("listops", "full", "tiny", 0, ["model.num_layers=two"])
   with pytest.raises(cli.HarnessError, match="unknown attention 'nope'; registered: .*full"):
     reproduce.check_names(["listops"], ["nope"])
   with pytest.raises(cli.HarnessError, match="unknown task 'cifar'; tasks: listops"):
@@ -338,13 +337,13 @@ def test_overrides_parse_as_the_field_type():
 # ----------------------------------------------------------------------- schedules, optimiser
 
 def test_lra_schedules_follow_the_reference_formulas():
-  rsqrt = optim.learning_rate_schedule(common.RSQRT, base_learning_rate=0.05, warmup_steps=100,
+  rsqrt = build.learning_rate_schedule(common.RSQRT, base_learning_rate=0.05, warmup_steps=100,
                                        steps_per_cycle=1000)
   for count in (0, 49, 99, 100, 399, 9999):
     step = count + 1
     expected = 0.05 * min(1, step / 100) / math.sqrt(max(step, 100))
     assert float(rsqrt(count)) == pytest.approx(expected, rel=1e-6)
-  cosine = optim.learning_rate_schedule(common.COSINE, base_learning_rate=1e-3, warmup_steps=10,
+  cosine = build.learning_rate_schedule(common.COSINE, base_learning_rate=1e-3, warmup_steps=10,
                                         steps_per_cycle=100)
   for count in (0, 9, 10, 59, 109):
     step = count + 1
@@ -352,7 +351,7 @@ def test_lra_schedules_follow_the_reference_formulas():
     expected = 1e-3 * min(1, step / 10) * 0.5 * (1 + math.cos(math.pi * (progress % 1)))
     assert float(cosine(count)) == pytest.approx(expected, rel=1e-5, abs=1e-12)
   with pytest.raises(cli.HarnessError, match="unknown schedule factor.*'exp_decay'.*rsqrt_decay"):
-    optim.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
+    build.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
                                  steps_per_cycle=1)
 
 
@@ -362,49 +361,28 @@ def test_optimizers_weight_decay_and_clipping():
   config = lambda **kw: type("O", (), {**dict(name="adamw", b1=0.9, b2=0.98, eps=1e-9,
                                               weight_decay=0.0, grad_clip_norm=0.0), **kw})
   constant = lambda count: 0.1
-  for name in optim.OPTIMIZERS:
-    tx = optim.make_optimizer(config(name=name, weight_decay=0.0), constant)
+  for name in build.OPTIMIZERS:
+    tx = build.make_optimizer(config(name=name, weight_decay=0.0), constant)
     update, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(update["w"], [-0.1, -0.1, 0.0], atol=1e-6)  # Adam's first step
-  decoupled = optim.make_optimizer(config(weight_decay=0.5), constant)
+  decoupled = build.make_optimizer(config(weight_decay=0.5), constant)
   update, _ = decoupled.update({"w": jnp.zeros(3)}, decoupled.init(params), params)
   np.testing.assert_allclose(update["w"], -0.1 * 0.5 * np.ones(3), atol=1e-6)  # lr * wd * w
-  clipped = optim.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1),
+  clipped = build.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1),
                                  constant)
   state = clipped.init(params)
   clipped.update(grads, state, params)  # runs with clipping and L2 decay
   with pytest.raises(cli.HarnessError, match="unknown optimizer.name 'sgd'"):
-    optim.make_optimizer(config(name="sgd"), constant)
+    build.make_optimizer(config(name="sgd"), constant)
 
 
 # ------------------------------------------------------------------------------------ plugins
 
-@pytest.fixture
-def plugin_module(tmp_path, monkeypatch):
-  (tmp_path / "harness_test_plugin.py").write_text(textwrap.dedent("""
-      import attention_zoo as az
-      from attention_zoo.full import FullAttention
-
-      @az.register("harness_test_plugin", exact=True, supports_causal=True, supports_cross=True,
-                   complexity="O(n^2)", paper="test")
-      class PluginAttention(FullAttention):
-        pass
-      """))
-  (tmp_path / "harness_broken_plugin.py").write_text("import not_a_module_anywhere\n")
-  monkeypatch.syspath_prepend(str(tmp_path))
-  with az.scoped_registry():
-    yield "harness_test_plugin"
-
-
-def test_load_plugins_returns_new_names_and_explains_failures(plugin_module):
-  assert plugins.load_plugins([plugin_module]) == ["harness_test_plugin"]
-  assert "harness_test_plugin" in az.available()
-  assert plugins.load_plugins([plugin_module]) == []  # already imported
-  with pytest.raises(az.PluginError, match="plugin module 'no_such_plugin' not found"):
-    plugins.load_plugins(["no_such_plugin"])
-  with pytest.raises(ImportError, match="'harness_broken_plugin' failed to import .*not_a_module"):
-    plugins.load_plugins(["harness_broken_plugin"])
-  assert plugins.split_modules(["a,b", " c "]) == ["a", "b", "c"]
+def test_plugins_flag_items_split_into_module_names():
+  """--plugins=a,b --plugins=c: each item may be a list; the modules load in cli.run (the
+  library's az.load_plugins, tested in test_contract.py)."""
+  assert cli.split_names(["a,b", " c "]) == ["a", "b", "c"]
+  assert cli.split_names("x") == ["x"] and cli.split_names(None) == []
 
 
 # ------------------------------------------------------------------------ tiny data generation
@@ -419,7 +397,7 @@ def test_tiny_data_is_generated_only_into_its_own_folder_unless_asked(tmp_path, 
 
   monkeypatch.setattr(data_lib, "generate", generate)
   monkeypatch.chdir(tmp_path)   # the preset's own folder, data/lra_tiny, is missing here
-  tiny = lambda *overrides: reproduce.task_config("listops", "full", "tiny", 0, overrides)
+  tiny = lambda *overrides: cli.task_config("listops", "full", "tiny", 0, overrides)
   with pytest.raises(Generating, match="data/lra_tiny"):
     data_lib.load_splits(tiny())
   with pytest.raises(Generating, match="data/lra_tiny"):
@@ -480,7 +458,7 @@ def test_report_legends_cover_no_bars_or_curves(tmp_path, monkeypatch):
       assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), path.name
       checked.append(path.name)
 
-  monkeypatch.setattr(report, "save_figure", inspect)
+  monkeypatch.setattr(report.provenance, "save_figure", inspect)
   found = report.read_runs(runs)
   report.plot(report.summarize(found), found, tmp_path)
   assert sorted(checked) == ["bars_tiny_listops.png", "curves_tiny_listops.png"]

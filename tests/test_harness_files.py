@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments import provenance, report, sweep
-from experiments.writers import MetricsWriter, read_metrics
+from experiments.provenance import MetricsWriter, read_metrics
 
 
 class _HalfThenCrash:

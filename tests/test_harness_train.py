@@ -15,9 +15,9 @@ import lra
 from attention_zoo.models import DualEncoderClassifier, num_params
 from experiments import checkpoints as checkpoints_lib
 from experiments import data as data_lib
-from experiments import reproduce, trainer
+from experiments import cli, trainer
 from experiments.cli import HarnessError
-from experiments.writers import read_metrics
+from experiments.provenance import read_metrics
 from lra_fixtures import write_cifar, write_imdb, write_pathfinder, write_retrieval
 
 # Compilation dominates: runs whose model, optimiser and schedule match share compiled steps
@@ -32,7 +32,7 @@ LISTOPS_SIZES = ["generate.num_train=48", "generate.num_val=8", "generate.num_te
 
 def config_for(task, data_dir, *overrides, attention="full", seed=0):
   """The tiny preset's config over data_dir, where missing ListOps / Pathfinder are generated."""
-  return reproduce.task_config(task, attention, "tiny", seed,
+  return cli.task_config(task, attention, "tiny", seed,
                                SMALL + [f"data_dir={data_dir}", "generate_data=True", *overrides])
 
 

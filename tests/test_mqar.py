@@ -8,7 +8,7 @@ from flax import nnx
 
 import lra
 from attention_zoo.models import DecoderLM, TransformerConfig
-from experiments import objectives
+from experiments import trainer
 from lra import mqar
 
 SMALL = dict(vocab_size=64, num_pairs=4, min_gap=6, num_train=200, num_validation=20,
@@ -71,13 +71,13 @@ def test_bad_settings_name_what_is_wrong():
 
 
 def test_the_loss_counts_only_the_asked_positions():
-  """objectives.score against a hand computation over the target positions."""
+  """trainer.score against a hand computation over the target positions."""
   logits = jax.random.normal(jax.random.key(0), (2, 5, 7))
   targets = jnp.array([[-1, 3, -1, -1, 6], [-1, -1, -1, 0, -1]])
   model = lambda inputs, masks, deterministic: logits
   batch = {"inputs": jnp.zeros((2, 5), jnp.int32), "masks": jnp.ones((2, 5), bool),
            "targets": targets, "weights": jnp.array([1.0, 0.0])}   # row 1 is filler
-  losses, correct, weights = objectives.score(model, batch, deterministic=True)
+  losses, correct, weights = trainer.score(model, batch, deterministic=True)
   log_p = jax.nn.log_softmax(logits)
   expected = -(log_p[0, 1, 3] + log_p[0, 4, 6])
   assert float(losses.sum()) == pytest.approx(float(expected), rel=1e-6)
@@ -95,7 +95,7 @@ def test_one_decoder_step_on_fake_data_lowers_the_loss():
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
   def mean_loss(model):
-    losses, _, weights = objectives.score(model, batch, deterministic=True)
+    losses, _, weights = trainer.score(model, batch, deterministic=True)
     return losses.sum() / weights.sum()
 
   @nnx.jit   # one compiled step, not five op-by-op ones

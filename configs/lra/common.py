@@ -219,18 +219,21 @@ def task_config(task: str, arg: str | None, *, task_fields: dict, released: dict
 def set_fields(config: ml_collections.ConfigDict, fields: dict) -> None:
   """config.<dotted> = value for each item; a missing last part is added (data.*, generate.*)."""
   for dotted, value in fields.items():
-    *parents, name = dotted.split(".")
-    node = config
-    for parent in parents:
-      node = node[parent]
+    node, name = parent_and_name(config, dotted)
     node[name] = value
 
 
 def clear_fields(config: ml_collections.ConfigDict, fields) -> None:
   """Sets each field to a None of its type: filled in when the model is built."""
   for dotted in fields:
-    *parents, name = dotted.split(".")
-    node = config
-    for parent in parents:
-      node = node[parent]
+    node, name = parent_and_name(config, dotted)
     node[name] = placeholder(node.get_type(name))
+
+
+def parent_and_name(config: ml_collections.ConfigDict, dotted: str):
+  """"model.attention_options.scale" -> (config.model.attention_options, "scale")."""
+  *parents, name = dotted.split(".")
+  node = config
+  for parent in parents:
+    node = node[parent]
+  return node, name

@@ -14,8 +14,9 @@ from configs.lra.paper_tables import TABLE2 as PAPER_TABLE2
 from configs.lra.paper_tables import TABLE2_LENGTHS as PAPER_TABLE2_LENGTHS
 from configs.lra.paper_tables import TABLE2_SPEEDUPS as PAPER_TABLE2_SPEEDUPS
 from experiments import provenance
-from experiments.bench.measure import environment, fit_exponent
-from experiments.bench.settings import BASELINE, JAX_BASELINE, Settings, Status, length_label
+from experiments.measure import ENVIRONMENT, fit_exponent, run_environment
+from experiments.workloads import BASELINE, JAX_BASELINE, Settings, Status, length_label
+from lra.fileio import atomic_write
 
 CSV_COLUMNS = (
     "attention", "length", "status", "note", "step_ms", "steps_per_s", "speedup_vs_full",
@@ -24,9 +25,7 @@ CSV_COLUMNS = (
     "flops", "flops_fwd", "flops_lower_bound", "rate_flops", "flops_source", "gflops_per_s",
     "fraction_of_matmul", "matmul_gflops",
     "device_peak_bytes", "device_peak_set_here", "time_exponent", "memory_exponent", "compile_s",
-    "mode", "dtype", "remat", "batch_size", "options", "device", "backend", "jax_version",
-    "xla_flags", "date")
-ENVIRONMENT = ("device", "backend", "jax_version", "xla_flags", "date")
+    "mode", "dtype", "remat", "batch_size", "options", *ENVIRONMENT)
 
 
 def output_paths(out_dir: str, mode: str) -> dict[str, str]:
@@ -57,11 +56,11 @@ def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command
 
 
 def environment_of(rows) -> dict[str, str]:
-  return {key: rows[0][key] for key in ENVIRONMENT} if rows else environment()
+  return {key: rows[0][key] for key in ENVIRONMENT} if rows else run_environment()
 
 
 def write_csv(rows: list[dict], path: str, columns) -> None:
-  with provenance.atomic_file(path, "w", newline="", encoding="utf-8") as f:
+  with atomic_write(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     for row in rows:
@@ -87,7 +86,7 @@ def markdown(rows: list[dict], settings: Settings, *, command: str = "") -> str:
   memory = ("the train step's" if train else "forward+backward's")
   lines = [
       f"# Efficiency benchmark ({settings.mode} mode)", "",
-      f"- Device: {env['device']}; jax {env['jax_version']}; {env['date']}"
+      f"- Device: {env['device']}, {env['host']}; jax {env['jax_version']}; {env['date']}"
       + (f"; XLA_FLAGS=`{env['xla_flags']}`" if env["xla_flags"] else ""),
       f"- Measured: {what}; batch {settings.batch_size}, {settings.dtype}, remat "
       f"{settings.remat}; options as in the CSV.",
@@ -194,7 +193,7 @@ def _attention_tables(rows, env) -> list[str]:
   if rated:
     limit = env.get("matmul_gflops") or rows[0].get("matmul_gflops")
     lines += ["", "## FLOP rate of the exact variants", "",
-              (f"Matmul limit: {limit:.4g} GFLOP/s (experiments/flops.py matmul_gflops, a "
+              (f"Matmul limit: {limit:.4g} GFLOP/s (experiments/measure.py matmul_gflops, a "
                "square matmul in this dtype). " if limit else "")
               + "Dense attention (full, flash, the jax baseline) is counted nominally, "
               "3.5 x 4·b·h·n²·d for forward+backward (the FlashAttention papers' count, the "
@@ -263,7 +262,7 @@ def table_row(cells) -> str:
 def plot_lengths(rows: list[dict], key: str, ylabel: str, path: str, title: str) -> None:
   """Log-log `key` against length per variant, the fitted slope in the legend (times only of
   the measurements that ran; memory of all that compiled)."""
-  plt = pyplot()
+  plt = provenance.pyplot()
   env = environment_of(rows)
   fig, ax = plt.subplots(figsize=(9, 5))
   markers = "osD^v<>ph*X"   # with 20 colours, no two variants look alike
@@ -290,18 +289,4 @@ def plot_lengths(rows: list[dict], key: str, ylabel: str, path: str, title: str)
   ax.grid(True, which="both", alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-  save_figure(fig, path)
-
-
-def pyplot():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
-
-
-def save_figure(fig, path: str) -> None:
-  with provenance.atomic_file(path, "wb") as f:
-    fig.tight_layout()
-    fig.savefig(f, format="png", dpi=120)
-  pyplot().close(fig)
+  provenance.save_figure(fig, path)

@@ -4,7 +4,7 @@ fits the device's memory, and the time of one step.
 
 Decided from memory figures alone, never by running what might not fit: the parameters and
 the optimiser state from shapes (nnx.eval_shape, before anything is created), then the
-compiled step's memory (arguments + outputs - aliased + temporaries, experiments/memory.py).
+compiled step's memory (arguments + outputs - aliased + temporaries, experiments/measure.py).
 
 The search. Memory grows monotonically with length, so the answer is where the candidates
 switch from fitting to not fitting. A length whose parameters and optimiser state alone do not
@@ -39,9 +39,8 @@ import numpy as np
 
 import attention_zoo as az
 
-from experiments import memory, provenance
-from experiments.bench import output, workloads
-from experiments.bench.settings import Settings, default_memory_limit_bytes, length_label
+from experiments import benchmark_output, measure, provenance, workloads
+from experiments.workloads import Settings, default_memory_limit_bytes, length_label
 
 SETTINGS = (("none", "float32"), ("block", "float32"), ("none", "bfloat16"), ("block", "bfloat16"))
 # Where a step is timed to predict the step at the timed length: long enough for attention's
@@ -168,7 +167,7 @@ def measure_capacity(name: str, remat: str, dtype: str, lengths, *, device_memor
 
   def compiled_bytes(length):
     compiled = workload(length).programs["step"].compile()
-    found = memory.compiled_memory(compiled)
+    found = measure.compiled_memory(compiled)
     if found is None:
       raise RuntimeError(f"{jax.default_backend()} gives no memory_analysis(): capacity "
                          "cannot be decided")
@@ -234,7 +233,7 @@ def run_capacity(attentions, lengths, *, settings=SETTINGS, time_budget_s: float
                  on_result: Callable | None = None) -> list[Capacity]:
   """Every variant in every (remat, dtype) setting, within one time budget; steps are timed
   in `timed_dtypes` (default: all) when predicted within `step_budget_s` each."""
-  device_memory = memory.device_memory_bytes()
+  device_memory = measure.device_memory_bytes()
   memory_limit = memory_limit or default_memory_limit_bytes()
   deadline = time.monotonic() + time_budget_s
   results = []
@@ -275,7 +274,7 @@ def write_outputs(results: list[Capacity], out_dir: str, *, facts: dict, command
   paths = output_paths(out_dir)
   rows = [{**dataclasses.asdict(r), "compiled": " ".join(map(str, r.compiled)),
            "probes": " ".join(map(str, r.probes)), **facts} for r in results]
-  output.write_csv(rows, paths["csv"], CSV_COLUMNS)
+  benchmark_output.write_csv(rows, paths["csv"], CSV_COLUMNS)
   provenance.write_text(paths["markdown"], markdown(results, facts, command=command))
   if not plots:
     return {k: v for k, v in paths.items() if k != "plot"}
@@ -332,23 +331,23 @@ def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
   ]
   if command:
     lines.append(f"- Command: `{command}`")
-  lines += ["", "## Longest length that fits", "", output.table_row(header),
-            output.table_row(["---"] * len(header))]
+  lines += ["", "## Longest length that fits", "", benchmark_output.table_row(header),
+            benchmark_output.table_row(["---"] * len(header))]
   for name in names:
-    lines.append(output.table_row([name] + [_longest_cell(by_key[(name, *s)], lengths)
+    lines.append(benchmark_output.table_row([name] + [_longest_cell(by_key[(name, *s)], lengths)
                                        if (name, *s) in by_key else "" for s in settings]))
-  lines += ["", "## Step time", "", output.table_row(header),
-            output.table_row(["---"] * len(header))]
+  lines += ["", "## Step time", "", benchmark_output.table_row(header),
+            benchmark_output.table_row(["---"] * len(header))]
   for name in names:
-    lines.append(output.table_row([name] + [_time_cell(by_key[(name, *s)])
+    lines.append(benchmark_output.table_row([name] + [_time_cell(by_key[(name, *s)])
                                        if (name, *s) in by_key else "" for s in settings]))
   lines += ["", "## Growth of the step time", "",
             "The exponent of the power law through the steps timed at the probe lengths, and "
             "the step time it predicts at the timed length (the step is run only when that is "
-            "within the step budget).", "", output.table_row(header),
-            output.table_row(["---"] * len(header))]
+            "within the step budget).", "", benchmark_output.table_row(header),
+            benchmark_output.table_row(["---"] * len(header))]
   for name in names:
-    lines.append(output.table_row([name] + [_growth_cell(by_key[(name, *s)])
+    lines.append(benchmark_output.table_row([name] + [_growth_cell(by_key[(name, *s)])
                                        if (name, *s) in by_key else "" for s in settings]))
   by_parameters = [name for name in names
                    if any(r.limit.startswith("parameters") for r in results if r.attention == name)]
@@ -375,7 +374,7 @@ def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
 
 def plot(results: list[Capacity], path: str, facts: dict) -> None:
   """Horizontal bars: the longest length per variant, one bar per setting (log2 axis)."""
-  plt = output.pyplot()
+  plt = provenance.pyplot()
   names = list(dict.fromkeys(r.attention for r in results))
   settings = list(dict.fromkeys((r.remat, r.dtype) for r in results))
   by_key = {(r.attention, r.remat, r.dtype): r for r in results}
@@ -402,4 +401,4 @@ def plot(results: list[Capacity], path: str, facts: dict) -> None:
                f"{facts['device']}, jax {facts['jax_version']}", fontsize=9)
   ax.grid(True, axis="x", alpha=0.3)
   ax.legend(fontsize=8, loc="lower right")
-  output.save_figure(fig, path)
+  provenance.save_figure(fig, path)

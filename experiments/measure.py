@@ -1,10 +1,21 @@
-"""Measuring: compile a workload from its shapes, decide from its memory whether to run it, time
-it under a budget; then the whole run over variants and lengths, with speed-ups, exponents and
-FLOP rates.
+"""Measuring: what a compiled program needs and how long it takes; for the trainer's memory check,
+the efficiency benchmark, the capacity table and the kernel benchmarks alike.
 
+Memory. A compiled program's memory (XLA's `memory_analysis()`, per device) is
+
+    total = arguments + outputs - aliased (donated buffers reused as outputs) + temporaries
+
+and a device has its accelerator's memory, or on CPU the host's physical memory.
+
+FLOPs. XLA's cost analysis counts a while loop's body once, so the FLOPs of a program that scans
+over chunks with a matmul in the body are a lower bound (`loops_over_products` reads that from
+the HLO text). The device's matmul speed (`matmul_gflops`, one square matmul, 2·n³ FLOPs) is the
+yardstick for an attention kernel's FLOP rate.
+
+The benchmark's measurements:
 - A model whose parameters (with the optimiser state) exceed the memory limit is not even
-  compiled; a program whose compiled memory (experiments/memory.py) exceeds it is not run.
-  Over the device's memory the status is OOM_COMPILED, over a lower limit OVER_MEMORY_LIMIT.
+  compiled; a program whose compiled memory exceeds it is not run. Over the device's memory the
+  status is OOM_COMPILED, over a lower limit OVER_MEMORY_LIMIT.
 - Times are medians of `repeats` calls after `warmup` calls. The previous length's time, scaled
   by the FLOPs ratio, predicts a call's cost, and the first call measures it: a measurement that
   would exceed the time budget stops there (OVER_TIME_BUDGET).
@@ -14,30 +25,146 @@ FLOP rates.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import gc
 import json
 import logging
 import math
 import os
+import re
 import statistics
 import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from experiments import flops as flops_lib
-from experiments import memory
-from experiments.bench import hlo, workloads
-from experiments.bench.settings import (BASELINE, JAX_BASELINE, Settings, Status,
-                                        default_memory_limit_bytes, length_label)
+from experiments import cli, provenance, workloads
+
+# The run's facts each benchmark row carries (and the CSVs list).
+ENVIRONMENT = ("device", "host", "backend", "jax_version", "xla_flags", "date")
+
+
+def run_environment() -> dict:
+  """provenance.environment()'s facts a benchmark row carries, with jax's backend and version
+  and the XLA flags in use."""
+  env = provenance.environment()
+  env.update(backend=jax.default_backend(), jax_version=jax.__version__,
+             xla_flags=os.environ.get("XLA_FLAGS", ""))
+  return {key: env[key] for key in ENVIRONMENT}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledMemory:
+  """The memory of one compiled program, in bytes."""
+  temp_bytes: int      # temporaries (activations kept for the backward pass, workspaces)
+  buffer_bytes: int    # arguments + outputs - aliased
+
+  @property
+  def total_bytes(self) -> int:
+    return self.temp_bytes + self.buffer_bytes
+
+
+def compiled_memory(compiled) -> CompiledMemory | None:
+  """The memory a compiled program needs; None on a backend without the analysis."""
+  analysis = compiled.memory_analysis()
+  if analysis is None:
+    return None
+  return CompiledMemory(
+      temp_bytes=int(analysis.temp_size_in_bytes),
+      buffer_bytes=int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                       - analysis.alias_size_in_bytes))
+
+
+def memory_stats(device=None) -> dict | None:
+  """The allocator's statistics (bytes_limit, peak_bytes_in_use, ...), or None where the
+  backend keeps none (CPU)."""
+  device = device or jax.devices()[0]
+  try:
+    return device.memory_stats()
+  except Exception:   # backends without allocator statistics (some CPU builds) raise
+    return None
+
+
+def device_memory_bytes() -> float:
+  """What the device holds: an accelerator's memory, or the host's physical memory on CPU."""
+  stats = memory_stats()
+  if stats and stats.get("bytes_limit"):
+    return float(stats["bytes_limit"])
+  try:
+    return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return math.inf
+
+
+def free_host_bytes() -> float:
+  """The host memory free now (what a CPU run can take without pushing others out)."""
+  try:
+    return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+  except (ValueError, OSError, AttributeError):
+    return device_memory_bytes()
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether an exception is XLA running out of device memory."""
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def median_call_s(fn, *args, repeats: int = 5) -> float:
+  """Median seconds of `repeats` calls of a compiled fn(*args), after one warm-up call."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def matmul_gflops(n: int = 4096, dtype: str = "float32", repeats: int = 5) -> float:
+  """GFLOP/s of an n x n by n x n matmul (2·n³ FLOPs) on the default device, median of `repeats`."""
+  a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.dtype(dtype))
+  product = jax.jit(jnp.matmul).lower(a, b).compile()
+  return 2 * n ** 3 / median_call_s(product, a, b, repeats=repeats) / 1e9
+
+
+def loops_over_products(compiled) -> bool:
+  """Whether a while loop's body (or what it calls) holds a dot or a convolution."""
+  try:
+    hlo = compiled.as_text()
+  except Exception:   # no HLO text on this backend: say nothing
+    return False
+  computations, current = {}, None
+  for line in hlo.splitlines():
+    if line.endswith("{") and not line.startswith(" "):   # "[ENTRY ]%name (args) -> type {"
+      current = line.removeprefix("ENTRY ").split()[0].lstrip("%")
+      computations[current] = []
+    elif current is not None and line.startswith(" "):
+      computations[current].append(line)
+  calls = {name: {ref for line in lines for ref in re.findall(r"%([\w.\-]+)", line)
+                 if ref in computations}
+           for name, lines in computations.items()}
+  has_product = {name: any(re.search(r"\b(dot|convolution)\(", line) for line in lines)
+                 for name, lines in computations.items()}
+  todo = [body for lines in computations.values() for line in lines if " while(" in line
+          for body in re.findall(r"body=%([\w.\-]+)", line)]
+  seen = set()
+  while todo:
+    name = todo.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    if has_product.get(name):
+      return True
+    todo.extend(calls.get(name, ()))
+  return False
 
 
 @dataclasses.dataclass(frozen=True)
 class Facts:
   """What compiling a program tells before it runs."""
-  memory: memory.CompiledMemory | None
+  memory: CompiledMemory | None
   flops: float | None      # XLA's cost analysis
   flops_in_loops: bool     # a loop runs products: `flops` is a lower bound
 
@@ -54,7 +181,7 @@ def compile_facts(compiled) -> Facts:
   if isinstance(cost, (list, tuple)):   # older jax returns one dict per computation
     cost = cost[0] if cost else None
   flops = None if not cost or "flops" not in cost else float(cost["flops"])
-  return Facts(memory.compiled_memory(compiled), flops, hlo.loops_over_products(compiled))
+  return Facts(compiled_memory(compiled), flops, loops_over_products(compiled))
 
 
 class OverBudget(Exception):
@@ -82,23 +209,24 @@ def time_calls(workload: workloads.Workload, program: str, compiled, inputs, *, 
 
 
 def memory_status(needed: float, *, device_memory: float, memory_limit: float,
-                  what: str) -> tuple[Status, str] | None:
+                  what: str) -> tuple[workloads.Status, str] | None:
   """Whether `needed` bytes fit: None, or (status, note) when they do not."""
   if needed > device_memory:
-    return Status.OOM_COMPILED, (f"{what} {needed / 1e9:.3g} GB > the device's "
+    return workloads.Status.OOM_COMPILED, (f"{what} {needed / 1e9:.3g} GB > the device's "
                                  f"{device_memory / 1e9:.3g} GB (not run)")
   if needed > memory_limit:
-    return Status.OVER_MEMORY_LIMIT, (f"{what} {needed / 1e9:.3g} GB > memory limit "
+    return workloads.Status.OVER_MEMORY_LIMIT, (f"{what} {needed / 1e9:.3g} GB > memory limit "
                                       f"{memory_limit / 1e9:.3g} GB (not run)")
   return None
 
 
-def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
+def measure(name: str, length: int, settings: workloads.Settings, *, memory_limit: float,
             device_memory: float = math.inf, previous: dict | None = None,
             matmul_gflops: float | None = None) -> tuple[dict, dict]:
   """One (variant, length) -> (row, timings {program: (ms, flops, flops_in_loops)} of what
   ran). `previous`: the timings of this variant's last length that ran, with its length."""
-  row: dict[str, Any] = {"attention": name, "length": length, "status": Status.OK, "note": ""}
+  row: dict[str, Any] = {"attention": name, "length": length, "status": workloads.Status.OK,
+                         "note": ""}
   timings: dict[str, tuple] = {}
   compiled: dict[str, Any] = {}
   running = False
@@ -144,18 +272,19 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
       row["fwd_ms"] = timings["fwd"][0]
     if settings.mode == "attention" and workload.exact:
       _add_rate(row, workload, ms, matmul_gflops)
-    stats = memory.memory_stats()
+    stats = memory_stats()
     if stats and "peak_bytes_in_use" in stats:
       row["device_peak_bytes"] = int(stats["peak_bytes_in_use"])
   except OverBudget as error:
-    row.update(status=Status.OVER_TIME_BUDGET, note=str(error))
+    row.update(status=workloads.Status.OVER_TIME_BUDGET, note=str(error))
   except Exception as error:  # XLA reports running out of memory as a runtime error
-    if memory.is_out_of_memory(error):
-      row.update(status=Status.OOM_RUNTIME if running else Status.OOM_COMPILED,
-                 note=_first_line(error))
+    if is_out_of_memory(error):
+      row.update(status=workloads.Status.OOM_RUNTIME if running else workloads.Status.OOM_COMPILED,
+                 note=cli.first_line(error))
     else:
       logging.exception("%s at length %d failed", name, length)
-      row.update(status=Status.ERROR, note=f"{type(error).__name__}: {_first_line(error)}")
+      row.update(status=workloads.Status.ERROR,
+                 note=f"{type(error).__name__}: {cli.first_line(error)}")
   finally:
     compiled.clear()
     gc.collect()
@@ -192,38 +321,19 @@ def _predict_call_s(previous, key, facts: Facts, length):
   return prior_ms / 1e3 * ratio
 
 
-def _first_line(error) -> str:
-  text = str(error).strip()
-  return text.splitlines()[0][:300] if text else type(error).__name__
-
-
 # -- the whole run ----------------------------------------------------------------------------
 
-STOPPED = {Status.OOM_RUNTIME: "ran out of memory",
-           Status.OVER_TIME_BUDGET: "exceeded the time budget"}
-
-
-def environment() -> dict[str, str]:
-  device = jax.devices()[0]
-  kind = getattr(device, "device_kind", "") or device.platform
-  described = (f"{kind} ({device.platform}, {jax.device_count()} device(s), "
-               f"{os.cpu_count()} host CPU cores)")
-  return {"device": described, "backend": jax.default_backend(), "jax_version": jax.__version__,
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-
-
-def run(settings: Settings, *, progress: Callable | None = None,
+def run(settings: workloads.Settings, *, progress: Callable | None = None,
         on_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
   """Measures every (variant, length), the baselines first; returns the rows with speed-ups,
   exponents and the run's facts. `on_row(rows so far)` after each measurement (the command
   rewrites its outputs with it, so a run that is killed keeps what it measured)."""
   names = settings.names()
-  memory_limit = settings.memory_limit_bytes or default_memory_limit_bytes()
-  device_memory = memory.device_memory_bytes()
-  env = environment()
+  memory_limit = settings.memory_limit_bytes or workloads.default_memory_limit_bytes()
+  device_memory = device_memory_bytes()
+  env = run_environment()
   if settings.mode == "attention" and settings.matmul_size:
-    env["matmul_gflops"] = flops_lib.matmul_gflops(settings.matmul_size, settings.dtype)
+    env["matmul_gflops"] = matmul_gflops(settings.matmul_size, settings.dtype)
   logging.info("benchmark: %s mode, %s, remat %s, batch %d on %s, jax %s; device memory %.3g GB, "
                "memory limit %.3g GB, time budget %g s", settings.mode, settings.dtype,
                settings.remat, settings.batch_size, env["device"], env["jax_version"],
@@ -235,15 +345,16 @@ def run(settings: Settings, *, progress: Callable | None = None,
     previous, stopped_by = None, None
     for length in lengths:
       if bar is not None:
-        bar.set_description(f"{name} @ {length_label(length)}")
+        bar.set_description(f"{name} @ {workloads.length_label(length)}")
       if stopped_by:
-        row = {"attention": name, "length": length, "status": Status.NOT_TRIED,
-               "note": f"length {stopped_by['length']} {STOPPED[stopped_by['status']]}"}
+        row = {"attention": name, "length": length, "status": workloads.Status.NOT_TRIED,
+               "note": f"length {stopped_by['length']} "
+                       f"{workloads.STOPPED[stopped_by['status']]}"}
       else:
         row, timings = measure(name, length, settings, memory_limit=memory_limit,
                                device_memory=device_memory, previous=previous,
                                matmul_gflops=env.get("matmul_gflops"))
-        if row["status"] is Status.OK:
+        if row["status"] is workloads.Status.OK:
           previous = {"length": length, "timings": timings}
         if row["status"].stops_longer_lengths:
           stopped_by = row
@@ -261,7 +372,7 @@ def run(settings: Settings, *, progress: Callable | None = None,
   return finished(rows, settings, env)
 
 
-def finished(rows: list[dict], settings: Settings, env: dict) -> list[dict]:
+def finished(rows: list[dict], settings: workloads.Settings, env: dict) -> list[dict]:
   """Copies of the rows with the run's facts, speed-ups and exponents (over the rows so far)."""
   rows = [{**row, "mode": settings.mode, "dtype": settings.dtype, "remat": settings.remat,
            "batch_size": settings.batch_size, **env} for row in rows]
@@ -285,16 +396,16 @@ def add_speedups(rows: list[dict]) -> None:
   """speedup_vs_<baseline> = the baseline's time / the variant's time at the same length;
   speedup_vs_best against the faster of the baselines measured (full, and in attention mode
   jax.nn's), so that a speed-up is never stated against a slow reference."""
-  for key, baseline, out in (("step_ms", BASELINE, "speedup_vs_full"),
-                             ("fwd_ms", BASELINE, "fwd_speedup_vs_full"),
-                             ("step_ms", JAX_BASELINE, "speedup_vs_jax")):
+  for key, baseline, out in (("step_ms", workloads.BASELINE, "speedup_vs_full"),
+                             ("fwd_ms", workloads.BASELINE, "fwd_speedup_vs_full"),
+                             ("step_ms", workloads.JAX_BASELINE, "speedup_vs_jax")):
     times = {r["length"]: r.get(key) for r in rows if r["attention"] == baseline}
     for row in rows:
       mine, base = row.get(key), times.get(row["length"])
       row[out] = base / mine if mine and base else None
   fastest: dict[int, float] = {}
   for row in rows:
-    if row["attention"] in (BASELINE, JAX_BASELINE) and row.get("step_ms"):
+    if row["attention"] in (workloads.BASELINE, workloads.JAX_BASELINE) and row.get("step_ms"):
       fastest[row["length"]] = min(row["step_ms"], fastest.get(row["length"], float("inf")))
   for row in rows:
     mine, base = row.get("step_ms"), fastest.get(row["length"])
@@ -316,7 +427,7 @@ def add_exponents(rows: list[dict]) -> None:
   """time_exponent over the lengths that ran; memory_exponent over those that compiled."""
   for name in dict.fromkeys(r["attention"] for r in rows):
     mine = [r for r in rows if r["attention"] == name]
-    ran = [r for r in mine if r["status"] is Status.OK]
+    ran = [r for r in mine if r["status"] is workloads.Status.OK]
     time_exp = fit_exponent([r["length"] for r in ran], [r.get("step_ms") for r in ran])
     mem_exp = fit_exponent([r["length"] for r in mine], [r.get("temp_bytes") for r in mine])
     for row in mine:
