@@ -104,11 +104,11 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   """Trains every missing run of the grid; returns a line per failed run."""
   configs = grid_configs(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
                          overrides=overrides)
-  from experiments import provenance, trainer  # imports jax: after the cheap checks
+  from experiments import build, provenance, trainer  # imports jax: after the cheap checks
 
   drop_options_of_other_variants(configs)
   for config in configs.values():   # a bad value is one error now, not one per run
-    trainer.check_config(config)
+    trainer.check_config(build.resolve(config))
   grid = list(configs)
   failures = []
   for number, (task, attention, seed) in enumerate(grid, start=1):
