@@ -54,7 +54,7 @@ class Mamba2(Mixer):
                                 rngs=rngs)                    # z | x | B | C | Δ
     self.conv = ShortConv(conv_channels, self.options["conv_size"], dtype=dtype, rngs=rngs)
     self.decay = parts.DecayGate(h, a_range=(1.0, 16.0), rngs=rngs)
-    self.D = nnx.Param(jnp.ones((h,)))
+    self.D = nnx.Param(jnp.ones((h,)), weight_decay=False)   # the authors': no decay
     self.norm = parts.GatedRMSNorm(self.d_inner // groups, eps=self.options["norm_eps"],
                                    norm_before_gate=False)
     self.out = parts.linear(self.d_inner, self.emb_dim, dtype=dtype, rngs=rngs)

@@ -112,7 +112,8 @@ class DecayGate(nnx.Module):
 
   A_log = log A with A ~ U(a_range) (Mamba2 (1, 16), GDN (0, 16)); dt_bias = softplus⁻¹(dt) with
   dt log-uniform in [1e-3, 0.1], floored at 1e-4 (the authors'). At init α = exp(-A·Δ) lies
-  between about 0.2 and 0.999: most heads remember for tens to hundreds of tokens.
+  between about 0.2 and 0.999: most heads remember for tens to hundreds of tokens. Both carry
+  `weight_decay=False`, which the harness's optimiser honours (as the authors' code does).
   """
 
   def __init__(self, num_heads: int, *, a_range: tuple[float, float], rngs: nnx.Rngs,
@@ -124,8 +125,10 @@ class DecayGate(nnx.Module):
     log_dt = jax.random.uniform(key_dt, (num_heads,), minval=jnp.log(dt_range[0]),
                                 maxval=jnp.log(dt_range[1]))
     dt = jnp.maximum(jnp.exp(log_dt), dt_floor)
-    self.A_log = nnx.Param(jnp.log(a))
-    self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)))     # softplus⁻¹(dt)
+    # Excluded from weight decay, as the authors train them: decay would pull A_log and dt_bias
+    # towards 0, that is towards α = exp(-softplus(0)) = 0.5, a memory of about one token.
+    self.A_log = nnx.Param(jnp.log(a), weight_decay=False)
+    self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)), weight_decay=False)  # softplus⁻¹(dt)
 
   def __call__(self, a):
     """a [b, n, h] -> (Δ, g), both [b, n, h] float32."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -234,18 +235,27 @@ def learning_rate_schedule(factors: str, *, base_learning_rate: float, warmup_st
   return schedule
 
 
+def decayed(params):
+  """False for the parameters created with `weight_decay=False` metadata (the recurrent mixers'
+  decay-rate parameters, which their authors exclude from weight decay), True for the rest; a
+  prefix of the params tree, as optax's masks may be."""
+  return jax.tree.map(lambda p: getattr(p, "weight_decay", True) is not False, params,
+                      is_leaf=lambda p: isinstance(p, nnx.Variable))
+
+
 def make_optimizer(optimizer, schedule) -> optax.GradientTransformation:
   """Adam (L2 weight decay added to the gradient) or AdamW (decoupled decay, as LRA's
   flax.optim.Adam), after optional global-norm gradient clipping. Decay applies to every
-  parameter, as in LRA."""
+  parameter, as in LRA, except those marked `weight_decay=False` (see `decayed`)."""
   if optimizer.name not in OPTIMIZERS:
     raise cli.HarnessError(f"unknown optimizer.name {optimizer.name!r}; choose one of "
                        f"{', '.join(OPTIMIZERS)}")
   clip = [optax.clip_by_global_norm(optimizer.grad_clip_norm)] if optimizer.grad_clip_norm else []
   adam = dict(b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps)
   if optimizer.name == "adamw":
-    main = optax.adamw(schedule, weight_decay=optimizer.weight_decay, **adam)
+    main = optax.adamw(schedule, weight_decay=optimizer.weight_decay, mask=decayed, **adam)
   else:
-    decay = [optax.add_decayed_weights(optimizer.weight_decay)] if optimizer.weight_decay else []
+    decay = ([optax.masked(optax.add_decayed_weights(optimizer.weight_decay), decayed)]
+             if optimizer.weight_decay else [])
     main = optax.chain(*decay, optax.adam(schedule, **adam))
   return optax.chain(*clip, main)

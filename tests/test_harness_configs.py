@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -375,6 +376,26 @@ def test_optimizers_weight_decay_and_clipping():
   with pytest.raises(cli.HarnessError, match="unknown optimizer.name 'sgd'"):
     build.make_optimizer(config(name="sgd"), constant)
 
+
+
+@pytest.mark.parametrize("name", build.OPTIMIZERS)
+def test_decay_rate_parameters_of_the_mixers_are_not_weight_decayed(name):
+  """Mamba2's and Gated DeltaNet's A_log, dt_bias (and Mamba2's D) keep their values under
+  weight decay alone, as their authors train them; every other parameter decays."""
+  model = az.create_mixer("mamba2", emb_dim=16, num_heads=2, causal=True, max_len=8,
+                          rngs=nnx.Rngs(0))
+  _, params = nnx.split(model, nnx.Param)
+  params = jax.tree.map(jnp.ones_like, params)   # zero-initialised biases would not show decay
+  options = type("O", (), dict(name=name, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.5,
+                               grad_clip_norm=0.0))
+  tx = build.make_optimizer(options, lambda count: 0.1)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  moved = {jax.tree_util.keystr(path): bool(jnp.any(u != 0)) for path, u in
+           jax.tree_util.tree_flatten_with_path(updates)[0]}
+  kept = sorted(path for path, changed in moved.items() if not changed)
+  assert kept == ["['D'].value", "['decay']['A_log'].value", "['decay']['dt_bias'].value"], kept
+  assert sum(moved.values()) == len(moved) - 3 > 0
 
 # ------------------------------------------------------------------------------------ plugins
 
