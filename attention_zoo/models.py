@@ -236,15 +236,17 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, det
   written when nothing drew from it.
   """
   graphdef, state = nnx.split(block)
-  variables_of = lambda state: [variable for _, variable in nnx.to_flat_state(state)]
+  # the state's leaves: Variables, and plain arrays a layer holds as constants (RetNet's decays)
+  variables_of = lambda state: [leaf for _, leaf in nnx.to_flat_state(state)]
+  value_of = lambda leaf: leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
 
   def pure(state, x, mask, context, context_mask):
-    values = [variable.get_value() for variable in variables_of(state)]
+    values = [value_of(leaf) for leaf in variables_of(state)]
     block = nnx.merge(graphdef, state)
     out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
     # each variable's new value, None where the block left it as it was (the same traced value)
-    written = [None if variable.get_value() is value else variable.get_value()
-               for variable, value in zip(variables_of(nnx.state(block)), values, strict=True)]
+    written = [None if value_of(leaf) is value else value_of(leaf)
+               for leaf, value in zip(variables_of(nnx.state(block)), values, strict=True)]
     return out, written
 
   recomputed = jax.checkpoint(pure, policy=policy)

@@ -246,13 +246,16 @@ def test_remat_keeps_outputs_gradients_and_dropout_masks(kind, remats):
       np.testing.assert_allclose(got, want, atol=1e-6, err_msg=remat)
 
 
-def test_remat_model_differentiates_under_plain_jax_transforms():
+@pytest.mark.parametrize("attention", ["full", "retnet"])
+def test_remat_model_differentiates_under_plain_jax_transforms(attention):
   """jax.jit(jax.grad) over nnx.split / nnx.merge, as functional training loops do: the remat
-  wrapper writes no RNG state it did not draw from (it once raised TraceContextError)."""
+  wrapper writes no RNG state it did not draw from (it once raised TraceContextError), and
+  passes through the plain arrays a layer holds as constants (RetNet's decays)."""
   tokens = _tokens((2, 12), seed=4)
   grads = {}
   for remat in ("none", "block"):
-    model = Classifier(dataclasses.replace(TINY, remat=remat), rngs=nnx.Rngs(5))
+    config = dataclasses.replace(TINY, remat=remat, attention=attention)
+    model = Classifier(config, rngs=nnx.Rngs(5))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     loss = lambda params, rest: nnx.merge(graphdef, params, rest)(tokens).sum()
     grads[remat] = jax.tree.leaves(jax.jit(jax.grad(loss))(params, rest))
