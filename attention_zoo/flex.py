@@ -1,0 +1,360 @@
+"""Block-sparse softmax attention written as two small functions (the FlexAttention / splash
+style): the engine under every exact sparse pattern (it registers no variant itself).
+
+    out_i = Σ_{j : mask_mod(b, h, i, j)} softmax_j(score_mod(scale · q_i·k_j, b, h, i, j)) v_j
+
+`mask_mod(b, h, q_idx, kv_idx) -> bool` says which keys a query sees; `score_mod(score, b, h,
+q_idx, kv_idx) -> score` changes a score (soft-capping, ALiBi, a relative-position bias). Both
+are jnp functions called on broadcastable int32 index arrays (b [B, 1, 1, 1], h and q_idx
+[1, ·, rows, 1], kv_idx [1, 1, 1, cols]) and may index arrays they close over (segment ids,
+slopes, per-token gates): write them as for scalars, with jnp.where instead of `if`.
+
+    causal = lambda b, h, q, kv: kv <= q
+    softcap = lambda score, b, h, q, kv: 30 * jnp.tanh(score / 30)
+    mask = create_block_mask(causal, None, None, q_len, kv_len)
+    out = flex_attention(q, k, v, block_mask=mask, score_mod=softcap)
+
+`create_block_mask` evaluates mask_mod one strip of `block_q` queries at a time and keeps, per
+query block, the key blocks that are *partial* (mask_mod applied in the tile) or *full* (no mask
+evaluated), listed in ascending order; every other block is *empty* and never visited, forward
+or backward. Its memory grows with the number of blocks, never with q_len · kv_len.
+
+`flex_attention` runs FlashAttention's online softmax (attention_zoo.flash.common's tile math)
+over those lists: `lax.map` over query blocks, a loop over each block's listed key blocks; the
+backward (custom VJP) recomputes every tile from the saved log-sum-exp, query block by query
+block, and adds each tile's dK, dV into its key block, so memory is linear in length both ways.
+Arrays that score_mod (or a `tile_score`) closes over get gradients; those of mask_mod do not.
+A query that sees no key returns 0 (and passes no gradient). Lengths that are not multiples of
+the blocks are padded, and the padding masked.
+
+A tile holds every batch row and head (the query heads sharing a K/V head stacked as rows, so
+GQA never copies K/V): when the mask differs across batch rows or heads (BlockMask with batch or
+heads > 1), the tiles visited are the union over them, each evaluated with the true mask_mod.
+A mask built for batch=None or heads=None is assumed not to depend on b or h.
+
+`tile_score(q_block, k_block, h) -> scores` replaces the dot product for a score that is not
+one (additive attention): q_block [b, kvh, rows, d'], k_block [b, kvh, cols, d'], h the head of
+each row [1, kvh, rows, 1]; it returns natural-unit scores [b, kvh, rows, cols] (scale included).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attention_zoo import reference
+from attention_zoo.base import ceil_div, pad_to_multiple
+from attention_zoo.flash import common
+
+EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is under a mask
+DEFAULT_BLOCK = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockMask:
+  """Which key blocks each query block visits. B and H are 1 for a mask built with batch=None or
+  heads=None; nq = ceil(q_len / block_q); the first kv_num_blocks entries of a row of kv_indices
+  are its key blocks (ascending), the rest filler."""
+  kv_num_blocks: jax.Array    # int32 [B, H, nq]
+  kv_indices: jax.Array       # int32 [B, H, nq, width]
+  kv_full: jax.Array          # bool [B, H, nq, width]: mask_mod is True on the whole tile
+  mask_mod: Callable | None   # None: every listed tile is full
+  q_len: int
+  kv_len: int
+  block_q: int
+  block_k: int
+
+  @property
+  def num_q_blocks(self) -> int:
+    return ceil_div(self.q_len, self.block_q)
+
+  @property
+  def num_kv_blocks(self) -> int:
+    return ceil_div(self.kv_len, self.block_k)
+
+  def states(self):
+    """int8 [B, H, nq, nk]: EMPTY, PARTIAL or FULL for every tile (for tests and union)."""
+    width = self.kv_indices.shape[-1]
+    listed = jnp.arange(width) < self.kv_num_blocks[..., None]                # [B, H, nq, w]
+    state = jnp.where(listed, jnp.where(self.kv_full, FULL, PARTIAL), EMPTY).astype(jnp.int8)
+    # filler entries go to a spare column that is cut off
+    column = jnp.where(listed, self.kv_indices, self.num_kv_blocks)
+    one_hot = column[..., None] == jnp.arange(self.num_kv_blocks + 1)          # [B, H, nq, w, nk+1]
+    return jnp.max(jnp.where(one_hot, state[..., None], EMPTY), axis=-2)[..., :-1]
+
+
+jax.tree_util.register_dataclass(
+    BlockMask, data_fields=["kv_num_blocks", "kv_indices", "kv_full"],
+    meta_fields=["mask_mod", "q_len", "kv_len", "block_q", "block_k"])
+
+
+def _lists(states):
+  """states int [..., nq, nk] -> (counts int32 [..., nq], indices int32 [..., nq, width], full
+  bool [..., nq, width]): the non-empty blocks first, ascending. Concrete states give
+  width = the largest count (at least 1), traced ones width = nk."""
+  listed = states != EMPTY
+  indices = jnp.argsort(~listed, axis=-1, stable=True).astype(jnp.int32)
+  counts = jnp.sum(listed, axis=-1, dtype=jnp.int32)
+  full = jnp.take_along_axis(states == FULL, indices, axis=-1)
+  if not isinstance(counts, jax.core.Tracer):
+    width = max(1, int(counts.max()))
+    indices, full = indices[..., :width], full[..., :width]
+  return counts, indices, full
+
+
+def _check_block(name: str, value) -> int:
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"flex: {name} must be a positive integer, got {value!r}")
+  return int(value)
+
+
+def create_block_mask(mask_mod: Callable, batch: int | None, heads: int | None, q_len: int,
+                      kv_len: int, *, block_q: int = DEFAULT_BLOCK,
+                      block_k: int = DEFAULT_BLOCK) -> BlockMask:
+  """The block metadata of `mask_mod` for queries 0..q_len-1 and keys 0..kv_len-1.
+
+  batch / heads: how many batch rows / query heads the mask differs over, or None when it does
+  not depend on b / h (then mask_mod is evaluated at b = 0 / h = 0). Blocks larger than a length
+  shrink to it. Evaluated one strip of block_q queries at a time: O(block_q · kv_len) at once.
+  """
+  block_q = min(_check_block("block_q", block_q), q_len)
+  block_k = min(_check_block("block_k", block_k), kv_len)
+  num_q, num_k = ceil_div(q_len, block_q), ceil_div(kv_len, block_k)
+  b = jnp.arange(batch or 1)[:, None, None, None]
+  h = jnp.arange(heads or 1)[None, :, None, None]
+  kv = jnp.arange(num_k * block_k)[None, None, None, :]
+  real_kv = kv[0, 0] < kv_len                                                   # [1, nk·bk]
+
+  def strip(i):   # -> int8 [B, H, nk]
+    q = (i * block_q + jnp.arange(block_q))[None, None, :, None]
+    real = (q[0, 0] < q_len) & real_kv                                          # [bq, nk·bk]
+    allowed = jnp.broadcast_to(mask_mod(b, h, q, kv), b.shape[:1] + h.shape[1:2] + real.shape)
+    tiles = lambda x: x.reshape(x.shape[:-2] + (block_q, num_k, block_k))
+    seen = jnp.any(tiles(allowed & real), axis=(-3, -1))                        # [B, H, nk]
+    whole = jnp.all(tiles(allowed | ~real), axis=(-3, -1))
+    return jnp.where(whole, FULL, jnp.where(seen, PARTIAL, EMPTY)).astype(jnp.int8)
+
+  states = jnp.moveaxis(jax.lax.map(strip, jnp.arange(num_q)), 0, 2)          # [B, H, nq, nk]
+  counts, indices, full = _lists(states)
+  return BlockMask(counts, indices, full, mask_mod, q_len, kv_len, block_q, block_k)
+
+
+def full_block_mask(q_len: int, kv_len: int, *, block_q: int = DEFAULT_BLOCK,
+                    block_k: int = DEFAULT_BLOCK) -> BlockMask:
+  """Every query sees every key (mask_mod None: no mask is evaluated anywhere)."""
+  block_q = min(_check_block("block_q", block_q), q_len)
+  block_k = min(_check_block("block_k", block_k), kv_len)
+  num_q, num_k = ceil_div(q_len, block_q), ceil_div(kv_len, block_k)
+  indices = jnp.broadcast_to(jnp.arange(num_k, dtype=jnp.int32), (1, 1, num_q, num_k))
+  return BlockMask(jnp.full((1, 1, num_q), num_k, jnp.int32), indices,
+                   jnp.ones((1, 1, num_q, num_k), bool), None, q_len, kv_len, block_q, block_k)
+
+
+def _visits(block_mask: BlockMask):
+  """(counts [nq], indices [nq, w], full [nq, w]) of the tiles a call visits: the union over the
+  mask's batch rows and heads (full only where full for all of them)."""
+  if block_mask.kv_num_blocks.shape[:2] == (1, 1):
+    return block_mask.kv_num_blocks[0, 0], block_mask.kv_indices[0, 0], block_mask.kv_full[0, 0]
+  states = block_mask.states()
+  listed = jnp.any(states != EMPTY, axis=(0, 1))
+  full = jnp.all(states == FULL, axis=(0, 1))
+  return _lists(jnp.where(full, FULL, jnp.where(listed, PARTIAL, EMPTY)))
+
+
+# -- the engine ----------------------------------------------------------------------------
+
+def _tile_indices(block_q: int, block_k: int, group: int, batch: int, kv_heads: int, i, j):
+  """Tile (i, j)'s b [B, 1, 1, 1], h [1, kvh, rows, 1], q [1, 1, rows, 1] and kv [1, 1, 1, bk]
+  indices: row r is query i·bq + r mod bq of head kvh·group + r // bq."""
+  rows = jnp.arange(group * block_q)
+  head = jnp.arange(kv_heads)[:, None] * group + rows // block_q
+  return (jnp.arange(batch)[:, None, None, None], head[None, :, :, None],
+          (i * block_q + rows % block_q)[None, None, :, None],
+          (j * block_k + jnp.arange(block_k))[None, None, None, :])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What is static about one call (the custom VJP's nondiff argument). `scores(q_i, k_j, b, h,
+  q, kv, *score_consts)` gives natural-unit scores, `mask(b, h, q, kv, *mask_consts)` the
+  allowed entries (None: no mask_mod); both closure-converted, so the arrays they close over
+  are explicit arguments."""
+  scores: Callable
+  mask: Callable | None
+  block_q: int
+  block_k: int
+  group: int
+  dropout_rate: float
+
+  def indices(self, batch: int, kv_heads: int, i, j):
+    return _tile_indices(self.block_q, self.block_k, self.group, batch, kv_heads, i, j)
+
+  def masked(self, scores, index, is_full, kv_valid_j, mask_consts):
+    """Natural-unit scores [b, kvh, rows, bk] -> base-2 scores, MASK_VALUE on key padding and,
+    unless the tile is full, where mask_mod is False."""
+    shape = scores.shape
+    allowed = jnp.broadcast_to(kv_valid_j, shape)
+    if self.mask is not None:
+      evaluate = lambda: jnp.broadcast_to(self.mask(*index, *mask_consts), shape)
+      allowed &= jax.lax.cond(is_full, lambda: jnp.ones(shape, bool), evaluate)
+    return jnp.where(allowed, scores * common.LOG2E, common.MASK_VALUE)
+
+  def kept(self, rng, i, j, shape):
+    """Attention dropout of tile (i, j): keep / (1 - rate) (the same in the backward), or None."""
+    if rng is None:
+      return None
+    keep = jax.random.bernoulli(jax.random.fold_in(jax.random.fold_in(rng, i), j),
+                                1.0 - self.dropout_rate, shape)
+    return keep.astype(jnp.float32) / (1.0 - self.dropout_rate)
+
+
+def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, score_consts):
+  """q_blocks [nq, b, kvh, rows, d'], k [b, kvh, kv_len, d'], v [b, kvh, kv_len, dv], kv_valid
+  bool [b, 1, 1, kv_len] -> out [nq, b, kvh, rows, dv] (q's dtype), lse₂ [nq, b, kvh, rows, 1]."""
+  counts, indices, full = visits
+  _, batch, kv_heads, rows, _ = q_blocks.shape
+  bk = plan.block_k
+  init = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch, kv_heads) + x.shape),
+                      common.softmax_init(rows, v.shape[-1]))
+
+  def query_block(args):
+    i, q_i = args
+
+    def key_block(t, state):
+      j = indices[i, t]
+      index = plan.indices(batch, kv_heads, i, j)
+      scores = plan.scores(q_i, _slice(k, j, bk), *index, *score_consts)       # [b, kvh, rows, bk]
+      scores = plan.masked(scores, index, full[i, t], _slice(kv_valid, j, bk, 3), mask_consts)
+      return common.softmax_update(state, scores, _slice(v, j, bk),
+                                   plan.kept(rng, i, j, scores.shape))
+
+    out, lse = common.softmax_finish(jax.lax.fori_loop(0, counts[i], key_block, init))
+    return out.astype(q_blocks.dtype), lse
+
+  return jax.lax.map(query_block, (jnp.arange(q_blocks.shape[0]), q_blocks))
+
+
+def _slice(x, j, block: int, axis: int = 2):
+  """Key block j of x along `axis` (k, v [b, kvh, len, c]: 2; kv_valid [b, 1, 1, len]: 3)."""
+  return jax.lax.dynamic_slice_in_dim(x, j * block, block, axis=axis)
+
+
+def _backward(plan: _Plan, residuals, d_out):
+  """FlashAttention-2's backward over the visited tiles, query block by query block: each tile's
+  dK, dV are added into its key block; arrays the scores close over get their share too."""
+  q_blocks, k, v, kv_valid, visits, rng, mask_consts, score_consts, out, lse = residuals
+  counts, indices, full = visits
+  _, batch, kv_heads, rows, _ = q_blocks.shape
+  bk = plan.block_k
+  d_out = d_out.astype(q_blocks.dtype)
+  delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
+  trained = [jnp.issubdtype(c.dtype, jnp.inexact) for c in score_consts]
+  zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+
+  def query_block(i, grads):
+    dq, dk, dv, d_consts = grads
+    q_i, do_i, lse_i, delta_i = q_blocks[i], d_out[i], lse[i], delta[i]
+
+    def key_block(t, grads):
+      dq_i, dk, dv, d_consts = grads
+      j = indices[i, t]
+      index = plan.indices(batch, kv_heads, i, j)
+      k_j, v_j = _slice(k, j, bk), _slice(v, j, bk)
+      scores, pull = jax.vjp(lambda q_i, k_j, *consts: plan.scores(q_i, k_j, *index, *consts),
+                             q_i, k_j, *score_consts)
+      scores = plan.masked(scores, index, full[i, t], _slice(kv_valid, j, bk, 3), mask_consts)
+      p, ds = common.tile_probs_and_dscores(scores, lse_i, delta_i, do_i, v_j,
+                                            plan.kept(rng, i, j, scores.shape))
+      dq_part, dk_part, *d_parts = pull(ds.astype(scores.dtype))
+      add = lambda full_grad, part: jax.lax.dynamic_update_slice_in_dim(
+          full_grad, _slice(full_grad, j, bk) + part.astype(full_grad.dtype), j * bk, axis=2)
+      dv_part = common.dot_tn(p.astype(do_i.dtype), do_i)                      # [b, kvh, bk, dv]
+      d_consts = [d + part.astype(d.dtype) if ok else d
+                  for d, part, ok in zip(d_consts, d_parts, trained)]
+      return dq_i + dq_part.astype(jnp.float32), add(dk, dk_part), add(dv, dv_part), d_consts
+
+    dq_i, dk, dv, d_consts = jax.lax.fori_loop(0, counts[i], key_block,
+                                               (zeros(q_i), dk, dv, d_consts))
+    return dq.at[i].set(dq_i), dk, dv, d_consts
+
+  grads = (zeros(q_blocks), zeros(k), zeros(v),
+           [zeros(c) if ok else jnp.zeros((), jnp.float32) for c, ok in zip(score_consts, trained)])
+  dq, dk, dv, d_consts = jax.lax.fori_loop(0, q_blocks.shape[0], query_block, grads)
+  d_consts = [d.astype(c.dtype) if ok else None
+              for d, c, ok in zip(d_consts, score_consts, trained)]
+  return (dq.astype(q_blocks.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None,
+          [None] * len(mask_consts), d_consts)
+
+
+def _attend_fwd(plan, *args):
+  out, lse = _forward(plan, *args)
+  return out, (*args, out, lse)
+
+
+_attend = jax.custom_vjp(lambda plan, *args: _forward(plan, *args)[0], nondiff_argnums=(0,))
+_attend.defvjp(_attend_fwd, _backward)
+
+
+def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
+                   score_mod: Callable | None = None, scale: float | None = None, kv_mask=None,
+                   tile_score: Callable | None = None, dropout_rate: float = 0.0,
+                   dropout_rng=None):
+  """Softmax attention over `block_mask`'s pattern. q [b, q_len, h, d']; k [b, kv_len, kvh, d'];
+  v [b, kv_len, kvh, dv]; kv_mask bool [b, kv_len] (True = real key) or None. Returns
+  [b, q_len, h, dv] in q's dtype; a query that sees no key gives 0.
+
+  block_mask None: every key (blocks of DEFAULT_BLOCK). scale None: 1/sqrt(d'). score_mod,
+  tile_score: see the module docstring. dropout_rate with a dropout_rng: attention dropout on
+  the tiles' weights (the same draws in the backward).
+  """
+  batch, q_len, num_heads, head_dim = q.shape
+  kv_len, kv_heads = k.shape[1], k.shape[2]
+  if k.shape[:3] != v.shape[:3] or k.shape[0] != batch or num_heads % kv_heads:
+    raise ValueError(f"flex: expected q [b, q_len, h, d], k [b, kv_len, kvh, d] and v "
+                     f"[b, kv_len, kvh, dv] with h a multiple of kvh; got {q.shape}, {k.shape}, "
+                     f"{v.shape}")
+  if block_mask is None:
+    block_mask = full_block_mask(q_len, kv_len)
+  if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
+    raise ValueError(f"flex: block_mask was built for q_len={block_mask.q_len}, "
+                     f"kv_len={block_mask.kv_len}; the inputs have q_len={q_len}, kv_len={kv_len}")
+  mask_batch, mask_heads = block_mask.kv_num_blocks.shape[:2]
+  if mask_batch not in (1, batch) or mask_heads not in (1, num_heads):
+    raise ValueError(f"flex: block_mask was built for batch={mask_batch}, heads={mask_heads}; "
+                     f"the inputs have batch={batch}, heads={num_heads} (build it for those, "
+                     f"or None)")
+  scale = head_dim ** -0.5 if scale is None else float(scale)
+  bq, bk, group = block_mask.block_q, block_mask.block_k, num_heads // kv_heads
+
+  q = pad_to_multiple(q, bq)
+  k, v = (pad_to_multiple(x, bk) for x in (k, v))
+  kv_valid = jnp.ones((batch, kv_len), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
+  kv_valid = pad_to_multiple(kv_valid, bk, value=False)[:, None, None, :]      # [b, 1, 1, kv]
+  q_blocks = jnp.moveaxis(reference.group_heads(q, kv_heads), 1, 3)            # [b, kvh, g, q, d']
+  q_blocks = q_blocks.reshape(batch, kv_heads, group, -1, bq, head_dim)
+  q_blocks = jnp.moveaxis(q_blocks, 3, 0).reshape(-1, batch, kv_heads, group * bq, head_dim)
+  k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))                             # [b, kvh, kv, ·]
+
+  def scores(q_i, k_j, b, h, q_idx, kv_idx):
+    s = (common.dot_nt(q_i, k_j) * scale if tile_score is None
+         else tile_score(q_i, k_j, h).astype(jnp.float32))                     # [b, kvh, rows, bk]
+    if score_mod is not None:
+      s = jnp.broadcast_to(score_mod(s, b, h, q_idx, kv_idx), s.shape).astype(jnp.float32)
+    return s
+
+  # The arrays the functions close over become explicit arguments of the custom VJP.
+  index = _tile_indices(bq, bk, group, batch, kv_heads, 0, 0)
+  score_fn, score_consts = jax.closure_convert(scores, q_blocks[0], k[:, :, :bk], *index)
+  mask_fn, mask_consts = (None, [])
+  if block_mask.mask_mod is not None:
+    mask_fn, mask_consts = jax.closure_convert(block_mask.mask_mod, *index)
+  plan = _Plan(score_fn, mask_fn, bq, bk, group, float(dropout_rate))
+  rng = dropout_rng if dropout_rate > 0 else None
+  out = _attend(plan, q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts,
+                score_consts)                                            # [nq, b, kvh, rows, dv]
+  out = out.reshape(-1, batch, kv_heads, group, bq, out.shape[-1])
+  out = jnp.moveaxis(out, 0, 3).reshape(batch, kv_heads, group, -1, out.shape[-1])[:, :, :, :q_len]
+  return jnp.moveaxis(out, 3, 1).reshape(batch, q_len, num_heads, -1)
