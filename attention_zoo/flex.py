@@ -153,6 +153,17 @@ def full_block_mask(q_len: int, kv_len: int, *, block_q: int = DEFAULT_BLOCK,
                    jnp.ones((1, 1, num_q, num_k), bool), None, q_len, kv_len, block_q, block_k)
 
 
+def causal_mask(q_len: int, kv_len: int) -> Callable:
+  """mask_mod of the zoo's causal rule: query i sees key j iff j <= i + (kv_len - q_len)."""
+  return lambda b, h, q, kv: reference.causal_allowed(q, kv, q_len, kv_len)
+
+
+def alibi(slopes, q_len: int, kv_len: int) -> Callable:
+  """score_mod adding ALiBi (reference.alibi_bias): -slope_h · |i + (kv_len - q_len) - j|."""
+  slopes = jnp.asarray(slopes, jnp.float32)
+  return lambda score, b, h, q, kv: score - slopes[h] * jnp.abs(q + (kv_len - q_len) - kv)
+
+
 def _visits(block_mask: BlockMask):
   """(counts [nq], indices [nq, w], full [nq, w]) of the tiles a call visits: the union over the
   mask's batch rows and heads (full only where full for all of them)."""
