@@ -82,8 +82,10 @@ class BlockMask:
     state = jnp.where(listed, jnp.where(self.kv_full, FULL, PARTIAL), EMPTY).astype(jnp.int8)
     # filler entries go to a spare column that is cut off
     column = jnp.where(listed, self.kv_indices, self.num_kv_blocks)
-    one_hot = column[..., None] == jnp.arange(self.num_kv_blocks + 1)          # [B, H, nq, w, nk+1]
-    return jnp.max(jnp.where(one_hot, state[..., None], EMPTY), axis=-2)[..., :-1]
+    batch, heads, rows, _ = column.shape
+    b, h, i = np.ix_(np.arange(batch), np.arange(heads), np.arange(rows))
+    states = jnp.zeros((batch, heads, rows, self.num_kv_blocks + 1), jnp.int8)
+    return states.at[b[..., None], h[..., None], i[..., None], column].max(state)[..., :-1]
 
 
 jax.tree_util.register_dataclass(
@@ -158,10 +160,49 @@ def causal_mask(q_len: int, kv_len: int) -> Callable:
   return lambda b, h, q, kv: reference.causal_allowed(q, kv, q_len, kv_len)
 
 
-def alibi(slopes, q_len: int, kv_len: int) -> Callable:
-  """score_mod adding ALiBi (reference.alibi_bias): -slope_h · |i + (kv_len - q_len) - j|."""
+def alibi(slopes, q_len: int, kv_len: int, *, query_positions=None,
+          key_positions=None) -> Callable:
+  """score_mod adding ALiBi (reference.alibi_bias): -slope_h · |i + (kv_len - q_len) - j|.
+  query_positions / key_positions (int arrays, default the identity) map a query / key index to
+  its sequence position, for variants that reorder or repeat keys."""
   slopes = jnp.asarray(slopes, jnp.float32)
-  return lambda score, b, h, q, kv: score - slopes[h] * jnp.abs(q + (kv_len - q_len) - kv)
+  at = lambda positions, index: index if positions is None else jnp.asarray(positions)[index]
+
+  def score_mod(score, b, h, q, kv):
+    distance = jnp.abs(at(query_positions, q) + (kv_len - q_len) - at(key_positions, kv))
+    return score - slopes[h] * distance
+  return score_mod
+
+
+def aligned_positions(q_len: int, kv_len: int):
+  """For `pattern()`: numpy aligned query positions [q_len, 1] (i + kv_len - q_len) and key
+  positions [1, kv_len]."""
+  return np.arange(q_len)[:, None] + (kv_len - q_len), np.arange(kv_len)[None, :]
+
+
+def dense_mask(mask_mod: Callable, heads: int | None, q_len: int, kv_len: int) -> np.ndarray:
+  """mask_mod on every entry at b = 0: numpy bool [heads or 1, q_len, kv_len] (`pattern()`)."""
+  h = np.arange(heads or 1)[:, None, None]
+  q, kv = np.arange(q_len)[None, :, None], np.arange(kv_len)[None, None, :]
+  return np.broadcast_to(np.asarray(mask_mod(0, h, q, kv)), (len(h), q_len, kv_len))
+
+
+def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool, alibi_slopes,
+           heads: int | None = None, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK,
+           sequence_lengths: tuple[int, int] | None = None, query_positions=None,
+           key_positions=None):
+  """An exact variant's `attend` on the engine: flex_attention over mask_mod (per head when
+  `heads`), with the variant's scale, its dropout and ALiBi. A variant that reorders or repeats
+  queries or keys passes their sequence positions and the sequence's (q_len, kv_len)."""
+  q_len, kv_len = q.shape[1], k.shape[1]
+  block_mask = create_block_mask(mask_mod, None, heads, q_len, kv_len, block_q=block_q,
+                                 block_k=block_k)
+  score_mod = None if alibi_slopes is None else alibi(
+      alibi_slopes, *(sequence_lengths or (q_len, kv_len)), query_positions=query_positions,
+      key_positions=key_positions)
+  return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=variant.scale,
+                        kv_mask=kv_mask, dropout_rate=variant.dropout_rate,
+                        dropout_rng=variant.dropout_rng(deterministic))
 
 
 def _visits(block_mask: BlockMask):
