@@ -96,11 +96,11 @@ class BigBirdAttention(Attention):
     block, last = self.block_size, ceil_div(length, self.block_size) - 1
     table = self.random_table(length)                                          # [h, N, r]
     blocks = np.arange(last + 1)
-    random = jnp.asarray((table[..., None] == blocks).any(-2))                 # [h, N, N]
+    random = (table[..., None] == blocks).any(-2)                             # [h, N, N]
 
     def allowed(b, h, q, kv):
       qb, kb = q // block, kv // block
-      keep = (jnp.abs(qb - kb) <= self.half_window) | (kb == 0) | random[h, qb, kb]
+      keep = (jnp.abs(qb - kb) <= self.half_window) | (kb == 0) | jnp.asarray(random)[h, qb, kb]
       if self.causal:
         return keep & reference.causal_allowed(q, kv, length, length)
       return keep | (kb == last) | (qb == 0) | (qb == last)

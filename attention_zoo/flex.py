@@ -113,17 +113,8 @@ def _check_block(name: str, value) -> int:
   return int(value)
 
 
-def create_block_mask(mask_mod: Callable, batch: int | None, heads: int | None, q_len: int,
-                      kv_len: int, *, block_q: int = DEFAULT_BLOCK,
-                      block_k: int = DEFAULT_BLOCK) -> BlockMask:
-  """The block metadata of `mask_mod` for queries 0..q_len-1 and keys 0..kv_len-1.
-
-  batch / heads: how many batch rows / query heads the mask differs over, or None when it does
-  not depend on b / h (then mask_mod is evaluated at b = 0 / h = 0). Blocks larger than a length
-  shrink to it. Evaluated one strip of block_q queries at a time: O(block_q · kv_len) at once.
-  """
-  block_q = min(_check_block("block_q", block_q), q_len)
-  block_k = min(_check_block("block_k", block_k), kv_len)
+def _block_lists(mask_mod, batch, heads, q_len, kv_len, block_q, block_k):
+  """create_block_mask's lists (counts, indices, full)."""
   num_q, num_k = ceil_div(q_len, block_q), ceil_div(kv_len, block_k)
   b = jnp.arange(batch or 1)[:, None, None, None]
   h = jnp.arange(heads or 1)[None, :, None, None]
@@ -139,8 +130,25 @@ def create_block_mask(mask_mod: Callable, batch: int | None, heads: int | None, 
     whole = jnp.all(tiles(allowed | ~real), axis=(-3, -1))
     return jnp.where(whole, FULL, jnp.where(seen, PARTIAL, EMPTY)).astype(jnp.int8)
 
-  states = jnp.moveaxis(jax.lax.map(strip, jnp.arange(num_q)), 0, 2)          # [B, H, nq, nk]
-  counts, indices, full = _lists(states)
+  states = jax.jit(lambda: jax.lax.map(strip, jnp.arange(num_q)))()            # [nq, B, H, nk]
+  return _lists(jnp.moveaxis(states, 0, 2))
+
+
+def create_block_mask(mask_mod: Callable, batch: int | None, heads: int | None, q_len: int,
+                      kv_len: int, *, block_q: int = DEFAULT_BLOCK,
+                      block_k: int = DEFAULT_BLOCK) -> BlockMask:
+  """The block metadata of `mask_mod` for queries 0..q_len-1 and keys 0..kv_len-1.
+
+  batch / heads: how many batch rows / query heads the mask differs over, or None when it does
+  not depend on b / h (then mask_mod is evaluated at b = 0 / h = 0). Blocks larger than a length
+  shrink to it. Evaluated one strip of block_q queries at a time: O(block_q · kv_len) at once.
+  """
+  block_q = min(_check_block("block_q", block_q), q_len)
+  block_k = min(_check_block("block_k", block_k), kv_len)
+  # A mask_mod that closes over no traced array gives concrete metadata even under jit:
+  # computed once while tracing, not in every call.
+  with jax.ensure_compile_time_eval():
+    counts, indices, full = _block_lists(mask_mod, batch, heads, q_len, kv_len, block_q, block_k)
   return BlockMask(counts, indices, full, mask_mod, q_len, kv_len, block_q, block_k)
 
 

@@ -78,7 +78,8 @@ class LongformerAttention(Attention):
     # positions in residue order (0, δ, 2δ, ..., 1, 1 + δ, ...), then the global keys' copies
     order = np.concatenate([np.arange(r, n, dilation) for r in range(dilation)])
     key_positions = np.concatenate([order, np.arange(num_global)])
-    with_copies = lambda x: jnp.concatenate([x[:, order], x[:, :num_global]], axis=1)
+    regroup = (lambda x: x) if dilation == 1 else (lambda x: x[:, order])
+    with_copies = lambda x: jnp.concatenate([regroup(x), x[:, :num_global]], axis=1)
 
     def allowed(b, h, q, kv):
       i, j = jnp.asarray(order)[q], jnp.asarray(key_positions)[kv]
@@ -87,11 +88,11 @@ class LongformerAttention(Attention):
       keep = in_window | (kv >= n)
       return keep & reference.causal_allowed(i, j, n, n) if self.causal else keep
 
-    out = flex.attend(self, q[:, order], with_copies(k), with_copies(v), allowed,
+    out = flex.attend(self, regroup(q), with_copies(k), with_copies(v), allowed,
                       kv_mask=with_copies(kv_mask), deterministic=deterministic,
                       alibi_slopes=alibi_slopes, sequence_lengths=(n, n), query_positions=order,
                       key_positions=key_positions)
-    out = out[:, np.argsort(order)]
+    out = out if dilation == 1 else out[:, np.argsort(order)]
     if not num_global:
       return out
     # global rows: a query i < g sees every key (causal: every j <= i), through W_qg, W_kg, W_vg
