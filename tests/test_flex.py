@@ -1,12 +1,16 @@
 """flex_attention against a dense float64 softmax oracle over the same mask_mod and score_mod
 (output and gradients, f32 within 1e-5), the block metadata against its definition, dropout's
 backward against its forward, and compiled memory linear in length."""
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attention_zoo import flex
+import attention_zoo as az
+from attention_zoo import conformance, flex
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 BLOCKS = dict(block_q=8, block_k=8)
@@ -269,3 +273,32 @@ def test_compiled_memory_is_linear_in_length():
 
   at_2k, at_8k = temp_bytes(2048), temp_bytes(8192)
   assert at_8k <= 4.5 * at_2k, f"{at_8k / 2**20:.1f} MiB at 8K vs {at_2k / 2**20:.1f} MiB at 2K"
+
+
+def python_block(page: str, marker: str) -> str:
+  text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+  return next(block for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+              if marker in block)
+
+
+def test_the_readme_example_runs():
+  q, kv = normal(0, (2, 1000, 8, 64)), normal(1, (2, 1000, 2, 64))
+  namespace = {"q": q, "kv": kv, "jnp": jnp}
+  exec(python_block("README.md", "create_block_mask"), namespace)   # noqa: S102 - our own README
+  assert namespace["out"].shape == (2, 1000, 8, 64)
+  position = np.arange(1024)                          # padded to 8 blocks of 128
+  document = np.where(position < 1000, position // 250, -1)
+  seen = ((document[:, None] == document[None, :]) & (document[:, None] >= 0)
+          & (position[None, :] <= position[:, None]))
+  seen_tiles = seen.reshape(8, 128, 8, 128).any(axis=(1, 3))
+  np.testing.assert_array_equal(namespace["mask"].states()[0, 0] != flex.EMPTY, seen_tiles)
+
+
+@pytest.mark.parametrize("check", [pytest.param("exact", marks=pytest.mark.slow), "causal",
+                                   "padding"])
+def test_the_docs_mask_function_variant_passes_conformance(check):
+  """docs/adding_an_attention.md's shortest exact variant, run from the page."""
+  with az.scoped_registry():
+    exec(python_block("docs/adding_an_attention.md", '"dilated_window"'), {})   # noqa: S102
+    result = conformance.run_check(check, "dilated_window")
+  assert result.status == "pass", result.describe()
