@@ -55,12 +55,16 @@ DEFAULT_BLOCK = 128
 
 @dataclasses.dataclass(frozen=True)
 class BlockMask:
-  """Which key blocks each query block visits. B and H are 1 for a mask built with batch=None or
-  heads=None; nq = ceil(q_len / block_q); the first kv_num_blocks entries of a row of kv_indices
-  are its key blocks (ascending), the rest filler."""
+  """Which key blocks each query block visits, and (for the backward) which query blocks each key
+  block is visited by. B and H are 1 for a mask built with batch=None or heads=None;
+  nq = ceil(q_len / block_q), nk = ceil(kv_len / block_k); the first kv_num_blocks entries of a
+  row of kv_indices are its key blocks (ascending), the rest filler; likewise q_*."""
   kv_num_blocks: jax.Array    # int32 [B, H, nq]
   kv_indices: jax.Array       # int32 [B, H, nq, width]
   kv_full: jax.Array          # bool [B, H, nq, width]: mask_mod is True on the whole tile
+  q_num_blocks: jax.Array     # int32 [B, H, nk]
+  q_indices: jax.Array        # int32 [B, H, nk, width']
+  q_full: jax.Array           # bool [B, H, nk, width']
   mask_mod: Callable | None   # None: every listed tile is full
   q_len: int
   kv_len: int
@@ -89,8 +93,14 @@ class BlockMask:
 
 
 jax.tree_util.register_dataclass(
-    BlockMask, data_fields=["kv_num_blocks", "kv_indices", "kv_full"],
+    BlockMask, data_fields=["kv_num_blocks", "kv_indices", "kv_full", "q_num_blocks", "q_indices",
+                            "q_full"],
     meta_fields=["mask_mod", "q_len", "kv_len", "block_q", "block_k"])
+
+
+def _both_lists(states):
+  """states [..., nq, nk] -> _lists of the rows (per query block), then of the columns."""
+  return _lists(states) + _lists(jnp.swapaxes(states, -1, -2))
 
 
 def _lists(states):
@@ -114,7 +124,7 @@ def _check_block(name: str, value) -> int:
 
 
 def _block_lists(mask_mod, batch, heads, q_len, kv_len, block_q, block_k):
-  """create_block_mask's lists (counts, indices, full)."""
+  """create_block_mask's lists: _both_lists of the [B, H, nq, nk] tile states."""
   num_q, num_k = ceil_div(q_len, block_q), ceil_div(kv_len, block_k)
   b = jnp.arange(batch or 1)[:, None, None, None]
   h = jnp.arange(heads or 1)[None, :, None, None]
@@ -131,7 +141,7 @@ def _block_lists(mask_mod, batch, heads, q_len, kv_len, block_q, block_k):
     return jnp.where(whole, FULL, jnp.where(seen, PARTIAL, EMPTY)).astype(jnp.int8)
 
   states = jax.jit(lambda: jax.lax.map(strip, jnp.arange(num_q)))()            # [nq, B, H, nk]
-  return _lists(jnp.moveaxis(states, 0, 2))
+  return _both_lists(jnp.moveaxis(states, 0, 2))
 
 
 def create_block_mask(mask_mod: Callable, batch: int | None, heads: int | None, q_len: int,
@@ -148,8 +158,8 @@ def create_block_mask(mask_mod: Callable, batch: int | None, heads: int | None, 
   # A mask_mod that closes over no traced array gives concrete metadata even under jit:
   # computed once while tracing, not in every call.
   with jax.ensure_compile_time_eval():
-    counts, indices, full = _block_lists(mask_mod, batch, heads, q_len, kv_len, block_q, block_k)
-  return BlockMask(counts, indices, full, mask_mod, q_len, kv_len, block_q, block_k)
+    lists = _block_lists(mask_mod, batch, heads, q_len, kv_len, block_q, block_k)
+  return BlockMask(*lists, mask_mod, q_len, kv_len, block_q, block_k)
 
 
 def full_block_mask(q_len: int, kv_len: int, *, block_q: int = DEFAULT_BLOCK,
@@ -158,9 +168,9 @@ def full_block_mask(q_len: int, kv_len: int, *, block_q: int = DEFAULT_BLOCK,
   block_q = min(_check_block("block_q", block_q), q_len)
   block_k = min(_check_block("block_k", block_k), kv_len)
   num_q, num_k = ceil_div(q_len, block_q), ceil_div(kv_len, block_k)
-  indices = jnp.broadcast_to(jnp.arange(num_k, dtype=jnp.int32), (1, 1, num_q, num_k))
-  return BlockMask(jnp.full((1, 1, num_q), num_k, jnp.int32), indices,
-                   jnp.ones((1, 1, num_q, num_k), bool), None, q_len, kv_len, block_q, block_k)
+  with jax.ensure_compile_time_eval():
+    lists = _both_lists(jnp.full((1, 1, num_q, num_k), FULL, jnp.int8))
+  return BlockMask(*lists, None, q_len, kv_len, block_q, block_k)
 
 
 def causal_mask(q_len: int, kv_len: int) -> Callable:
@@ -214,14 +224,17 @@ def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool
 
 
 def _visits(block_mask: BlockMask):
-  """(counts [nq], indices [nq, w], full [nq, w]) of the tiles a call visits: the union over the
-  mask's batch rows and heads (full only where full for all of them)."""
+  """The tiles a call visits, the union over the mask's batch rows and heads (full only where
+  full for all of them): (counts [nq], indices [nq, w], full [nq, w]) per query block, then the
+  same per key block."""
   if block_mask.kv_num_blocks.shape[:2] == (1, 1):
-    return block_mask.kv_num_blocks[0, 0], block_mask.kv_indices[0, 0], block_mask.kv_full[0, 0]
+    return tuple(x[0, 0] for x in (block_mask.kv_num_blocks, block_mask.kv_indices,
+                                   block_mask.kv_full, block_mask.q_num_blocks,
+                                   block_mask.q_indices, block_mask.q_full))
   states = block_mask.states()
   listed = jnp.any(states != EMPTY, axis=(0, 1))
   full = jnp.all(states == FULL, axis=(0, 1))
-  return _lists(jnp.where(full, FULL, jnp.where(listed, PARTIAL, EMPTY)))
+  return _both_lists(jnp.where(full, FULL, jnp.where(listed, PARTIAL, EMPTY)))
 
 
 # -- the engine ----------------------------------------------------------------------------
@@ -238,16 +251,30 @@ def _tile_indices(block_q: int, block_k: int, group: int, batch: int, kv_heads: 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-  """What is static about one call (the custom VJP's nondiff argument). `scores(q_i, k_j, b, h,
-  q, kv, *score_consts)` gives natural-unit scores, `mask(b, h, q, kv, *mask_consts)` the
-  allowed entries (None: no mask_mod); both closure-converted, so the arrays they close over
-  are explicit arguments."""
-  scores: Callable
+  """What is static about one call (the custom VJP's nondiff argument). tile_score(q_i, k_j, h,
+  *tile_consts), score_mod(scores, b, h, q, kv, *mod_consts) and mask(b, h, q, kv,
+  *mask_consts) are closure-converted, so the arrays they close over are explicit arguments;
+  None: the dot product, no score_mod, no mask_mod."""
+  tile_score: Callable | None
+  score_mod: Callable | None
   mask: Callable | None
+  scale: float
   block_q: int
   block_k: int
   group: int
   dropout_rate: float
+
+  def raw_scores(self, q_i, k_j, head, tile_consts):
+    """[b, kvh, rows, bk] natural-unit scores before score_mod."""
+    if self.tile_score is None:
+      return common.dot_nt(q_i, k_j) * self.scale
+    return self.tile_score(q_i, k_j, head, *tile_consts).astype(jnp.float32)
+
+  def modified(self, scores, index, mod_consts):
+    if self.score_mod is None:
+      return scores
+    modified = self.score_mod(scores, *index, *mod_consts)
+    return jnp.broadcast_to(modified, scores.shape).astype(jnp.float32)
 
   def indices(self, batch: int, kv_heads: int, i, j):
     return _tile_indices(self.block_q, self.block_k, self.group, batch, kv_heads, i, j)
@@ -271,10 +298,11 @@ class _Plan:
     return keep.astype(jnp.float32) / (1.0 - self.dropout_rate)
 
 
-def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, score_consts):
+def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, tile_consts,
+             mod_consts):
   """q_blocks [nq, b, kvh, rows, d'], k [b, kvh, kv_len, d'], v [b, kvh, kv_len, dv], kv_valid
   bool [b, 1, 1, kv_len] -> out [nq, b, kvh, rows, dv] (q's dtype), lse₂ [nq, b, kvh, rows, 1]."""
-  counts, indices, full = visits
+  counts, indices, full = visits[:3]
   _, batch, kv_heads, rows, _ = q_blocks.shape
   bk = plan.block_k
   init = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch, kv_heads) + x.shape),
@@ -286,7 +314,8 @@ def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, sc
     def key_block(t, state):
       j = indices[i, t]
       index = plan.indices(batch, kv_heads, i, j)
-      scores = plan.scores(q_i, _slice(k, j, bk), *index, *score_consts)       # [b, kvh, rows, bk]
+      scores = plan.raw_scores(q_i, _slice(k, j, bk), index[1], tile_consts)  # [b, kvh, rows, bk]
+      scores = plan.modified(scores, index, mod_consts)
       scores = plan.masked(scores, index, full[i, t], _slice(kv_valid, j, bk, 3), mask_consts)
       return common.softmax_update(state, scores, _slice(v, j, bk),
                                    plan.kept(rng, i, j, scores.shape))
@@ -303,50 +332,68 @@ def _slice(x, j, block: int, axis: int = 2):
 
 
 def _backward(plan: _Plan, residuals, d_out):
-  """FlashAttention-2's backward over the visited tiles, query block by query block: each tile's
-  dK, dV are added into its key block; arrays the scores close over get their share too."""
-  q_blocks, k, v, kv_valid, visits, rng, mask_consts, score_consts, out, lse = residuals
-  counts, indices, full = visits
-  _, batch, kv_heads, rows, _ = q_blocks.shape
+  """FlashAttention-2's backward over the visited tiles, key block by key block: dKᵀ, dVᵀ of a
+  key block accumulate over the query blocks that see it (transposed, [d, bk], so the tiles P
+  and dS are never transposed), each tile adds its share of dQ; arrays that tile_score and
+  score_mod close over get their share too."""
+  q_blocks, k, v, kv_valid, visits, rng, mask_consts, tile_consts, mod_consts, out, lse = residuals
+  counts, indices, full = visits[3:]
+  _, batch, kv_heads, _, _ = q_blocks.shape
   bk = plan.block_k
   d_out = d_out.astype(q_blocks.dtype)
   delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
-  trained = [jnp.issubdtype(c.dtype, jnp.inexact) for c in score_consts]
+  consts = (*tile_consts, *mod_consts)
+  trained = [jnp.issubdtype(c.dtype, jnp.inexact) for c in consts]
   zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+  transposed_zeros = lambda x: jnp.zeros(x.shape[:2] + (x.shape[3], bk), jnp.float32)
 
-  def query_block(i, grads):
+  def tile_grads(i, j, t, q_i, k_j, v_j, kv_valid_j, do_i):
+    """(dq [b, kvh, rows, d'], dkᵀ [b, kvh, d', bk], dvᵀ [b, kvh, dv, bk], d consts) of tile
+    (i, j)."""
+    index = plan.indices(batch, kv_heads, i, j)
+    if plan.tile_score is None:
+      raw = plan.raw_scores(q_i, k_j, index[1], ())
+    else:
+      raw, pull_raw = jax.vjp(lambda q, k, *c: plan.raw_scores(q, k, index[1], c), q_i, k_j,
+                              *tile_consts)
+    scores, pull_mod = jax.vjp(lambda s, *c: plan.modified(s, index, c), raw, *mod_consts)
+    scores = plan.masked(scores, index, full[j, t], kv_valid_j, mask_consts)
+    p, ds = common.tile_probs_and_dscores(scores, lse[i], delta[i], do_i, v_j,
+                                          plan.kept(rng, i, j, scores.shape))
+    ds, *d_mod = pull_mod(ds)
+    dv_t = common.dot_tn(do_i, p.astype(do_i.dtype))                         # [b, kvh, dv, bk]
+    if plan.tile_score is None:
+      ds = ds.astype(q_i.dtype)
+      dq = common.dot_nn(ds, k_j) * plan.scale                               # [b, kvh, rows, d]
+      return dq, common.dot_tn(q_i, ds) * plan.scale, dv_t, d_mod
+    dq, dk, *d_tile = pull_raw(ds)
+    return dq, jnp.swapaxes(dk, -1, -2), dv_t, [*d_tile, *d_mod]
+
+  def key_block(j, grads):
     dq, dk, dv, d_consts = grads
-    q_i, do_i, lse_i, delta_i = q_blocks[i], d_out[i], lse[i], delta[i]
+    k_j, v_j, kv_valid_j = _slice(k, j, bk), _slice(v, j, bk), _slice(kv_valid, j, bk, 3)
 
-    def key_block(t, grads):
-      dq_i, dk, dv, d_consts = grads
-      j = indices[i, t]
-      index = plan.indices(batch, kv_heads, i, j)
-      k_j, v_j = _slice(k, j, bk), _slice(v, j, bk)
-      scores, pull = jax.vjp(lambda q_i, k_j, *consts: plan.scores(q_i, k_j, *index, *consts),
-                             q_i, k_j, *score_consts)
-      scores = plan.masked(scores, index, full[i, t], _slice(kv_valid, j, bk, 3), mask_consts)
-      p, ds = common.tile_probs_and_dscores(scores, lse_i, delta_i, do_i, v_j,
-                                            plan.kept(rng, i, j, scores.shape))
-      dq_part, dk_part, *d_parts = pull(ds.astype(scores.dtype))
-      add = lambda full_grad, part: jax.lax.dynamic_update_slice_in_dim(
-          full_grad, _slice(full_grad, j, bk) + part.astype(full_grad.dtype), j * bk, axis=2)
-      dv_part = common.dot_tn(p.astype(do_i.dtype), do_i)                      # [b, kvh, bk, dv]
+    def query_block(t, grads):
+      dq, dk_t, dv_t, d_consts = grads
+      i = indices[j, t]
+      dq_i, dk_part, dv_part, d_parts = tile_grads(i, j, t, q_blocks[i], k_j, v_j, kv_valid_j,
+                                                   d_out[i])
       d_consts = [d + part.astype(d.dtype) if ok else d
                   for d, part, ok in zip(d_consts, d_parts, trained)]
-      return dq_i + dq_part.astype(jnp.float32), add(dk, dk_part), add(dv, dv_part), d_consts
+      return (dq.at[i].add(dq_i.astype(jnp.float32)), dk_t + dk_part, dv_t + dv_part, d_consts)
 
-    dq_i, dk, dv, d_consts = jax.lax.fori_loop(0, counts[i], key_block,
-                                               (zeros(q_i), dk, dv, d_consts))
-    return dq.at[i].set(dq_i), dk, dv, d_consts
+    dq, dk_t, dv_t, d_consts = jax.lax.fori_loop(
+        0, counts[j], query_block, (dq, transposed_zeros(k), transposed_zeros(v), d_consts))
+    put = lambda full_grad, block_t: jax.lax.dynamic_update_slice_in_dim(
+        full_grad, jnp.swapaxes(block_t, -1, -2).astype(full_grad.dtype), j * bk, axis=2)
+    return dq, put(dk, dk_t), put(dv, dv_t), d_consts
 
-  grads = (zeros(q_blocks), zeros(k), zeros(v),
-           [zeros(c) if ok else jnp.zeros((), jnp.float32) for c, ok in zip(score_consts, trained)])
-  dq, dk, dv, d_consts = jax.lax.fori_loop(0, q_blocks.shape[0], query_block, grads)
-  d_consts = [d.astype(c.dtype) if ok else None
-              for d, c, ok in zip(d_consts, score_consts, trained)]
-  return (dq.astype(q_blocks.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None,
-          [None] * len(mask_consts), d_consts)
+  grads = (zeros(q_blocks), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype),
+           [zeros(c) if ok else jnp.zeros((), jnp.float32) for c, ok in zip(consts, trained)])
+  dq, dk, dv, d_consts = jax.lax.fori_loop(0, k.shape[2] // bk, key_block, grads)
+  d_consts = [d.astype(c.dtype) if ok else None for d, c, ok in zip(d_consts, consts, trained)]
+  return (dq.astype(q_blocks.dtype), dk, dv, None, None, None, [None] * len(mask_consts),
+          d_consts[:len(tile_consts)], d_consts[len(tile_consts):])
 
 
 def _attend_fwd(plan, *args):
@@ -398,23 +445,17 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   q_blocks = jnp.moveaxis(q_blocks, 3, 0).reshape(-1, batch, kv_heads, group * bq, head_dim)
   k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))                             # [b, kvh, kv, ·]
 
-  def scores(q_i, k_j, b, h, q_idx, kv_idx):
-    s = (common.dot_nt(q_i, k_j) * scale if tile_score is None
-         else tile_score(q_i, k_j, h).astype(jnp.float32))                     # [b, kvh, rows, bk]
-    if score_mod is not None:
-      s = jnp.broadcast_to(score_mod(s, b, h, q_idx, kv_idx), s.shape).astype(jnp.float32)
-    return s
-
   # The arrays the functions close over become explicit arguments of the custom VJP.
   index = _tile_indices(bq, bk, group, batch, kv_heads, 0, 0)
-  score_fn, score_consts = jax.closure_convert(scores, q_blocks[0], k[:, :, :bk], *index)
-  mask_fn, mask_consts = (None, [])
-  if block_mask.mask_mod is not None:
-    mask_fn, mask_consts = jax.closure_convert(block_mask.mask_mod, *index)
-  plan = _Plan(score_fn, mask_fn, bq, bk, group, float(dropout_rate))
+  convert = lambda fn, *example: (None, []) if fn is None else jax.closure_convert(fn, *example)
+  tile_fn, tile_consts = convert(tile_score, q_blocks[0], k[:, :, :bk], index[1])
+  scores_example = jnp.zeros((batch, kv_heads, group * bq, bk), jnp.float32)
+  mod_fn, mod_consts = convert(score_mod, scores_example, *index)
+  mask_fn, mask_consts = convert(block_mask.mask_mod, *index)
+  plan = _Plan(tile_fn, mod_fn, mask_fn, scale, bq, bk, group, float(dropout_rate))
   rng = dropout_rng if dropout_rate > 0 else None
   out = _attend(plan, q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts,
-                score_consts)                                            # [nq, b, kvh, rows, dv]
+                tile_consts, mod_consts)                                 # [nq, b, kvh, rows, dv]
   out = out.reshape(-1, batch, kv_heads, group, bq, out.shape[-1])
   out = jnp.moveaxis(out, 0, 3).reshape(batch, kv_heads, group, -1, out.shape[-1])[:, :, :, :q_len]
   return jnp.moveaxis(out, 3, 1).reshape(batch, q_len, num_heads, -1)

@@ -218,6 +218,13 @@ def test_block_mask_states_follow_their_definition():
   assert indices.shape == (1, 1, 5, counts.max())
   for i in range(5):
     np.testing.assert_array_equal(indices[0, 0, i, :counts[i]], np.flatnonzero(expected[i]))
+  # and per key block the query blocks that visit it (the backward's lists), with their states
+  q_counts, q_indices = np.asarray(block_mask.q_num_blocks[0, 0]), block_mask.q_indices[0, 0]
+  for j in range(8):
+    visits = np.flatnonzero(expected[:, j])
+    np.testing.assert_array_equal(q_indices[j, :q_counts[j]], visits)
+    np.testing.assert_array_equal(block_mask.q_full[0, 0, j, :q_counts[j]],
+                                  expected[visits, j] == flex.FULL)
 
 
 def test_shapes_and_lengths_are_checked():
