@@ -16,16 +16,21 @@ slopes, per-token gates): write them as for scalars, with jnp.where instead of `
 
 `create_block_mask` evaluates mask_mod one strip of `block_q` queries at a time and keeps, per
 query block, the key blocks that are *partial* (mask_mod applied in the tile) or *full* (no mask
-evaluated), listed in ascending order; every other block is *empty* and never visited, forward
-or backward. Its memory grows with the number of blocks, never with q_len · kv_len.
+evaluated), listed in ascending order, and per key block the query blocks that visit it; every
+other block is *empty* and never visited, forward or backward. Its memory grows with the number
+of blocks, never with q_len · kv_len. A mask_mod that closes over no traced array is evaluated
+while tracing, so a jitted call does not recompute it.
 
 `flex_attention` runs FlashAttention's online softmax (attention_zoo.flash.common's tile math)
 over those lists: `lax.map` over query blocks, a loop over each block's listed key blocks; the
-backward (custom VJP) recomputes every tile from the saved log-sum-exp, query block by query
-block, and adds each tile's dK, dV into its key block, so memory is linear in length both ways.
-Arrays that score_mod (or a `tile_score`) closes over get gradients; those of mask_mod do not.
-A query that sees no key returns 0 (and passes no gradient). Lengths that are not multiples of
-the blocks are padded, and the padding masked.
+backward (custom VJP) recomputes every tile from the saved log-sum-exp, key block by key block
+over the query blocks that visit it (FlashAttention-2's order), so memory is linear in length
+both ways. Arrays that score_mod (or a `tile_score`) closes over get gradients; those of
+mask_mod do not. A query that sees no key returns 0 (and passes no gradient). Lengths that are
+not multiples of the blocks are padded, and the padding masked.
+
+For the variants: `causal_mask` and `alibi` build the zoo's causal rule and ALiBi, `attend` is a
+whole `attend()` over a mask_mod, `dense_mask` its `pattern()`.
 
 A tile holds every batch row and head (the query heads sharing a K/V head stacked as rows, so
 GQA never copies K/V): when the mask differs across batch rows or heads (BlockMask with batch or
