@@ -14,17 +14,21 @@ none already in the window or global. With `seed=None` (the default) the seed is
 construction from the `params` RNG stream, so each layer of a model gets its own table (as in
 the reference encoder) and the model seed reproduces them all; an int seed fixes the table
 (every layer built with it shares it). Causal: window and random blocks only from the past,
-only the first block global, then ∩ { j <= i }. The global rows are a separate O(B·n) pass;
-everything else is O(n·(W + 2 + r)·B). Self-attention only (N counts one sequence's blocks).
+only the first block global, then ∩ { j <= i }. A mask function on `attention_zoo.flex` with
+tiles of B x B, the random blocks as block-level data (a [heads, N, N] table): every tile is full
+or empty but for causality and padding. The global rows see all N blocks; every other row
+W + 2 + r, so time and memory are O(n·(W + 2 + r)·B) (the engine visits, per query block, the
+union of the heads' random blocks). Self-attention only (N counts one sequence's blocks).
 """
 from __future__ import annotations
 
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import blockwise, reference
+from attention_zoo import flex, reference
 from attention_zoo.base import Attention, ceil_div
 from attention_zoo.options import Int
 from attention_zoo.registry import register
@@ -87,36 +91,27 @@ class BigBirdAttention(Attention):
     return random_blocks(self.seed, ceil_div(length, self.block_size), self.num_heads,
                          self.num_random, self.half_window, self.causal)
 
+  def mask_mod(self, length: int):
+    """(b, h, q, kv) -> whether query q of head h sees key kv (flex's mask function)."""
+    block, last = self.block_size, ceil_div(length, self.block_size) - 1
+    table = self.random_table(length)                                          # [h, N, r]
+    blocks = np.arange(last + 1)
+    random = (table[..., None] == blocks).any(-2)                             # [h, N, N]
+
+    def allowed(b, h, q, kv):
+      qb, kb = q // block, kv // block
+      keep = (jnp.abs(qb - kb) <= self.half_window) | (kb == 0) | jnp.asarray(random)[h, qb, kb]
+      if self.causal:
+        return keep & reference.causal_allowed(q, kv, length, length)
+      return keep | (kb == last) | (qb == 0) | (qb == last)
+    return allowed
+
   def pattern(self, q_len: int, kv_len: int):
     if q_len != kv_len:
       raise ValueError(f"bigbird is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
-    i, j = blockwise.aligned_positions(q_len, kv_len)
-    qb, kb, last = i // self.block_size, j // self.block_size, ceil_div(kv_len, self.block_size) - 1
-    allowed = (np.abs(qb - kb) <= self.half_window) | (kb == 0)
-    if not self.causal:
-      allowed |= (kb == last) | (qb == 0) | (qb == last)
-    table = self.random_table(kv_len)[:, qb[:, 0]]                              # [h, n, r]
-    allowed = allowed[None] | (table[..., None] == kb[None, None]).any(-2)      # [h, n, n]
-    if self.causal:
-      allowed &= reference.causal_allowed(i, j, 0, 0)
-    return allowed
+    return flex.dense_mask(self.mask_mod(q_len), self.num_heads, q_len, kv_len)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
-    length, block = q.shape[1], self.block_size
-    last = ceil_div(length, block) - 1
-    if self.causal:
-      global_blocks = (0,)
-      offsets = tuple(range(-self.half_window, 1))
-    else:
-      global_blocks = (0, last) if last else (0,)
-      offsets = tuple(range(-self.half_window, self.half_window + 1))
-    global_positions = np.flatnonzero(np.isin(np.arange(length) // block, global_blocks))
-    segments = [
-        blockwise.Neighbours(offsets, blockwise.KeyBlockNotIn(block, global_blocks)),  # window
-        blockwise.SharedKeys(global_positions),                                # global columns
-        blockwise.BlockTable(self.random_table(length))]                       # random blocks
-    return blockwise.blockwise_attention(
-        q, k, v, blockwise.Frame.aligned(length, length, block), segments, kv_mask=kv_mask,
-        causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
-        dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic),
-        global_rows=None if self.causal else global_positions)
+    return flex.attend(self, q, k, v, self.mask_mod(q.shape[1]), kv_mask=kv_mask,
+                       deterministic=deterministic, alibi_slopes=alibi_slopes,
+                       heads=self.num_heads, block_q=self.block_size, block_k=self.block_size)

@@ -4,12 +4,12 @@
 
 with i' = i + (kv_len - q_len) the bottom-right aligned query position (causal: also j <= i').
 Blocks are contiguous positions [mB, (m+1)B), not the strided groups of the LRA reference
-code; a length that is not a multiple of B is padded inside and the padding masked.
-Cost O(n·B) time and memory.
+code. A mask function on `attention_zoo.flex` with tiles of B: self-attention visits only the
+diagonal tiles (full ones: no mask is evaluated), so time and memory are O(n·B).
 """
 from __future__ import annotations
 
-from attention_zoo import blockwise, reference
+from attention_zoo import flex, reference
 from attention_zoo.base import Attention
 from attention_zoo.options import Int
 from attention_zoo.registry import register
@@ -26,16 +26,19 @@ class LocalAttention(Attention):
     super().__init__(**kwargs)
     self.block_size = self.options["block_size"]
 
+  def mask_mod(self, q_len: int, kv_len: int):
+    """(b, h, q, kv) -> whether query q sees key kv (flex's mask function)."""
+    block, offset = self.block_size, kv_len - q_len
+
+    def allowed(b, h, q, kv):
+      keep = (q + offset) // block == kv // block
+      return keep & reference.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
+    return allowed
+
   def pattern(self, q_len: int, kv_len: int):
-    q_pos, k_pos = blockwise.aligned_positions(q_len, kv_len)
-    allowed = q_pos // self.block_size == k_pos // self.block_size
-    if self.causal:
-      allowed &= reference.causal_allowed(q_pos, k_pos, 0, 0)
-    return allowed[None]
+    return flex.dense_mask(self.mask_mod(q_len, kv_len), None, q_len, kv_len)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
-    frame = blockwise.Frame.aligned(q.shape[1], k.shape[1], self.block_size)
-    return blockwise.blockwise_attention(
-        q, k, v, frame, [blockwise.Neighbours((0,))], kv_mask=kv_mask, causal=self.causal,
-        scale=self.scale, alibi_slopes=alibi_slopes, dropout_rate=self.dropout_rate,
-        dropout_rng=self.dropout_rng(deterministic))
+    return flex.attend(self, q, k, v, self.mask_mod(q.shape[1], k.shape[1]), kv_mask=kv_mask,
+                       deterministic=deterministic, alibi_slopes=alibi_slopes,
+                       block_q=self.block_size, block_k=self.block_size)

@@ -15,11 +15,13 @@ implementation does. `global_projections=False` leaves the maps out. Hence `exac
 dense attention over `pattern()` while the maps are the identity (at initialisation, or
 without them); trained, the global rows are dense attention of the mapped q, k, v.
 
-Non-global rows take one softmax over [global keys ∪ window keys], the window part never
-counting a global key twice; global rows are a separate O(g·n) pass. The window is computed
-by blocks: positions are regrouped by residue mod δ, where the dilated window is a plain band,
-so time and memory are O(n·(w + g)). LRA's "window 512" is w = 256. Self-attention only
-(global tokens are positions of one sequence).
+Non-global rows take one softmax over [window keys ∪ global keys], a mask function on
+`attention_zoo.flex` over the keys followed by a copy of the global ones (the window part never
+counts a global key twice); global rows are a separate O(g·n) flex pass. With dilation δ > 1,
+queries and keys are first regrouped by residue mod δ, where the dilated window is a plain band
+(tiles of different residues are empty and skipped), so time and memory are O(n·(w + g)).
+LRA's "window 512" is w = 256. Self-attention only (global tokens are positions of one
+sequence).
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_zoo import blockwise, reference
-from attention_zoo.base import Attention, ceil_div
+from attention_zoo import flex, reference
+from attention_zoo.base import Attention
 from attention_zoo.options import Bool, Int
 from attention_zoo.registry import register
 
@@ -56,7 +58,7 @@ class LongformerAttention(Attention):
   def pattern(self, q_len: int, kv_len: int):
     if q_len != kv_len:
       raise ValueError(f"longformer is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
-    i, j = blockwise.aligned_positions(q_len, kv_len)
+    i, j = flex.aligned_positions(q_len, kv_len)
     window = (np.abs(i - j) <= self.window * self.dilation) & ((i - j) % self.dilation == 0)
     allowed = window | (j < self.num_global) | (i < self.num_global)
     if self.causal:
@@ -71,21 +73,33 @@ class LongformerAttention(Attention):
             mapped(v, self.global_value, "bjhd,hde->bjhe"))
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
-    length, window, dilation, num_global = q.shape[1], self.window, self.dilation, self.num_global
-    # Each residue class mod δ holds ceil(n/δ) positions; blocks of w of them reach w on each side.
-    block = max(1, min(window, ceil_div(length, dilation)))
-    reach = ceil_div(window, block)
-    offsets = tuple(range(-reach, 1 if self.causal else reach + 1))
+    n, window, dilation = q.shape[1], self.window, self.dilation
+    num_global = min(self.num_global, n)
+    # positions in residue order (0, δ, 2δ, ..., 1, 1 + δ, ...), then the global keys' copies
+    order = np.concatenate([np.arange(r, n, dilation) for r in range(dilation)])
+    key_positions = np.concatenate([order, np.arange(num_global)])
+    regroup = (lambda x: x) if dilation == 1 else (lambda x: x[:, order])
+    with_copies = lambda x: jnp.concatenate([regroup(x), x[:, :num_global]], axis=1)
 
-    # global keys are left to the global segment, so none counts twice
-    in_window = blockwise.Band(window * dilation, stride=dilation, first_key=num_global)
-    global_tokens = np.arange(min(num_global, length))
-    global_qkv = (None if self.global_query is None
-                  else self.global_inputs(q[:, :len(global_tokens)], k, v))
-    # global rows: a query i < g sees every key (causal: every j <= i) in their own pass
-    return blockwise.blockwise_attention(
-        q, k, v, blockwise.Frame.interleaved(length, block, dilation),
-        [blockwise.Neighbours(offsets, in_window), blockwise.SharedKeys(global_tokens)],
-        kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
-        dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic),
-        global_rows=global_tokens, global_qkv=global_qkv)
+    def allowed(b, h, q, kv):
+      i, j = jnp.asarray(order)[q], jnp.asarray(key_positions)[kv]
+      in_window = ((jnp.abs(i - j) <= window * dilation) & ((i - j) % dilation == 0)
+                   & (j >= num_global))
+      keep = in_window | (kv >= n)
+      return keep & reference.causal_allowed(i, j, n, n) if self.causal else keep
+
+    out = flex.attend(self, regroup(q), with_copies(k), with_copies(v), allowed,
+                      kv_mask=with_copies(kv_mask), deterministic=deterministic,
+                      alibi_slopes=alibi_slopes, sequence_lengths=(n, n), query_positions=order,
+                      key_positions=key_positions)
+    out = out if dilation == 1 else out[:, np.argsort(order)]
+    if not num_global:
+      return out
+    # global rows: a query i < g sees every key (causal: every j <= i), through W_qg, W_kg, W_vg
+    global_q, global_k, global_v = ((q[:, :num_global], k, v) if self.global_query is None
+                                    else self.global_inputs(q[:, :num_global], k, v))
+    sees_all = lambda b, h, q, kv: kv <= q if self.causal else kv >= 0
+    rows = flex.attend(self, global_q, global_k, global_v, sees_all, kv_mask=kv_mask,
+                       deterministic=deterministic, alibi_slopes=alibi_slopes,
+                       sequence_lengths=(n, n))
+    return out.at[:, :num_global].set(rows)

@@ -9,15 +9,19 @@ encoders, causal (own block up to i', summaries of earlier blocks) for decoders;
 reference code was causal even for classification and built a dense n x n mask.
 
 Each query sees B + c·n/B keys, so time is O(n·(B + c·n/B)): with fixed B and c the summaries
-make it quadratic, about c/B of full attention (Child et al. take B ~ sqrt(n)). Memory stays
-O(n·B + n·c): query blocks go through a checkpointed `lax.map`, `query_chunk` rows at a time.
+make it quadratic, about c/B of full attention (Child et al. take B ~ sqrt(n)). A mask function
+on `attention_zoo.flex`, over the keys followed by a compact copy of the summaries: the copies
+are seen outside the query's own block and the originals inside it, so no key counts twice and
+the tiles visited are the diagonal ones and the summary copies. Memory is linear (flex's tiles:
+`query_chunk` query rows by 128 keys).
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import blockwise, reference
-from attention_zoo.base import Attention, ceil_div
+from attention_zoo import flex, reference
+from attention_zoo.base import Attention
 from attention_zoo.options import Int
 from attention_zoo.registry import register
 
@@ -28,7 +32,7 @@ from attention_zoo.registry import register
                 "(arXiv:1904.10509)",
           supports_alibi=True)
 class SparseTransformerAttention(Attention):
-  # query_chunk: query rows per step of the loop over query blocks (bounds score memory).
+  # query_chunk: query rows per tile of the engine.
   OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),
              "query_chunk": Int(512, minimum=1)}
 
@@ -41,7 +45,7 @@ class SparseTransformerAttention(Attention):
                                              f"(the summaries are the last positions of a block)")
 
   def pattern(self, q_len: int, kv_len: int):
-    q_pos, k_pos = blockwise.aligned_positions(q_len, kv_len)
+    q_pos, k_pos = flex.aligned_positions(q_len, kv_len)
     block = self.block_size
     allowed = (q_pos // block == k_pos // block) | (k_pos % block >= block - self.num_summary)
     if self.causal:
@@ -49,13 +53,18 @@ class SparseTransformerAttention(Attention):
     return allowed[None]
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
-    block = self.block_size
-    summaries = np.flatnonzero(np.arange(k.shape[1]) % block >= block - self.num_summary)
-    # The own block's summaries are in the first segment already.
-    segments = [blockwise.Neighbours((0,)),
-                blockwise.SharedKeys(summaries, blockwise.OtherBlock(block))]
-    return blockwise.blockwise_attention(
-        q, k, v, blockwise.Frame.aligned(q.shape[1], k.shape[1], block), segments,
-        kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
-        dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic),
-        query_blocks_per_step=ceil_div(self.query_chunk, block))
+    q_len, kv_len, block = q.shape[1], k.shape[1], self.block_size
+    summaries = np.flatnonzero(np.arange(kv_len) % block >= block - self.num_summary)
+    with_copies = lambda x: jnp.concatenate([x, x[:, summaries]], axis=1)
+    key_positions = np.concatenate([np.arange(kv_len), summaries])    # of keys and copies
+
+    def allowed(b, h, q, kv):
+      i, j = q + (kv_len - q_len), jnp.asarray(key_positions)[kv]
+      # originals inside the query's block, copies of summaries outside it
+      keep = (kv < kv_len) == (i // block == j // block)
+      return keep & reference.causal_allowed(i, j, kv_len, kv_len) if self.causal else keep
+
+    return flex.attend(self, q, with_copies(k), with_copies(v), allowed,
+                       kv_mask=with_copies(kv_mask), deterministic=deterministic,
+                       alibi_slopes=alibi_slopes, block_q=self.query_chunk,
+                       sequence_lengths=(q_len, kv_len), key_positions=key_positions)

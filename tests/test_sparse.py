@@ -1,4 +1,4 @@
-"""The sparse family (local, sliding_window, sparse_transformer, longformer, bigbird): blockwise
+"""The sparse family (local, sliding_window, sparse_transformer, longformer, bigbird): flex engine
 results against the dense oracle over their own pattern, and the patterns against their
 definitions, written out here entry by entry."""
 import itertools

@@ -118,16 +118,18 @@ def softmax_init(block_q: int, head_dim: int):
           jnp.zeros((block_q, 1), jnp.float32))
 
 
-def softmax_update(state, scores, v):
+def softmax_update(state, scores, v, kept=None):
   """One online-softmax step over a key block: state (acc, m, row_sum), scores [..., rows, bk],
-  v [..., bk, d]."""
+  v [..., bk, d]; kept: None, or attention dropout's keep / (1 - rate) [..., rows, bk], which
+  scales the weights that reach V (not the normaliser)."""
   acc, m, row_sum = state
   m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))           # [..., rows, 1]
   m_used = jnp.where(m_new == MASK_VALUE, 0.0, m_new)                      # no key seen yet: P = 0
   p = jnp.exp2(scores - m_used)                                            # [..., rows, bk]
   rescale = jnp.exp2(m - m_used)                                           # [..., rows, 1]
   row_sum_new = rescale * row_sum + jnp.sum(p, axis=-1, keepdims=True)
-  acc_new = rescale * acc + dot_nn(p.astype(v.dtype), v)                   # [..., rows, d]
+  weights = p if kept is None else p * kept
+  acc_new = rescale * acc + dot_nn(weights.astype(v.dtype), v)             # [..., rows, d]
   return acc_new, m_new, row_sum_new
 
 
@@ -140,15 +142,19 @@ def softmax_finish(state):
   return out, lse
 
 
-def tile_probs_and_dscores(scores, lse, delta, do, v):
+def tile_probs_and_dscores(scores, lse, delta, do, v, kept=None):
   """Backward of one tile: P and dS (gradient w.r.t. the natural-unit scores before `scale`).
 
-  scores [..., rows, bk]; lse, delta [..., rows, 1]; do [..., rows, d]; v [..., bk, d].
-  Returns p, ds [..., rows, bk] f32 (0 where not allowed: exp2(MASK_VALUE - lse₂) = 0).
+  scores [..., rows, bk]; lse, delta [..., rows, 1]; do [..., rows, d]; v [..., bk, d]; kept as
+  for softmax_update (Δ = rowsum(dO ∘ O) holds with dropout too).
+  Returns p, ds [..., rows, bk] f32 (0 where not allowed: exp2(MASK_VALUE - lse₂) = 0); with
+  `kept`, p is the dropped weights P ∘ kept (what dV needs).
   """
   p = jnp.exp2(scores - lse)                                               # [..., rows, bk]
   dp = dot_nt(do, v)                                                       # [..., rows, bk]
-  return p, p * (dp - delta)
+  if kept is None:
+    return p, p * (dp - delta)
+  return p * kept, p * (dp * kept - delta)
 
 
 def cumsum_two_float(x, axis: int):
