@@ -9,10 +9,17 @@ import pytest
 import lra
 from lra_fixtures import decode_bytes, independent_grayscale, write_imdb
 
-tfds = pytest.importorskip("tensorflow_datasets",
-                           reason='TFDS reader tests need the test extra: pip install -e ".[test]"')
-tf = pytest.importorskip("tensorflow",
-                         reason='TFDS reader tests need the test extra: pip install -e ".[test]"')
+tfds = tf = None
+NEEDS = 'TFDS reader tests need the test extra: pip install -e ".[test]"'
+
+
+@pytest.fixture(autouse=True)
+def tensorflow_modules():
+  """TFDS and TensorFlow, imported when a test here runs rather than when the suite is collected
+  (TensorFlow takes seconds to import, and the fast lane collects this file without running it)."""
+  global tfds, tf
+  tfds = pytest.importorskip("tensorflow_datasets", reason=NEEDS)
+  tf = pytest.importorskip("tensorflow", reason=NEEDS)
 
 
 def read_raw(name, split):
