@@ -1,6 +1,7 @@
 """Registry, base class, plug-in loader and reference: the public contract every variant and
 plug-in relies on."""
 import ast
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -255,6 +256,14 @@ def plugin_dir(tmp_path, monkeypatch):
   monkeypatch.setattr(sys, "path", list(sys.path))
   with az.scoped_registry():
     yield folder
+
+
+def test_importing_the_package_imports_its_modules_but_the_command():
+  """A variant's file is registered by being in the package, with no list naming it; the
+  conformance command is left to `python -m`."""
+  package_modules = {module.name for module in pkgutil.iter_modules(az.__path__)}
+  imported = {name.split(".")[1] for name in sys.modules if name.startswith("attention_zoo.")}
+  assert package_modules - imported <= {"conformance"}
 
 
 def test_load_plugins_by_path_from_the_working_directory(plugin_dir):
