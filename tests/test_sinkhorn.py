@@ -8,6 +8,7 @@ from flax import nnx
 import attention_zoo as az
 from attention_zoo import reference
 from attention_zoo.sinkhorn import sinkhorn
+from helpers import random_qkv
 
 B, H, KVH, D, BS = 2, 4, 2, 8, 4
 
@@ -18,9 +19,7 @@ def make(causal=False, seed=0, **options):
 
 
 def qkv(n, seed=0):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, n, H, D)), jax.random.normal(kk, (B, n, KVH, D)),
-          jax.random.normal(kv, (B, n, KVH, D)))
+  return random_qkv(seed, batch=B, q_len=n, num_heads=H, num_kv_heads=KVH, head_dim=D)
 
 
 def padding(n):

@@ -6,6 +6,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
+from helpers import random_qkv
 
 B, H, KVH, D, MAX_LEN, N = 2, 4, 2, 8, 16, 12
 
@@ -17,9 +18,7 @@ def make(mode, mix, causal=False, seed=0, max_len=MAX_LEN, **options):
 
 
 def qkv(seed=0, n=N):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, n, H, D)), jax.random.normal(kk, (B, n, KVH, D)),
-          jax.random.normal(kv, (B, n, KVH, D)))
+  return random_qkv(seed, batch=B, q_len=n, num_heads=H, num_kv_heads=KVH, head_dim=D)
 
 
 def padding():
