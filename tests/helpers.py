@@ -1,6 +1,7 @@
 """Makers the tests share: random inputs drawn with numpy (cheaper than compiling a random
-kernel for each shape), a variant built at test size, the relative error of an approximation,
-the shapes of every array a traced function forms, and the overrides of a tiny harness run."""
+kernel for each shape), a padding mask, a variant built at test size, the relative error of an
+approximation, the shapes of every array a traced function forms, and the overrides of a tiny
+harness run."""
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -23,6 +24,15 @@ def random_qkv(seed, *, batch=2, q_len, kv_len=None, num_heads=4, num_kv_heads=2
       scale * rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
   return (draw(q_len, num_heads, std), draw(kv_len, num_kv_heads, std),
           draw(kv_len, num_kv_heads, 1.0))
+
+
+def padding_mask(batch, length, *, hole, tail):
+  """bool [batch, length], True = real: every row whole but row 1, whose position `hole` and
+  last `tail` positions are padding (a gap inside the sequence and a padded end)."""
+  mask = np.ones((batch, length), bool)
+  mask[1, length - tail:] = False
+  mask[1, hole] = False
+  return jnp.asarray(mask)
 
 
 def create_variant(name, *, num_heads=4, num_kv_heads=2, head_dim=8, causal=False, model_seed=0,

@@ -14,17 +14,14 @@ from flax import nnx
 from attention_zoo import reference
 from attention_zoo.conformance import apply
 from helpers import create_variant as build
-from helpers import random_qkv, rel_err
+from helpers import padding_mask, random_qkv, rel_err
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def holes_mask(batch, length):
   """Row 0 unpadded; row 1 with a hole at position 2 and its last 3 positions padded."""
-  mask = np.ones((batch, length), bool)
-  mask[1, 2] = False
-  mask[1, length - 3:] = False
-  return jnp.asarray(mask)
+  return padding_mask(batch, length, hole=2, tail=3)
 
 
 def explicit_kernel_attention(phi_q, phi_k, v, kv_mask, causal):

@@ -11,7 +11,7 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.models import Classifier, TransformerConfig
-from helpers import array_shapes, create_variant, normal, random_qkv
+from helpers import array_shapes, create_variant, normal, padding_mask, random_qkv
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -27,10 +27,7 @@ def qkv(seed, q_len, kv_len, num_kv_heads):
 
 def padding(length, seed):
   """Batch row 0 whole; row 1 with a masked tail and a masked position inside."""
-  mask = np.ones((2, length), bool)
-  mask[1, length - 1 - seed % 3:] = False
-  mask[1, (3 * seed) % length] = False
-  return jnp.asarray(mask)
+  return padding_mask(2, length, hole=(3 * seed) % length, tail=1 + seed % 3)
 
 
 def vjp_of(f):
