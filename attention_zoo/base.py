@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo import options as options_lib
-from attention_zoo import reference
+from attention_zoo import reference, registry
 from attention_zoo.options import Float, Int
 
 # Options every variant accepts. scale None: 1/sqrt(head_dim).
@@ -112,7 +112,7 @@ class Attention(nnx.Module):
                        f"q_len={q_len}, kv_len={kv_len}")
     if alibi_slopes is not None and not self.spec.supports_alibi:
       raise ValueError(f"{name} does not accept a score bias (ALiBi); variants that do: "
-                       f"{', '.join(_alibi_variants())}")
+                       f"{', '.join(registry.accepting_alibi())}")
     q_mask = _normalise_mask(q_mask, b, q_len, "q_mask", name)
     kv_mask = _normalise_mask(kv_mask, b, kv_len, "kv_mask", name)
     extra = {} if alibi_slopes is None else {"alibi_slopes": jnp.asarray(alibi_slopes, jnp.float32)}
@@ -178,11 +178,6 @@ def _normalise_mask(mask, batch: int, length: int, what: str, name: str):
     raise ValueError(f"{name}: {what} must be bool [batch, len] = {(batch, length)}, "
                      f"got {mask.shape}")
   return mask.astype(bool)
-
-
-def _alibi_variants():
-  from attention_zoo import registry
-  return [n for n in registry.available() if registry.spec(n).supports_alibi]
 
 
 # -- shared helpers for blockwise variants --------------------------------------------------

@@ -29,9 +29,9 @@ class MultiHeadAttention(nnx.Module):
     positions.check_kind(position_kind)
     spec = registry.spec(attention)
     if position_kind == "alibi" and not spec.supports_alibi:
-      with_alibi = [n for n in registry.available() if registry.spec(n).supports_alibi]
       raise ValueError(f"attention {attention!r} does not accept a score bias, so ALiBi cannot "
-                       f"be used with it; variants that do: {', '.join(with_alibi)}")
+                       f"be used with it; variants that do: "
+                       f"{', '.join(registry.accepting_alibi())}")
     if spec.shared_qk and num_kv_heads != num_heads:
       raise ValueError(f"attention {attention!r} uses the queries as keys (shared QK), so "
                        f"num_kv_heads ({num_kv_heads}) must equal num_heads ({num_heads})")

@@ -1,23 +1,46 @@
-"""Variants from outside the package: modules or .py files whose import registers them.
+"""Where registered variants come from: the package's own modules, and plug-ins.
 
     import attention_zoo as az
     az.load_plugins(["my_package.my_attention", "path/to/cosine.py"])   # -> the names added
 
-A plug-in is named by its module (importable from sys.path or the current directory:
-`my_attention` for ./my_attention.py) or by the path of its .py file. A file under the current
-directory is imported by its dotted path from there (`examples/cosine_attention.py` ->
+The package's own variants and mixers register when `import attention_zoo` imports every module
+of the package (`import_package_modules`): a new one is a new file with one `@register` (or
+`@register_mixer`) line, and no list names it. The one module left out is the conformance
+command, which `python -m attention_zoo.conformance` imports itself.
+
+Any other variant is a plug-in: a module whose import registers it, loaded with `load_plugins`,
+by its module name (importable from sys.path or the current directory: `my_attention` for
+./my_attention.py) or by the path of its .py file. A file under the current directory is
+imported by its dotted path from there (`examples/cosine_attention.py` ->
 `examples.cosine_attention`, so naming it either way imports it once); any other file, or one
-whose folders are not valid module names, is imported from its own folder. The training
-harness (`--plugins`) and the conformance runner load plug-ins through this module.
+whose folders are not valid module names, is imported from its own folder. Everything that
+takes plug-ins goes through this module: the harness's commands import their `--plugins` once,
+in `experiments.cli.run`, before the command's main runs (and check the config's attention
+against what they register); the conformance runner imports each module it is given with
+`import_plugin` and checks the names `registered_by` it.
 """
 from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 import sys
 from typing import Iterable
 
 from attention_zoo import registry
+
+
+# Run with `python -m`: importing it with the package would make runpy warn that it is imported
+# twice.
+_COMMANDS = {"conformance"}
+
+
+def import_package_modules(package: str, path) -> None:
+  """Imports every module of `package` (its folder list `path`) but the commands and private
+  modules, registering the variants and mixers they define."""
+  for module in pkgutil.iter_modules(path):
+    if module.name not in _COMMANDS and not module.name.startswith("_"):
+      importlib.import_module(f"{package}.{module.name}")
 
 
 class PluginError(ImportError):

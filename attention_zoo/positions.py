@@ -10,7 +10,6 @@ import numpy as np
 from flax import nnx
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "none")
-ADDED_TO_EMBEDDINGS = ("sinusoidal", "learned")
 
 
 def check_kind(kind: str):

@@ -1,5 +1,5 @@
 """Name -> attention variant or sequence mixer: `register`, `register_mixer`, `create`,
-`create_mixer`, `available`, `spec`, `state_size`, `scoped_registry`.
+`create_mixer`, `available`, `accepting_alibi`, `spec`, `state_size`, `scoped_registry`.
 
 Two kinds of class share one namespace. An attention variant (a subclass of
 `attention_zoo.Attention`, `@register`) maps q, k, v to an output; a sequence mixer (a subclass
@@ -58,7 +58,7 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
   `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for a
   name already taken by another class.
   """
-  from attention_zoo.base import Attention  # late import: base imports nothing from here
+  from attention_zoo.base import Attention  # late import: base imports this module
 
   def wrap(cls):
     if not (isinstance(cls, type) and issubclass(cls, Attention)):
@@ -134,6 +134,11 @@ def available(kind: str | None = None) -> tuple[str, ...]:
   if kind is not None and kind not in KINDS:
     raise ValueError(f"kind must be one of {', '.join(KINDS)} or None, got {kind!r}")
   return tuple(sorted(n for n, cls in _REGISTRY.items() if kind in (None, cls.spec.kind)))
+
+
+def accepting_alibi() -> tuple[str, ...]:
+  """The registered names, sorted, whose spec accepts a per-head linear score bias (ALiBi)."""
+  return tuple(n for n in available() if _REGISTRY[n].spec.supports_alibi)
 
 
 def get(name: str) -> type:

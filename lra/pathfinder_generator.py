@@ -74,10 +74,9 @@ import tqdm
 from PIL import Image
 
 from lra.fileio import write_manifest
+from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, pathfinder_dir
 
 __all__ = [
-    "DIFFICULTIES",
-    "RESOLUTIONS",
     "PathfinderParams",
     "Scene",
     "pathfinder_params",
@@ -89,14 +88,8 @@ __all__ = [
     "save_example_grid",
 ]
 
-# difficulty -> (directory name in the release, contour length in paddles)
-DIFFICULTIES = {
-    "easy": ("curv_baseline", 6),
-    "intermediate": ("curv_contour_length_9", 9),
-    "hard": ("curv_contour_length_14", 14),
-}
-
-# The LRA TFDS builders' docstrings (Pathfinder32/64/128/256), plus script defaults.
+# Per resolution in lra.tasks.PATHFINDER_RESOLUTIONS: the LRA TFDS builders' docstrings
+# (Pathfinder32/64/128/256), plus script defaults.
 _RESOLUTION_PARAMS = {
     32: dict(paddle_length=2.0, paddle_thickness=0.5, paddle_margins=(1.0,), seed_distance=7.0,
              continuity=1.0, marker_radius=1.5, padding=1.0, snake_contrast=2.0,
@@ -111,7 +104,6 @@ _RESOLUTION_PARAMS = {
               continuity=1.8, marker_radius=5.0, padding=22.0, snake_contrast=1.0,
               paddle_contrast=1.0, distractor_budget=30),
 }
-RESOLUTIONS = tuple(sorted(_RESOLUTION_PARAMS))
 RULES_VERSION = 1  # bump whenever the generation rules change what is written
 
 _TURN_STEP = math.radians(5.0)       # spacing of candidate turns (plus a per-step sub-shift)
@@ -121,7 +113,7 @@ _DISTRACTOR_ATTEMPTS = 5             # original: max_distractor_contour_retrial 
 _TARGET_DEAD_ENDS = 28               # dead ends the target pair may back out of per start
 _TARGET_STARTS = 1000                # fresh starts before giving up (never needed in practice)
 _FAR = complex(1e9, 1e9)             # where an empty paddle slot lies: never near anything
-_DIFFICULTY_IDS = {name: i for i, name in enumerate(DIFFICULTIES)}
+_DIFFICULTY_IDS = {name: i for i, name in enumerate(PATHFINDER_DIFFICULTIES)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +137,7 @@ class PathfinderParams:
 
   @property
   def difficulty_dir(self) -> str:
-    return DIFFICULTIES[self.difficulty][0]
+    return PATHFINDER_DIFFICULTIES[self.difficulty].folder
 
   @property
   def distractor_length(self) -> int:
@@ -169,11 +161,12 @@ def _check_int(name, value, minimum):
 
 @functools.lru_cache(maxsize=None)
 def pathfinder_params(resolution: int = 32, difficulty: str = "hard") -> PathfinderParams:
-  """The parameters for `resolution` in RESOLUTIONS and `difficulty` in DIFFICULTIES."""
-  _check_choice("resolution", resolution, RESOLUTIONS)
-  _check_choice("difficulty", difficulty, tuple(DIFFICULTIES))
+  """The parameters for `resolution` in lra.tasks.PATHFINDER_RESOLUTIONS and `difficulty` in
+  lra.tasks.PATHFINDER_DIFFICULTIES."""
+  _check_choice("resolution", resolution, PATHFINDER_RESOLUTIONS)
+  _check_choice("difficulty", difficulty, tuple(PATHFINDER_DIFFICULTIES))
   return PathfinderParams(resolution=resolution, difficulty=difficulty,
-                          contour_length=DIFFICULTIES[difficulty][1],
+                          contour_length=PATHFINDER_DIFFICULTIES[difficulty].contour_length,
                           **_RESOLUTION_PARAMS[resolution])
 
 
@@ -513,7 +506,7 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
   _check_int("seed", seed, 0)
   _check_int("workers", workers, 1)
   _check_int("images_per_batch", images_per_batch, 1)
-  target = Path(out_dir) / f"pathfinder{resolution}" / params.difficulty_dir
+  target = pathfinder_dir(out_dir, resolution, difficulty)
   if target.exists() and not target.is_dir():
     raise ValueError(f"{target} exists and is not a directory")
   if target.is_dir() and any(target.iterdir()) and not overwrite:

@@ -9,7 +9,7 @@ from lra import cache as cache_lib
 from lra import listops, mad, mqar, readers
 from lra.fileio import read_manifest
 from lra.loader import reader, resolve_options
-from lra.tasks import SPLITS
+from lra.tasks import SPLITS, pathfinder_dir
 
 _SPLIT_RULES = {
     "listops": "the files basic_train / basic_val / basic_test",
@@ -34,7 +34,7 @@ def _generator_folder(task: str, root: Path, options: dict) -> Path | None:
   if task == "listops":
     return root / listops.DIR_NAME
   if task in ("pathfinder", "pathx"):
-    return readers.pathfinder_dir(root, options["resolution"], options["difficulty"])
+    return pathfinder_dir(root, options["resolution"], options["difficulty"])
   return None
 
 

@@ -20,7 +20,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from lra import listops
-from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS
+from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, pathfinder_dir
 
 
 RELEASE_HINT = ("It is part of the official LRA release: download lra_release.gz (linked from "
@@ -462,11 +462,6 @@ def _image_from_tfds(split: str, max_len: int, download: bool, folder: Path | No
 
 
 # ------------------------------------------------------------------------------- Pathfinder
-
-def pathfinder_dir(data_dir, resolution: int, difficulty: str) -> Path:
-  """`data_dir/pathfinder{resolution}/{difficulty folder}`."""
-  return Path(data_dir) / f"pathfinder{resolution}" / PATHFINDER_DIFFICULTIES[difficulty]
-
 
 def check_pathfinder_options(resolution, difficulty) -> None:
   if resolution not in PATHFINDER_RESOLUTIONS:

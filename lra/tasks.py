@@ -7,16 +7,31 @@ Lengths, classes and vocabularies follow the released LRA configs (Tay et al., 2
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import NamedTuple
 
 SPLITS = ("train", "validation", "test")
 
-# Pathfinder difficulty -> folder name in the official release (LRA uses "hard").
+
+
+class PathfinderDifficulty(NamedTuple):
+  folder: str           # the folder name in the official release
+  contour_length: int   # paddles in the path joining the two markers (what the generator draws)
+
+
+# Pathfinder difficulty -> where the release keeps it and how long its path is (LRA uses "hard").
 PATHFINDER_DIFFICULTIES = {
-    "easy": "curv_baseline",
-    "intermediate": "curv_contour_length_9",
-    "hard": "curv_contour_length_14",
+    "easy": PathfinderDifficulty("curv_baseline", 6),
+    "intermediate": PathfinderDifficulty("curv_contour_length_9", 9),
+    "hard": PathfinderDifficulty("curv_contour_length_14", 14),
 }
 PATHFINDER_RESOLUTIONS = (32, 64, 128, 256)
+
+
+def pathfinder_dir(data_dir, resolution: int, difficulty: str) -> Path:
+  """`data_dir/pathfinder{resolution}/{difficulty folder}`: where the release keeps one split of
+  images and where the generator writes them."""
+  return Path(data_dir) / f"pathfinder{resolution}" / PATHFINDER_DIFFICULTIES[difficulty].folder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,18 +6,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import attention_zoo as az
+from helpers import array_shapes, create_variant, normal, random_qkv
 
 HEADS, HEAD_DIM = 4, 8
 
 
-def normal(seed, shape):
-  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
-
-
-def build(*, causal=False, num_kv_heads=2, **options):
-  return az.create("additive", num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
-                   causal=causal, rngs=nnx.Rngs(0), **options)
+def build(**options):
+  return create_variant("additive", num_heads=HEADS, head_dim=HEAD_DIM, **options)
 
 
 def oracle(params, q, k, v, q_mask, kv_mask, causal, slopes):
@@ -51,8 +46,8 @@ CASES = [(21, 21, 2, True, False, 8), (9, 26, 1, False, True, 8), (26, 11, 4, Tr
     CASES[0], *[pytest.param(*case, marks=pytest.mark.slow) for case in CASES[1:]]])
 def test_equals_the_dense_oracle(q_len, kv_len, kv_heads, causal, alibi, block):
   attn = build(causal=causal, num_kv_heads=kv_heads, attention_dim=6, block_size=block)
-  q, k, v = (normal(0, (2, q_len, HEADS, HEAD_DIM)), normal(1, (2, kv_len, kv_heads, HEAD_DIM)),
-             normal(2, (2, kv_len, kv_heads, HEAD_DIM)))
+  q, k, v = random_qkv(0, q_len=q_len, kv_len=kv_len, num_heads=HEADS, num_kv_heads=kv_heads,
+                       head_dim=HEAD_DIM)
   q_mask = np.ones((2, q_len), bool)
   q_mask[1, -2:] = False
   kv_mask = np.ones((2, kv_len), bool)
@@ -84,16 +79,6 @@ def test_equals_the_dense_oracle(q_len, kv_len, kv_heads, causal, alibi, block):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=0, err_msg=jax.tree_util.keystr(path[0]))
 
 
-def _shapes(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield from (tuple(var.aval.shape) for var in eqn.outvars)
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _shapes(inner)
-
-
 def test_no_intermediate_grows_with_both_lengths():
   """Forward and backward hold tiles of [rows, block, d_a], never [L_q, L_k, ...]: the largest
   intermediate is below L_q · L_k entries (d_a = 16)."""
@@ -101,5 +86,5 @@ def test_no_intermediate_grows_with_both_lengths():
   attn = build(causal=True, num_kv_heads=1, attention_dim=16, block_size=32)
   q, kv = jnp.zeros((1, n, HEADS, HEAD_DIM)), jnp.zeros((1, n, 1, HEAD_DIM))
   grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
-  biggest = max(int(np.prod(s)) for s in _shapes(jax.make_jaxpr(grad)(q, kv, kv).jaxpr))
+  biggest = max(int(np.prod(s)) for s in array_shapes(jax.make_jaxpr(grad)(q, kv, kv).jaxpr))
   assert biggest < n * n, f"an intermediate has {biggest} >= L_q · L_k = {n * n} entries"

@@ -111,6 +111,7 @@ def test_a_leaky_plugin_in_the_working_directory_fails_from_the_command_line(tmp
   assert result.returncode == 1, result.stdout + result.stderr
   assert "FAIL causal" in result.stdout and "changing later tokens" in result.stdout, result.stdout
   assert f"0 passed, 0 not applicable, 1 failed: {module}.causal" in result.stdout
+  assert "RuntimeWarning" not in result.stderr, result.stderr   # the package did not import it
 
 
 def test_the_example_plugin_passes_every_property_from_its_path():

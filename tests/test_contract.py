@@ -1,6 +1,7 @@
 """Registry, base class, plug-in loader and reference: the public contract every variant and
 plug-in relies on."""
 import ast
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -14,15 +15,9 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import plugins, reference
+from helpers import random_qkv
 
 PACKAGE = Path(az.__file__).parent
-
-
-def _qkv(b=2, q_len=6, kv_len=None, h=4, kvh=2, d=8, seed=0):
-  kv_len = q_len if kv_len is None else kv_len
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (b, q_len, h, d)), jax.random.normal(kk, (b, kv_len, kvh, d)),
-          jax.random.normal(kv, (b, kv_len, kvh, d)))
 
 
 @pytest.fixture
@@ -69,7 +64,7 @@ def test_bad_construction(kwargs, message):
 
 def test_bad_call_shapes_are_named():
   attn = az.create("full", num_heads=4, head_dim=8, num_kv_heads=2, rngs=nnx.Rngs(0))
-  q, k, v = _qkv()
+  q, k, v = random_qkv(0, q_len=6)
   with pytest.raises(ValueError, match="expected q"):
     attn(q, k[:, :, :1], v)
   with pytest.raises(ValueError, match=r"kv_mask must be bool \[batch, len\]"):
@@ -124,7 +119,7 @@ def test_plugin_variant_follows_the_contract(scratch_registry):
   assert "plain" in az.available() and az.spec("plain").options["temperature"] == 1.0
   attn = az.create("plain", num_heads=4, head_dim=8, num_kv_heads=2, rngs=nnx.Rngs(0),
                    temperature=2.0)
-  q, k, v = _qkv()
+  q, k, v = random_qkv(0, q_len=6)
   q_mask = jnp.ones((2, 6), bool).at[1, 2].set(False)
   out = attn(q, k, v, q_mask=q_mask)
   assert float(jnp.abs(out[1, 2]).max()) == 0.0        # the base zeroes masked query rows
@@ -133,7 +128,7 @@ def test_plugin_variant_follows_the_contract(scratch_registry):
 
 
 def test_dense_attention_rows_without_keys_are_zero_with_finite_gradients():
-  q, k, v = _qkv()
+  q, k, v = random_qkv(0, q_len=6)
   allowed = jnp.ones((2, 1, 6, 6), bool).at[1].set(False)
 
   def loss(q, k, v):
@@ -146,7 +141,7 @@ def test_dense_attention_rows_without_keys_are_zero_with_finite_gradients():
 
 
 def test_masked_softmax_attention_matches_dense_oracle():
-  q, k, v = _qkv(q_len=5, kv_len=9)
+  q, k, v = random_qkv(0, q_len=5, kv_len=9)
   kv_mask = jnp.ones((2, 9), bool).at[0, 7:].set(False)
   out = reference.masked_softmax_attention(q, k, v, kv_mask=kv_mask, causal=True)
   allowed = (reference.causal_allowed(jnp.arange(5)[:, None], jnp.arange(9)[None, :], 5, 9)
@@ -255,6 +250,14 @@ def plugin_dir(tmp_path, monkeypatch):
   monkeypatch.setattr(sys, "path", list(sys.path))
   with az.scoped_registry():
     yield folder
+
+
+def test_importing_the_package_imports_its_modules_but_the_command():
+  """A variant's file is registered by being in the package, with no list naming it; the
+  conformance command is left to `python -m`."""
+  package_modules = {module.name for module in pkgutil.iter_modules(az.__path__)}
+  imported = {name.split(".")[1] for name in sys.modules if name.startswith("attention_zoo.")}
+  assert package_modules - imported <= {"conformance"}
 
 
 def test_load_plugins_by_path_from_the_working_directory(plugin_dir):

@@ -11,13 +11,10 @@ import pytest
 
 import attention_zoo as az
 from attention_zoo import conformance, flex
+from helpers import normal
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 BLOCKS = dict(block_q=8, block_k=8)
-
-
-def normal(seed, shape, scale=1.0):
-  return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def grid(batch, heads, q_len, kv_len):

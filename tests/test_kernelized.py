@@ -11,29 +11,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import attention_zoo as az
 from attention_zoo import reference
 from attention_zoo.conformance import apply
+from helpers import create_variant as build
+from helpers import padding_mask, random_qkv, rel_err
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def make_inputs(seed, *, batch=2, q_len=10, kv_len=10, num_heads=4, num_kv_heads=2, head_dim=8,
-                std=1.0):
-  """q, k ~ N(0, std²), v ~ N(0, 1), f32 (numpy-drawn: cheaper than compiling a draw per shape)."""
-  rng = np.random.default_rng(seed)
-  draw = lambda length, heads, s: jnp.asarray(
-      s * rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
-  return (draw(q_len, num_heads, std), draw(kv_len, num_kv_heads, std),
-          draw(kv_len, num_kv_heads, 1.0))
-
-
 def holes_mask(batch, length):
   """Row 0 unpadded; row 1 with a hole at position 2 and its last 3 positions padded."""
-  mask = np.ones((batch, length), bool)
-  mask[1, 2] = False
-  mask[1, length - 3:] = False
-  return jnp.asarray(mask)
+  return padding_mask(batch, length, hole=2, tail=3)
 
 
 def explicit_kernel_attention(phi_q, phi_k, v, kv_mask, causal):
@@ -50,18 +38,8 @@ def explicit_kernel_attention(phi_q, phi_k, v, kv_mask, causal):
   return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
 
 
-def build(name, *, num_heads=4, num_kv_heads=2, head_dim=8, causal=False, seed=0, **options):
-  return az.create(name, num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
-                   causal=causal, rngs=nnx.Rngs(seed), **options)
-
-
 def call(attn, q, k, v, **kwargs):
   return apply(attn, q, k, v, **kwargs)   # one compiled call; deterministic is static
-
-
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
 # -- linear_transformer: the explicit formula ----------------------------------------------------
@@ -74,7 +52,7 @@ def test_linear_transformer_equals_explicit_formula(causal, q_len, kv_len):
   """Self- and cross-attention (bottom-right causal either way round), padded keys, GQA;
   output and gradients."""
   attn = build("linear_transformer", causal=causal, chunk_size=4)
-  q, k, v = make_inputs(0, q_len=q_len, kv_len=kv_len)
+  q, k, v = random_qkv(0, q_len=q_len, kv_len=kv_len)
   kv_mask = holes_mask(2, kv_len)
   phi = lambda x: jnp.where(x > 0, x + 1.0, jnp.exp(x))    # elu(x) + 1
   cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
@@ -112,7 +90,7 @@ def test_refusals():
 def test_performer_equals_its_explicit_estimator(kernel, causal):
   """The module computes exactly D⁻¹ φ(Q̂)(φ(K̂)ᵀV) with its stored Ω (stabilisers cancel)."""
   attn = build("performer", causal=causal, kernel=kernel, nb_features=24, chunk_size=4)
-  q, k, v = make_inputs(2, q_len=14, kv_len=14)
+  q, k, v = random_qkv(2, q_len=14, kv_len=14)
   kv_mask = holes_mask(2, 14)
   omega = np.asarray(attn.features[...], np.float64)                        # [kvh, m, d]
   root_scale = 8 ** -0.25
@@ -137,7 +115,7 @@ def test_deterministic_features_are_relu_of_the_head_coordinates(causal, scale):
   attn = build("performer", causal=causal, kernel="relu", features="deterministic", scale=scale,
                chunk_size=4)
   assert attn.nb_features == 8 and attn.features is None                 # no Ω stored
-  q, k, v = make_inputs(8, q_len=14, kv_len=14)
+  q, k, v = random_qkv(8, q_len=14, kv_len=14)
   kv_mask = holes_mask(2, 14)
   root_scale = 8 ** -0.25 if scale is None else 1.0
   phi = lambda x: jnp.maximum(x * root_scale, 0) + 1e-3
@@ -152,7 +130,7 @@ def _softmax_errors(nb_features, causal):
   so the heads are 8 independent draws). n 64, head_dim 16; q, k ~ N(0, 0.25), so q·k/sqrt(d)
   has std 0.25: with N(0, 1) inputs the positive-feature estimator's variance (which grows like
   exp(|q̂ + k̂|²)) needs far more features for the same error."""
-  q, k, v = make_inputs(100, batch=1, q_len=64, kv_len=64, num_heads=8, num_kv_heads=8,
+  q, k, v = random_qkv(100, batch=1, q_len=64, kv_len=64, num_heads=8, num_kv_heads=8,
                         head_dim=16, std=0.5)
   attn = build("performer", num_heads=8, num_kv_heads=8, head_dim=16, causal=causal,
                nb_features=nb_features, chunk_size=16)
@@ -196,8 +174,8 @@ def test_performer_features_are_orthogonal_blocks_with_chi_norms():
 
 @pytest.mark.slow
 def test_performer_redraw():
-  q, k, v = make_inputs(3)
-  attn = build("performer", nb_features=16, seed=1)
+  q, k, v = random_qkv(3, q_len=10)
+  attn = build("performer", nb_features=16, model_seed=1)
   fixed = np.asarray(attn.features[...])
   first, second = call(attn, q, k, v), call(attn, q, k, v)
   assert np.array_equal(first, second)                    # evaluation reproducible
@@ -209,7 +187,7 @@ def test_performer_redraw():
   # fresh features each call
   assert np.max(np.abs(np.asarray(train_a) - np.asarray(train_b))) > 1e-3
   assert np.array_equal(attn.features[...], fixed)                         # the stored Ω is kept
-  frozen = build("performer", nb_features=16, seed=1, redraw=False)
+  frozen = build("performer", nb_features=16, model_seed=1, redraw=False)
   # redraw=False: fixed in training too
   assert np.array_equal(frozen.projection(deterministic=False), fixed)
 
@@ -222,7 +200,7 @@ def test_performer_stabiliser_ignores_padded_and_future_keys(causal):
   n, head_dim = 12, 256
   attn = build("performer", num_heads=2, num_kv_heads=1, head_dim=head_dim, causal=causal,
                nb_features=32, chunk_size=4)
-  q, k, v = make_inputs(4, batch=1, q_len=n, kv_len=n, num_heads=2, num_kv_heads=1,
+  q, k, v = random_qkv(4, batch=1, q_len=n, kv_len=n, num_heads=2, num_kv_heads=1,
                         head_dim=head_dim, std=0.5)
   omega = np.asarray(attn.features[...][0], np.float64)                     # [m, d]
   # k̂ = k·d^(-1/4) = ω
@@ -250,11 +228,11 @@ def test_causal_padding_invariance(name):
   change no real output."""
   attn = build(name, causal=True, chunk_size=4,
                **({"nb_features": 32} if name == "performer" else {}))
-  q, k, v = make_inputs(5, q_len=14, kv_len=14)
+  q, k, v = random_qkv(5, q_len=14, kv_len=14)
   mask = holes_mask(2, 14)
   out = call(attn, q, k, v, q_mask=mask, kv_mask=mask)
   pad = ~mask[:, :, None, None]
-  noise = make_inputs(6, q_len=14, kv_len=14)
+  noise = random_qkv(6, q_len=14, kv_len=14)
   changed = call(attn, *(jnp.where(pad, x + 30 * e, x) for x, e in zip((q, k, v), noise)),
                  q_mask=mask, kv_mask=mask)
   assert rel_err(changed, out) < 1e-5
@@ -287,7 +265,7 @@ def test_performer_keeps_every_row_at_large_input_norms(causal):
   n, d = 128, 64
   attn = build("performer", num_heads=2, num_kv_heads=1, head_dim=d, causal=causal, nb_features=64,
                chunk_size=16)
-  q, k, v = make_inputs(9, q_len=n, kv_len=n, num_heads=2, num_kv_heads=1, head_dim=d, std=16.0)
+  q, k, v = random_qkv(9, q_len=n, kv_len=n, num_heads=2, num_kv_heads=1, head_dim=d, std=16.0)
   mask = holes_mask(2, n)
   out = np.asarray(call(attn, q, k, v, q_mask=mask, kv_mask=mask), np.float64)
   real_rows = np.broadcast_to(np.asarray(mask)[:, :, None], out.shape[:3])
@@ -310,7 +288,7 @@ def test_recurrent_decode_equals_causal_forward(name):
   steps = 20
   attn = build(name, causal=True, chunk_size=8,
                **({"nb_features": 32} if name == "performer" else {}))
-  q, k, v = make_inputs(7, batch=2, q_len=steps, kv_len=steps)
+  q, k, v = random_qkv(7, batch=2, q_len=steps, kv_len=steps)
   k = k * jnp.linspace(0.2, 2.0, steps)[None, :, None, None]
   forward = call(attn, q, k, v)
   cache = attn.init_cache(2, steps, jnp.float32)

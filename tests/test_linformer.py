@@ -9,23 +9,11 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo.conformance import apply
+from helpers import create_variant, random_qkv, rel_err
 
 
-def make_inputs(seed, *, batch=2, q_len=12, kv_len=12, num_heads=4, num_kv_heads=2, head_dim=8):
-  rng = np.random.default_rng(seed)
-  draw = lambda length, heads: jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)),
-                                          jnp.float32)
-  return draw(q_len, num_heads), draw(kv_len, num_kv_heads), draw(kv_len, num_kv_heads)
-
-
-def build(*, max_len=12, seed=0, **options):
-  return az.create("linformer", num_heads=4, head_dim=8, num_kv_heads=2, max_len=max_len,
-                   rngs=nnx.Rngs(seed), **options)
-
-
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+def build(*, max_len=12, **options):
+  return create_variant("linformer", max_len=max_len, **options)
 
 
 SHARING = ["none", "headwise", "kv"]
@@ -41,7 +29,7 @@ def test_identity_projections_with_k_equal_n_give_full_attention(share):
     if projection is not None:
       projection[...] = jnp.broadcast_to(jnp.eye(n), projection.shape)
   full = az.create("full", num_heads=4, head_dim=8, num_kv_heads=2, rngs=nnx.Rngs(0))
-  q, k, v = make_inputs(0, q_len=n, kv_len=n)
+  q, k, v = random_qkv(0, q_len=n, kv_len=n)
   cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
 
   @jax.jit
@@ -80,7 +68,7 @@ def test_each_sharing_mode_equals_its_projections_applied_explicitly(share):
   projects each K/V head with its own E_h, F_h, "headwise" all heads with one E and one F,
   "kv" with one E = F."""
   attn = build(max_len=16, k=5, share=share)
-  q, k, v = make_inputs(2, q_len=7, kv_len=12)
+  q, k, v = random_qkv(2, q_len=7, kv_len=12)
   kv_mask = np.ones((2, 12), bool)
   kv_mask[1, 8:] = kv_mask[1, 3] = False
   e = np.asarray(attn.key_projection[...], np.float64)[:, :12]             # the first kv_len rows
@@ -111,6 +99,6 @@ def test_refusals():
     build(share="layer")
   with pytest.raises(ValueError, match=r"option k=0 is invalid: expected an integer >= 1"):
     build(k=0)
-  q, k, v = make_inputs(3, q_len=4, kv_len=13)
+  q, k, v = random_qkv(3, q_len=4, kv_len=13)
   with pytest.raises(ValueError, match="exceeds max_len 12"):
     build(k=4)(q, k, v)

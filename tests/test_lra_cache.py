@@ -6,16 +6,10 @@ import pytest
 
 import lra
 from lra import readers
+from lra_fixtures import write_listops
 
+TRAIN_FILE = "basic_train.tsv"
 ROWS = ["( ( ( [MAX 2 ) 9 ) ] )\t9", "( ( ( [MIN 4 ) 7 ) ] )\t4"]
-
-
-def write_listops(root, rows):
-  folder = root / "listops-1000"
-  folder.mkdir(parents=True, exist_ok=True)
-  path = folder / "basic_train.tsv"
-  path.write_text("Source\tTarget\n" + "".join(r + "\n" for r in rows))
-  return path
 
 
 @pytest.fixture
@@ -32,7 +26,7 @@ def count_parses(monkeypatch):
 
 
 def test_hit_and_invalidation(tmp_path, count_parses):
-  path = write_listops(tmp_path, ROWS)
+  path = write_listops(tmp_path, TRAIN_FILE, ROWS)
   first = lra.load("listops", "train", data_dir=tmp_path)
   cached = list((tmp_path / ".lra_cache").glob("*.npz"))
   assert len(cached) == 1 and len(count_parses) == 1
@@ -43,12 +37,12 @@ def test_hit_and_invalidation(tmp_path, count_parses):
   np.testing.assert_array_equal(second.masks, first.masks)
   np.testing.assert_array_equal(second.targets, first.targets)
 
-  write_listops(tmp_path, ROWS + ["( ( ( [SM 4 ) 7 ) ] )\t1"])  # the source changes
+  write_listops(tmp_path, TRAIN_FILE, ROWS + ["( ( ( [SM 4 ) 7 ) ] )\t1"])  # the source changes
   third = lra.load("listops", "train", data_dir=tmp_path)
   assert len(count_parses) == 2 and third.targets.tolist() == [9, 4, 1]
 
   # Same size, new content and mtime: still detected.
-  write_listops(tmp_path, ROWS[:2] + ["( ( ( [SM 4 ) 8 ) ] )\t2"])
+  write_listops(tmp_path, TRAIN_FILE, ROWS[:2] + ["( ( ( [SM 4 ) 8 ) ] )\t2"])
   stat = path.stat()
   os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
   fourth = lra.load("listops", "train", data_dir=tmp_path)
@@ -57,7 +51,7 @@ def test_hit_and_invalidation(tmp_path, count_parses):
 
 
 def test_parameters_key_separate_entries_and_cache_dir(tmp_path, count_parses):
-  write_listops(tmp_path, ROWS)
+  write_listops(tmp_path, TRAIN_FILE, ROWS)
   cache_dir = tmp_path / "elsewhere"
   full = lra.load("listops", "train", data_dir=tmp_path, cache_dir=cache_dir)
   short = lra.load("listops", "train", data_dir=tmp_path, cache_dir=cache_dir, max_len=3)
@@ -71,7 +65,7 @@ def test_parameters_key_separate_entries_and_cache_dir(tmp_path, count_parses):
 
 
 def test_interrupted_cache_write_leaves_nothing(tmp_path, monkeypatch):
-  write_listops(tmp_path, ROWS)
+  write_listops(tmp_path, TRAIN_FILE, ROWS)
   real_savez = np.savez
 
   def interrupted(file, **arrays):
@@ -87,7 +81,7 @@ def test_interrupted_cache_write_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_corrupt_or_unwritable_cache_is_rebuilt(tmp_path, count_parses, caplog):
-  write_listops(tmp_path, ROWS)
+  write_listops(tmp_path, TRAIN_FILE, ROWS)
   lra.load("listops", "train", data_dir=tmp_path)
   (entry,) = (tmp_path / ".lra_cache").glob("*.npz")
   entry.write_bytes(b"not a zip file")

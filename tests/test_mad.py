@@ -9,6 +9,7 @@ from flax import nnx
 
 import lra
 from attention_zoo.models import BottleneckLM, TransformerConfig
+from helpers import tiny_run_overrides
 from lra.mad import IGNORED
 
 SIZES = dict(num_train=40, num_validation=8, num_test=40)
@@ -222,9 +223,7 @@ def test_the_mad_table_has_a_column_per_task_an_average_and_n_a_rows():
 def test_every_mad_task_trains_through_the_harness_and_reports(tmp_path):
   from experiments import report, reproduce
 
-  overrides = ["data.num_train=32", "data.num_validation=8", "data.num_test=8",
-               "model.num_layers=1", "model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32",
-               "batch_size=8", "num_train_steps=2", "eval_every=1", "log_every=1"]
+  overrides = tiny_run_overrides()
   failures = reproduce.run_grid(preset="tiny", tasks=["mad"], attentions=["full", "linformer"],
                                 seeds=[0], out=tmp_path, overrides=overrides)
   assert failures == []

@@ -9,6 +9,7 @@ from flax import nnx
 import lra
 from attention_zoo.models import DecoderLM, TransformerConfig
 from experiments import trainer
+from helpers import tiny_run_overrides
 from lra import mqar
 
 SMALL = dict(vocab_size=64, num_pairs=4, min_gap=6, num_train=200, num_validation=20,
@@ -113,9 +114,7 @@ def test_one_decoder_step_on_fake_data_lowers_the_loss():
 def test_mqar_runs_through_the_harness_and_non_causal_variants_are_not_applicable(tmp_path):
   from experiments import report, reproduce
 
-  overrides = ["data.num_train=64", "data.num_validation=16", "data.num_test=16",
-               "model.num_layers=1", "model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32",
-               "batch_size=8", "num_train_steps=2", "eval_every=1", "log_every=1"]
+  overrides = tiny_run_overrides(examples=(64, 16, 16))
   failures = reproduce.run_grid(preset="tiny", tasks=["mqar"], attentions=["full", "linformer"],
                                 seeds=[0], out=tmp_path, overrides=overrides)
   assert failures == []
@@ -136,9 +135,7 @@ def test_mqar_runs_through_the_harness_and_non_causal_variants_are_not_applicabl
 def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
   from experiments import sweep
 
-  overrides = ["data.num_train=32", "data.num_validation=8", "data.num_test=8",
-               "model.num_layers=1", "model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32",
-               "batch_size=8", "num_train_steps=1", "eval_every=1", "log_every=1"]
+  overrides = tiny_run_overrides(steps=1)
   values = ["2", "4"]
   failures = sweep.run(task="mqar", preset="tiny", field="data.num_pairs", values=values,
                        attentions=["full", "linformer"], seeds=[0], out=tmp_path,
@@ -156,9 +153,7 @@ def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
 def test_frontier_sweep_over_width_reports_each_runs_state_size(tmp_path):
   from experiments import sweep
 
-  overrides = ["data.num_train=32", "data.num_validation=8", "data.num_test=8",
-               "model.num_layers=1", "model.mlp_dim=32", "batch_size=8", "num_train_steps=1",
-               "eval_every=1", "log_every=1"]
+  overrides = tiny_run_overrides(steps=1, width=None)
   values = ["16", "32"]
   failures = sweep.run(task="mqar", preset="tiny", field="model.emb_dim", values=values,
                        attentions=["full", "gated_deltanet"], seeds=[0], out=tmp_path,

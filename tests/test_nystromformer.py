@@ -13,18 +13,11 @@ from flax import nnx
 import attention_zoo as az
 from attention_zoo import nystromformer, reference
 from attention_zoo.conformance import apply
+from helpers import create_variant, random_qkv
 
 
-def build(*, num_heads=4, num_kv_heads=2, head_dim=8, seed=0, **options):
-  return az.create("nystromformer", num_heads=num_heads, head_dim=head_dim,
-                   num_kv_heads=num_kv_heads, rngs=nnx.Rngs(seed), **options)
-
-
-def make_inputs(seed, *, batch=2, length=24, num_heads=4, num_kv_heads=2, head_dim=8):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (batch, length, num_heads, head_dim)),
-          jax.random.normal(kk, (batch, length, num_kv_heads, head_dim)),
-          jax.random.normal(kv, (batch, length, num_kv_heads, head_dim)))
+def build(**options):
+  return create_variant("nystromformer", **options)
 
 
 def softmax(x):
@@ -63,7 +56,7 @@ def papers_formula(q, k, v, num_landmarks, iterations, conv=None):
 def test_equals_the_papers_formula(conv_kernel_size):
   """Output and the formula agree (GQA, 24 tokens, 6 landmarks of 4 tokens each)."""
   attn = build(num_landmarks=6, conv_kernel_size=conv_kernel_size)
-  q, k, v = make_inputs(0)
+  q, k, v = random_qkv(0, q_len=24)
   conv = None if attn.conv is None else np.asarray(attn.conv[...], np.float64)
   expected = papers_formula(q, k, v, 6, 6, conv)
   out = np.asarray(apply(attn, q, k, v))
@@ -71,7 +64,7 @@ def test_equals_the_papers_formula(conv_kernel_size):
 
 
 def mean_relative_error(num_landmarks, *, length=64, pinv_iterations=6, kv_mask=None):
-  q, k, v = make_inputs(1, batch=4, length=length, num_heads=2, num_kv_heads=2, head_dim=16)
+  q, k, v = random_qkv(1, batch=4, q_len=length, num_heads=2, num_kv_heads=2, head_dim=16)
   attn = build(num_heads=2, num_kv_heads=2, head_dim=16, num_landmarks=num_landmarks,
                pinv_iterations=pinv_iterations)
   kv_mask = jnp.ones((4, length), bool) if kv_mask is None else kv_mask
@@ -101,7 +94,7 @@ def test_padding_equals_the_sequence_without_it():
   """Padded tokens enter no landmark and get no weight: a row with a hole and a padded tail
   gives what its 17 real tokens give alone (17 is not a multiple of the 4 landmarks)."""
   attn = build(num_landmarks=4)
-  q, k, v = make_inputs(2, batch=1, length=23)
+  q, k, v = random_qkv(2, batch=1, q_len=23)
   mask = np.ones((1, 23), bool)
   mask[0, 6], mask[0, 18:] = False, False
   real = np.flatnonzero(mask[0])
@@ -150,5 +143,5 @@ def test_refusals_say_why():
     build(conv_kernel_size=4)
   with pytest.raises(ValueError, match="self-attention only"):
     attn = build()
-    q, k, v = make_inputs(0)
+    q, k, v = random_qkv(0, q_len=24)
     attn(q[:, :10], k, v)

@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import attention_zoo as az
 from attention_zoo import reference
+from helpers import create_variant, padding_mask
 
 B, H, KVH, D = 2, 4, 2, 8
 
 
 def make(causal=False, seed=0, **options):
-  return az.create("reformer", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
-                   rngs=nnx.Rngs(seed), **options)
+  return create_variant("reformer", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
+                        model_seed=seed, **options)
 
 
 def qkv(n, seed=0, q_norm=1.0):
@@ -24,10 +24,7 @@ def qkv(n, seed=0, q_norm=1.0):
 
 
 def padding(n):
-  mask = np.ones((B, n), bool)
-  mask[1, n - 5:] = False
-  mask[1, 2] = False
-  return jnp.asarray(mask)
+  return padding_mask(B, n, hole=2, tail=5)
 
 
 def union_pattern(buckets, chunk_len, kv_mask, causal):

@@ -5,30 +5,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import attention_zoo as az
 from attention_zoo import reference
 from attention_zoo.sinkhorn import sinkhorn
+from helpers import create_variant, padding_mask, random_qkv
 
 B, H, KVH, D, BS = 2, 4, 2, 8, 4
 
 
 def make(causal=False, seed=0, **options):
-  return az.create("sinkhorn", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
-                   rngs=nnx.Rngs(seed), **{"block_size": BS, **options})
+  return create_variant("sinkhorn", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
+                        model_seed=seed, **{"block_size": BS, **options})
 
 
 def qkv(n, seed=0):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, n, H, D)), jax.random.normal(kk, (B, n, KVH, D)),
-          jax.random.normal(kv, (B, n, KVH, D)))
+  return random_qkv(seed, batch=B, q_len=n, num_heads=H, num_kv_heads=KVH, head_dim=D)
 
 
 def padding(n):
   """Row 1: one padded position inside block 0, and its last block and a half padded."""
-  mask = np.ones((B, n), bool)
-  mask[1, 1] = False
-  mask[1, n - BS - 2:] = False
-  return jnp.asarray(mask)
+  return padding_mask(B, n, hole=1, tail=BS + 2)
 
 
 def hard_sort(targets, n):

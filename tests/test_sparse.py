@@ -9,34 +9,25 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import attention_zoo as az
 from attention_zoo import reference
 from attention_zoo.models import Classifier, TransformerConfig
+from helpers import array_shapes, create_variant, normal, padding_mask, random_qkv
 
 HEADS, HEAD_DIM = 4, 8
 
 
-def build(name, *, causal=False, num_kv_heads=2, **options):
-  return az.create(name, num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
-                   causal=causal, rngs=nnx.Rngs(0), **options)
-
-
-def normal(seed, shape):   # numpy draws: no random kernel to compile for each shape
-  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+def build(name, **options):
+  return create_variant(name, num_heads=HEADS, head_dim=HEAD_DIM, **options)
 
 
 def qkv(seed, q_len, kv_len, num_kv_heads):
-  return (normal(seed, (2, q_len, HEADS, HEAD_DIM)),
-          normal(seed + 1, (2, kv_len, num_kv_heads, HEAD_DIM)),
-          normal(seed + 2, (2, kv_len, num_kv_heads, HEAD_DIM)))
+  return random_qkv(seed, q_len=q_len, kv_len=kv_len, num_heads=HEADS,
+                    num_kv_heads=num_kv_heads, head_dim=HEAD_DIM)
 
 
 def padding(length, seed):
   """Batch row 0 whole; row 1 with a masked tail and a masked position inside."""
-  mask = np.ones((2, length), bool)
-  mask[1, length - 1 - seed % 3:] = False
-  mask[1, (3 * seed) % length] = False
-  return jnp.asarray(mask)
+  return padding_mask(2, length, hole=(3 * seed) % length, tail=1 + seed % 3)
 
 
 def vjp_of(f):
@@ -380,16 +371,6 @@ def test_self_attention_only_variants_say_so(name):
 
 # -- no n x n tensor -------------------------------------------------------------------------
 
-def _shapes(jaxpr):
-  for eqn in jaxpr.eqns:
-    yield from (tuple(var.aval.shape) for var in eqn.outvars)
-    for param in eqn.params.values():
-      for sub in param if isinstance(param, (tuple, list)) else (param,):
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _shapes(inner)
-
-
 @pytest.mark.parametrize("name, options", [
     ("local", dict(block_size=16)), ("sliding_window", dict(window=16)),
     ("sparse_transformer", dict(block_size=16, num_summary=2, query_chunk=64)),
@@ -402,5 +383,5 @@ def test_no_quadratic_intermediate(name, options):
   x = jnp.zeros((1, n, HEADS, HEAD_DIM))
   kv = jnp.zeros((1, n, 1, HEAD_DIM))
   grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
-  biggest = max(int(np.prod(s)) for s in _shapes(jax.make_jaxpr(grad)(x, kv, kv).jaxpr))
+  biggest = max(int(np.prod(s)) for s in array_shapes(jax.make_jaxpr(grad)(x, kv, kv).jaxpr))
   assert biggest < n * n, f"{name}: an intermediate has {biggest} >= n² = {n * n} elements"

@@ -6,27 +6,23 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
+from helpers import create_variant, padding_mask, random_qkv
 
 B, H, KVH, D, MAX_LEN, N = 2, 4, 2, 8, 16, 12
 
 
 def make(mode, mix, causal=False, seed=0, max_len=MAX_LEN, **options):
-  return az.create("synthesizer", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
-                   max_len=max_len, rngs=nnx.Rngs(seed), mode=mode, mix_dot_product=mix, k=3,
-                   **options)
+  return create_variant("synthesizer", num_heads=H, head_dim=D, num_kv_heads=KVH, causal=causal,
+                        max_len=max_len, model_seed=seed, mode=mode, mix_dot_product=mix, k=3,
+                        **options)
 
 
 def qkv(seed=0, n=N):
-  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  return (jax.random.normal(kq, (B, n, H, D)), jax.random.normal(kk, (B, n, KVH, D)),
-          jax.random.normal(kv, (B, n, KVH, D)))
+  return random_qkv(seed, batch=B, q_len=n, num_heads=H, num_kv_heads=KVH, head_dim=D)
 
 
 def padding():
-  mask = np.ones((B, N), bool)
-  mask[1, N - 4:] = False
-  mask[1, 2] = False
-  return jnp.asarray(mask)
+  return padding_mask(B, N, hole=2, tail=4)
 
 
 def params(attn):

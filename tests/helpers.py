@@ -1,0 +1,71 @@
+"""Makers the tests share: random inputs drawn with numpy (cheaper than compiling a random
+kernel for each shape), a padding mask, a variant built at test size, the relative error of an
+approximation, the shapes of every array a traced function forms, and the overrides of a tiny
+harness run."""
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import attention_zoo as az
+
+
+def normal(seed, shape, scale=1.0):
+  """N(0, scale²) float32 of `shape`, one numpy generator per seed."""
+  return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def random_qkv(seed, *, batch=2, q_len, kv_len=None, num_heads=4, num_kv_heads=2, head_dim=8,
+               std=1.0):
+  """q [batch, q_len, num_heads, head_dim], k, v [batch, kv_len (default q_len), num_kv_heads,
+  head_dim], float32, drawn in that order from one generator: q, k ~ N(0, std²), v ~ N(0, 1)."""
+  kv_len = q_len if kv_len is None else kv_len
+  rng = np.random.default_rng(seed)
+  draw = lambda length, heads, scale: jnp.asarray(
+      scale * rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+  return (draw(q_len, num_heads, std), draw(kv_len, num_kv_heads, std),
+          draw(kv_len, num_kv_heads, 1.0))
+
+
+def padding_mask(batch, length, *, hole, tail):
+  """bool [batch, length], True = real: every row whole but row 1, whose position `hole` and
+  last `tail` positions are padding (a gap inside the sequence and a padded end)."""
+  mask = np.ones((batch, length), bool)
+  mask[1, length - tail:] = False
+  mask[1, hole] = False
+  return jnp.asarray(mask)
+
+
+def create_variant(name, *, num_heads=4, num_kv_heads=2, head_dim=8, causal=False, model_seed=0,
+                   **options):
+  """`az.create(name, ...)` at test size, its parameters drawn from nnx.Rngs(model_seed)
+  (`seed` stays free for the variants that take one as an option)."""
+  return az.create(name, num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
+                   causal=causal, rngs=nnx.Rngs(model_seed), **options)
+
+
+def rel_err(a, b):
+  """max |a - b| / max |b|, in float64."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def array_shapes(jaxpr):
+  """The shape of every array `jaxpr` forms, those of the jaxprs nested in it (loops, calls)
+  included."""
+  for eqn in jaxpr.eqns:
+    yield from (tuple(var.aval.shape) for var in eqn.outvars)
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from array_shapes(inner)
+
+
+def tiny_run_overrides(*, examples=(32, 8, 8), steps=2, width=16):
+  """`--override` values for a run of a few steps of a one-layer model on a generated task of
+  `examples` = (train, validation, test) examples; width None keeps the preset's emb_dim."""
+  num_train, num_validation, num_test = examples
+  widths = [] if width is None else [f"model.emb_dim={width}", f"model.qkv_dim={width}"]
+  return [f"data.num_train={num_train}", f"data.num_validation={num_validation}",
+          f"data.num_test={num_test}", "model.num_layers=1", *widths, "model.mlp_dim=32",
+          "batch_size=8", f"num_train_steps={steps}", "eval_every=1", "log_every=1"]
