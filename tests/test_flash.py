@@ -12,7 +12,9 @@ import attention_zoo as az
 from attention_zoo import reference
 from attention_zoo.flash import pallas_gpu, pallas_tpu
 
-BLOCKS = dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16)   # several tiles at n <= 50
+# several tiles at n <= 50; the chunked path (flex) runs its backward on the forward's tiles
+BLOCKS = {"pallas": dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16),
+          "chunked": dict(block_q=16, block_k=8)}
 CASES = {
     # cross-attention (q_len < kv_len, neither a multiple of the blocks), GQA, padding, ALiBi
     "cross_gqa_padding_alibi": dict(q_len=21, kv_len=50, num_kv_heads=2, causal=False, alibi=True),
@@ -91,7 +93,7 @@ def assert_matches_oracle(attend, case, inputs, scale, tol):
       if name != "causal_q_longer"]])
 def test_equals_dense_attention_f32(impl, case_name):
   case = CASES[case_name]
-  attn = build(impl, case, **BLOCKS)
+  attn = build(impl, case, **BLOCKS[impl])
   inputs = make_inputs(**case)
   q_mask, kv_mask = inputs[4], inputs[5]
   attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
@@ -106,7 +108,7 @@ def test_equals_dense_attention_low_precision(impl, dtype):
   """bf16/f16 inputs, f32 accumulation: within 2e-2 of the f32 oracle on the same (rounded)
   inputs."""
   case = CASES["causal_q_longer"]
-  attn = build(impl, case, **BLOCKS)
+  attn = build(impl, case, **BLOCKS[impl])
   inputs = make_inputs(**case, dtype=dtype, seed=1)
   q_mask, kv_mask = inputs[4], inputs[5]
   attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
@@ -156,6 +158,8 @@ def test_options_and_refusals():
     make(impl="triton")
   with pytest.raises(ValueError, match="block_k"):
     make(block_k=0)
+  with pytest.raises(ValueError, match="block_q_bwd must be None or the forward's block_q=16"):
+    make(impl="chunked", block_q=16, block_q_bwd=8)(*[jnp.zeros((1, 40, 4, 16))] * 3)
   with pytest.raises(ValueError, match="dropout"):
     make(dropout_rate=0.1)
   q = jnp.zeros((1, 40, 4, 16))

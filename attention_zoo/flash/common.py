@@ -1,4 +1,4 @@
-"""The FlashAttention tile math shared by the Pallas kernels (GPU and TPU) and the chunked path.
+"""The FlashAttention tile math shared by the Pallas kernels (GPU and TPU) and attention_zoo.flex.
 
 One tile is a block of `block_q` queries against a block of `block_k` keys. Scores are kept in
 base-2 units (s₂ = log2(e) · s) so the kernels use `exp2`, and the row statistics are [rows, 1]
@@ -18,7 +18,7 @@ row that has seen no key yet (m' = MASK_VALUE) subtracts 0 instead, so its P is 
 zeros: no NaN, no Inf.
 
 The functions take one tile ([rows, d], as in the kernels) or a batch of tiles ([..., rows, d],
-as in the chunked path, which also stacks the query heads sharing a K/V head as rows).
+as in attention_zoo.flex, which also stacks the query heads sharing a K/V head as rows).
 """
 from __future__ import annotations
 
@@ -83,19 +83,16 @@ def dot_tn(a, b):
   return _dot(a, b, 0, 0)
 
 
-def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry, bias=None):
+def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry):
   """Base-2 scores of one tile, MASK_VALUE where not allowed.
 
   q [..., rows, d], k [..., bk, d]; q_start, k_start: positions of the tile's first query / key;
   kv_valid int [..., 1, bk] (0 for padding and padded-to-block keys); slope: the ALiBi slope,
-  a scalar or [..., rows, 1] (ignored unless geo.use_alibi); bias: None or f32 [..., rows, bk]
-  added to the natural-unit scores (the forget-gate decay c_i - c_j of FoX). Rows are `block_q`
+  a scalar or [..., rows, 1] (ignored unless geo.use_alibi). Rows are `block_q`
   queries, or several heads' `block_q` queries stacked (row r is query q_start + r mod block_q).
   Returns s₂ [..., rows, bk] f32.
   """
   scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [..., rows, bk]
-  if bias is not None:
-    scores = scores + bias * LOG2E
   allowed = jnp.broadcast_to(kv_valid, scores.shape) != 0                # [..., rows, bk]
   if geo.causal or geo.use_alibi:
     shape = scores.shape[-2:]
