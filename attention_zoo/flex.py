@@ -228,6 +228,19 @@ def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool
                         dropout_rng=variant.dropout_rng(deterministic))
 
 
+def kernel_lists(mask_mod: Callable | None, q_len: int, kv_len: int, *, block_q: int,
+                 block_k: int):
+  """What a kernel reads (the Pallas flash kernels): _visits of mask_mod's block mask (None:
+  every key) as int32 arrays. The lengths should be multiples of the blocks (kernels pad)."""
+  if mask_mod is None:
+    block_mask = full_block_mask(q_len, kv_len, block_q=block_q, block_k=block_k)
+  else:
+    block_mask = create_block_mask(mask_mod, None, None, q_len, kv_len, block_q=block_q,
+                                   block_k=block_k)
+  with jax.ensure_compile_time_eval():
+    return tuple(x.astype(jnp.int32) for x in _visits(block_mask))
+
+
 def _visits(block_mask: BlockMask):
   """The tiles a call visits, the union over the mask's batch rows and heads (full only where
   full for all of them): (counts [nq], indices [nq, w], full [nq, w]) per query block, then the
