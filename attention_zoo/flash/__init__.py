@@ -12,7 +12,8 @@ from the saved lse (FlashAttention-2, Alg. 2). Exact: equals `reference.dense_at
 
 Option `impl`:
   "pallas"  our `pl.pallas_call` kernels (custom_vjp: forward saving lse, dq and dk/dv kernels;
-            causal tiles above the diagonal are skipped; GQA/MQA inside the kernel):
+            reading flex's block metadata, so causal tiles above the diagonal are skipped;
+            GQA/MQA inside the kernel):
             on a GPU the Triton lowering (pallas_gpu.py), on a TPU the Mosaic lowering
             (pallas_tpu.py); on a CPU the GPU kernels run with `interpret=True` (for testing:
             correct but not fast).

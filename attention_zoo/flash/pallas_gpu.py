@@ -1,14 +1,16 @@
 """FlashAttention-2 as Pallas kernels for NVIDIA GPUs (the Triton lowering of `pl.pallas_call`).
 
 Three kernels over the [batch, len, heads, head_dim] layout, each program owning one tile row:
-  forward  grid (q blocks, batch, heads):    loops over the key blocks the query block may see,
-                                             writes out and the base-2 log-sum-exp;
+  forward  grid (q blocks, batch, heads):    loops over the key blocks listed for the query
+                                             block, writes out and the base-2 log-sum-exp;
   dq       grid (q blocks, batch, heads):    loops over the same key blocks;
   dk, dv   grid (kv blocks, batch, kv heads): loops over the query heads of the kv head's group and
-                                             the query blocks that may see the key block, so
+                                             the query blocks listed for the key block, so
                                              GQA/MQA gradients are summed inside the kernel.
+The lists are flex's block metadata (block_metadata.py): empty tiles are never loaded, full ones
+evaluate no mask, partial ones the mask_mod (causal flash: the causal block mask).
 GQA/MQA: the BlockSpec index_map picks kv head `head // group` for query head `head`; K/V are
-never copied per query head. Causal: key blocks above the diagonal are never loaded (loop bounds).
+never copied per query head.
 
 On a CPU the same kernels run with `interpret=True` (how they are tested here); on a GPU they
 compile through Triton, selected explicitly with `pltriton.CompilerParams` because jax 0.10+ sends

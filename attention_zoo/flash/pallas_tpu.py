@@ -5,12 +5,15 @@ reduction over key (or query) blocks is the last, sequential ("arbitrary") grid 
 grid step sees one [block, head_dim] tile in VMEM and the running statistics live in VMEM scratch.
 Layout [batch, heads, len, head_dim] so the blocked dims are the last two (Mosaic tiles them
 (8, 128)); row statistics are [len, 1] columns.
-  forward  grid (batch, heads, q blocks, kv blocks)
-  dq       grid (batch, heads, q blocks, kv blocks)
-  dk, dv   grid (batch, kv heads, kv blocks, group · q blocks): the group's query heads are folded
+  forward  grid (batch, heads, q blocks, w)   step t: the t-th key block listed for the q block
+  dq       grid (batch, heads, q blocks, w)
+  dk, dv   grid (batch, kv heads, kv blocks, group · w'): the group's query heads are folded
            into the reduction axis, so GQA/MQA gradients are summed in VMEM, never per query head.
-GQA/MQA: index_maps pick kv head `head // group`. Causal: a fully masked tile skips its compute
-(`pl.when`) and its index_map repeats the previous block index, so its K/V (or Q) are not fetched.
+The lists are flex's block metadata (block_metadata.py), prefetched into SMEM for the index_maps
+(splash attention's arrangement): w is the longest list, and a step past a block's list skips
+its compute (`pl.when`) while its index_map repeats the last listed block, so nothing is fetched;
+full tiles evaluate no mask, partial ones the mask_mod (causal flash: the causal block mask).
+GQA/MQA: index_maps pick kv head `head // group`.
 ALiBi slopes are read as scalars from SMEM.
 
 Tested on CPU under the TPU interpreter (`interpret=pltpu.InterpretParams()`), which runs the
