@@ -228,6 +228,19 @@ def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool
                         dropout_rng=variant.dropout_rng(deterministic))
 
 
+def kernel_lists(mask_mod: Callable | None, q_len: int, kv_len: int, *, block_q: int,
+                 block_k: int):
+  """What a kernel reads (the Pallas flash kernels): _visits of mask_mod's block mask (None:
+  every key) as int32 arrays. The lengths should be multiples of the blocks (kernels pad)."""
+  if mask_mod is None:
+    block_mask = full_block_mask(q_len, kv_len, block_q=block_q, block_k=block_k)
+  else:
+    block_mask = create_block_mask(mask_mod, None, None, q_len, kv_len, block_q=block_q,
+                                   block_k=block_k)
+  with jax.ensure_compile_time_eval():
+    return tuple(x.astype(jnp.int32) for x in _visits(block_mask))
+
+
 def _visits(block_mask: BlockMask):
   """The tiles a call visits, the union over the mask's batch rows and heads (full only where
   full for all of them): (counts [nq], indices [nq, w], full [nq, w]) per query block, then the
@@ -350,11 +363,12 @@ def _backward(plan: _Plan, residuals, d_out):
   consts = (*tile_consts, *mod_consts)
   trained = [jnp.issubdtype(c.dtype, jnp.inexact) for c in consts]
   zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+  dot_scale = plan.scale if plan.tile_score is None else 1.0   # tile_score's grads are scaled
   transposed_zeros = lambda x: jnp.zeros(x.shape[:2] + (x.shape[3], bk), jnp.float32)
 
   def tile_grads(i, j, t, q_i, k_j, v_j, kv_valid_j, do_i):
     """(dq [b, kvh, rows, d'], dkᵀ [b, kvh, d', bk], dvᵀ [b, kvh, dv, bk], d consts) of tile
-    (i, j)."""
+    (i, j); dq and dkᵀ still to be multiplied by dot_scale."""
     index = plan.indices(batch, kv_heads, i, j)
     if plan.tile_score is None:
       raw = plan.raw_scores(q_i, k_j, index[1], ())
@@ -369,8 +383,8 @@ def _backward(plan: _Plan, residuals, d_out):
     dv_t = common.dot_tn(do_i, p.astype(do_i.dtype))                         # [b, kvh, dv, bk]
     if plan.tile_score is None:
       ds = ds.astype(q_i.dtype)
-      dq = common.dot_nn(ds, k_j) * plan.scale                               # [b, kvh, rows, d]
-      return dq, common.dot_tn(q_i, ds) * plan.scale, dv_t, d_mod
+      # dq, dkᵀ without the scale: applied once per key block (dK) and at the end (dQ)
+      return common.dot_nn(ds, k_j), common.dot_tn(q_i, ds), dv_t, d_mod   # [b, kvh, ·, ·]
     dq, dk, *d_tile = pull_raw(ds)
     return dq, jnp.swapaxes(dk, -1, -2), dv_t, [*d_tile, *d_mod]
 
@@ -391,11 +405,12 @@ def _backward(plan: _Plan, residuals, d_out):
         0, counts[j], query_block, (dq, transposed_zeros(k), transposed_zeros(v), d_consts))
     put = lambda full_grad, block_t: jax.lax.dynamic_update_slice_in_dim(
         full_grad, jnp.swapaxes(block_t, -1, -2).astype(full_grad.dtype), j * bk, axis=2)
-    return dq, put(dk, dk_t), put(dv, dv_t), d_consts
+    return dq, put(dk, dk_t * dot_scale), put(dv, dv_t), d_consts
 
   grads = (zeros(q_blocks), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype),
            [zeros(c) if ok else jnp.zeros((), jnp.float32) for c, ok in zip(consts, trained)])
   dq, dk, dv, d_consts = jax.lax.fori_loop(0, k.shape[2] // bk, key_block, grads)
+  dq = dq * dot_scale
   d_consts = [d.astype(c.dtype) if ok else None for d, c, ok in zip(d_consts, consts, trained)]
   return (dq.astype(q_blocks.dtype), dk, dv, None, None, None, [None] * len(mask_consts),
           d_consts[:len(tile_consts)], d_consts[len(tile_consts):])

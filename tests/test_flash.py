@@ -9,10 +9,12 @@ from flax import nnx
 from jax.experimental.pallas import tpu as pltpu
 
 import attention_zoo as az
-from attention_zoo import reference
+from attention_zoo import flex, reference
 from attention_zoo.flash import pallas_gpu, pallas_tpu
 
-BLOCKS = dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16)   # several tiles at n <= 50
+# several tiles at n <= 50; the chunked path (flex) runs its backward on the forward's tiles
+BLOCKS = {"pallas": dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16),
+          "chunked": dict(block_q=16, block_k=8)}
 CASES = {
     # cross-attention (q_len < kv_len, neither a multiple of the blocks), GQA, padding, ALiBi
     "cross_gqa_padding_alibi": dict(q_len=21, kv_len=50, num_kv_heads=2, causal=False, alibi=True),
@@ -73,11 +75,12 @@ def output_and_grads(attend, q, k, v, d_out):
   return (out, *vjp(d_out))
 
 
-def assert_matches_oracle(attend, case, inputs, scale, tol):
-  q, k, v, d_out, q_mask, kv_mask = inputs
+def assert_matches_oracle(attend, want_attend, inputs, tol):
+  """attend's output and gradients against want_attend's (an oracle) on the f32 inputs."""
+  q, k, v, d_out = inputs[:4]
   got = jax.jit(output_and_grads, static_argnums=0)(attend, q, k, v, d_out)
   want = jax.jit(output_and_grads, static_argnums=0)(
-      oracle(case, q_mask, kv_mask, scale), *(x.astype(jnp.float32) for x in (q, k, v, d_out)))
+      want_attend, *(x.astype(jnp.float32) for x in (q, k, v, d_out)))
   for what, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert g.dtype == q.dtype, what
     assert bool(jnp.all(jnp.isfinite(g))), f"{what} has NaN/Inf"
@@ -91,12 +94,12 @@ def assert_matches_oracle(attend, case, inputs, scale, tol):
       if name != "causal_q_longer"]])
 def test_equals_dense_attention_f32(impl, case_name):
   case = CASES[case_name]
-  attn = build(impl, case, **BLOCKS)
+  attn = build(impl, case, **BLOCKS[impl])
   inputs = make_inputs(**case)
   q_mask, kv_mask = inputs[4], inputs[5]
   attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
                                 alibi_slopes=slopes_for(case))
-  assert_matches_oracle(attend, case, inputs, attn.scale, tol=2e-5)
+  assert_matches_oracle(attend, oracle(case, q_mask, kv_mask, attn.scale), inputs, tol=2e-5)
 
 
 @pytest.mark.parametrize("impl, dtype", [
@@ -106,12 +109,12 @@ def test_equals_dense_attention_low_precision(impl, dtype):
   """bf16/f16 inputs, f32 accumulation: within 2e-2 of the f32 oracle on the same (rounded)
   inputs."""
   case = CASES["causal_q_longer"]
-  attn = build(impl, case, **BLOCKS)
+  attn = build(impl, case, **BLOCKS[impl])
   inputs = make_inputs(**case, dtype=dtype, seed=1)
   q_mask, kv_mask = inputs[4], inputs[5]
   attend = lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
                                 alibi_slopes=slopes_for(case))
-  assert_matches_oracle(attend, case, inputs, attn.scale, tol=2e-2)
+  assert_matches_oracle(attend, oracle(case, q_mask, kv_mask, attn.scale), inputs, tol=2e-2)
 
 
 @pytest.mark.slow
@@ -127,7 +130,49 @@ def test_tpu_kernels_in_tpu_interpreter():
                                      block_q=8, block_k=16, block_q_bwd=16, block_k_bwd=16,
                                      interpret=pltpu.InterpretParams())
     return jnp.where(q_mask[:, :, None, None], out, 0)
-  assert_matches_oracle(attend, case, inputs, scale, tol=2e-5)
+  assert_matches_oracle(attend, oracle(case, q_mask, kv_mask, scale), inputs, tol=2e-5)
+
+
+SEGMENTS = jnp.asarray(np.repeat([0, 1, 2], [11, 17, 12]))   # documents across block edges
+MASK_MODS = {   # over 40 tokens; the kernels also evaluate them on padded indices, hence the clip
+    "sliding_window": lambda b, h, q, kv: (kv <= q) & (q - kv < 12),
+    "document": lambda b, h, q, kv: ((jnp.take(SEGMENTS, q, mode="clip")
+                                      == jnp.take(SEGMENTS, kv, mode="clip")) & (kv <= q)),
+}
+
+
+def mask_oracle(mask_mod, q_mask, kv_mask, scale):
+  """Dense softmax over mask_mod & the padding masks (f32), masked query rows zeroed."""
+  allowed = q_mask[:, None, :, None] & kv_mask[:, None, None, :]
+  allowed &= flex.dense_mask(mask_mod, None, q_mask.shape[1], kv_mask.shape[1])[None]
+
+  def attend(q, k, v):
+    out = reference.dense_attention(q, k, v, allowed, scale=scale)
+    return jnp.where(q_mask[:, :, None, None], out, 0)
+  return attend
+
+
+@pytest.mark.parametrize("kernels, mask_name", [   # interpreted kernels: one case fast
+    pytest.param(pallas_gpu, "sliding_window", marks=pytest.mark.slow), (pallas_gpu, "document"),
+    pytest.param(pallas_tpu, "sliding_window", marks=pytest.mark.slow),
+    pytest.param(pallas_tpu, "document", marks=pytest.mark.slow)])
+def test_kernels_follow_a_block_mask(kernels, mask_name):
+  """The kernels visit only the tiles flex's block mask lists (here some are empty) and evaluate
+  mask_mod (with the array it closes over, for the document mask) in the partial ones: output and
+  gradients equal the dense oracle's; GQA and padding."""
+  mask_mod = MASK_MODS[mask_name]
+  counts = flex.kernel_lists(mask_mod, 40, 40, block_q=8, block_k=8)[0]
+  assert int(counts.max()) < 5                                   # some key blocks skipped
+  q, k, v, d_out, q_mask, kv_mask = inputs = make_inputs(40, 40, num_kv_heads=2)
+  scale = HEAD_DIM ** -0.5
+  interpret = pltpu.InterpretParams() if kernels is pallas_tpu else True
+
+  def attend(q, k, v):
+    out = kernels.flash_attention(q, k, v, kv_mask, causal=False, scale=scale, block_q=8,
+                                  block_k=8, block_q_bwd=8, block_k_bwd=16, interpret=interpret,
+                                  mask_mod=mask_mod)
+    return jnp.where(q_mask[:, :, None, None], out, 0)
+  assert_matches_oracle(attend, mask_oracle(mask_mod, q_mask, kv_mask, scale), inputs, tol=2e-5)
 
 
 @pytest.mark.parametrize("platform, kernels, call_target", [
@@ -156,6 +201,8 @@ def test_options_and_refusals():
     make(impl="triton")
   with pytest.raises(ValueError, match="block_k"):
     make(block_k=0)
+  with pytest.raises(ValueError, match="block_q_bwd must be None or the forward's block_q=16"):
+    make(impl="chunked", block_q=16, block_q_bwd=8)(*[jnp.zeros((1, 40, 4, 16))] * 3)
   with pytest.raises(ValueError, match="dropout"):
     make(dropout_rate=0.1)
   q = jnp.zeros((1, 40, 4, 16))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attention_zoo import reference
-from attention_zoo.flash import chunked, common
+from attention_zoo.flash import common
 from attention_zoo.ops.forgetting_attention import forgetting_attention, forgetting_attention_step
 
 NUM_HEADS, HEAD_DIM = 4, 8
@@ -95,17 +95,6 @@ def test_matches_float64_oracle(length, num_kv_heads, block_size):
   got = run_fox(*inputs, np.ones((2, length), bool), block_size)
   assert all(g.dtype == jnp.float32 for g in got)
   assert_close(got, oracle_outputs_and_grads(*inputs), tol=1e-5)
-
-
-def test_unequal_forward_and_backward_tiles():
-  """The flash path with the log gate and different query/key blocks forward and backward (the
-  padded length is a multiple of all four)."""
-  q, k, v, log_f, d_out = inputs = make_inputs(29, seed=1)
-  attend = lambda q, k, v, log_f: chunked.flash_attention(
-      q, k, v, jnp.ones(q.shape[:2], bool), causal=True, scale=0.3, block_q=16, block_k=8,
-      block_q_bwd=8, block_k_bwd=16, log_gate=log_f)
-  got = jax.jit(outputs_and_grads, static_argnums=0)(attend, *inputs)
-  assert_close(got, oracle_outputs_and_grads(*inputs, scale=0.3), tol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [("right", "left"), ("holes", "all padding")])
@@ -226,6 +215,3 @@ def test_bad_shapes_are_refused():
     forgetting_attention(q[:, :5], k, v, log_f)
   with pytest.raises(ValueError, match="mask must be"):
     forgetting_attention(q, k, v, log_f, mask=np.ones((2, 7), bool))
-  with pytest.raises(ValueError, match="log_gate needs causal=True"):
-    chunked.flash_attention(q, k, v, np.ones((2, 8), bool), causal=False, scale=1.0,
-                            log_gate=log_f)

@@ -12,18 +12,20 @@ from the saved lse (FlashAttention-2, Alg. 2). Exact: equals `reference.dense_at
 
 Option `impl`:
   "pallas"  our `pl.pallas_call` kernels (custom_vjp: forward saving lse, dq and dk/dv kernels;
-            causal tiles above the diagonal are skipped; GQA/MQA inside the kernel):
+            reading flex's block metadata, so causal tiles above the diagonal are skipped;
+            GQA/MQA inside the kernel):
             on a GPU the Triton lowering (pallas_gpu.py), on a TPU the Mosaic lowering
             (pallas_tpu.py); on a CPU the GPU kernels run with `interpret=True` (for testing:
             correct but not fast).
-  "chunked" pure JAX loops over the same tiles (chunked.py), linear memory forward and backward.
+  "chunked" attention_zoo.flex.flex_attention with no mask or the causal block mask (chunked.py):
+            the engine under every exact variant, pure JAX, linear memory forward and backward.
   "auto"    "pallas" on GPU/TPU, "chunked" on CPU.
 Options block_q, block_k (forward tiles) and block_q_bwd, block_k_bwd (backward tiles): None
-picks the backend's default (chunked: the backward tiles default to the forward ones).
-Lengths are padded to the blocks and the padding masked. Attention dropout is not supported
-(the kernels never form the weights as an array); ALiBi slopes are added inside the tiles and
-get no gradient. The Pallas modules (and jax.experimental.pallas) are imported only when a
-module that uses them is built.
+picks the backend's default (chunked: the backward runs on the forward tiles, so the backward
+sizes must be None or equal to them). Lengths are padded to the blocks and the padding masked.
+Attention dropout is not supported (the kernels never form the weights as an array); ALiBi slopes
+are added inside the tiles (the Pallas kernels give them no gradient). The Pallas modules (and
+jax.experimental.pallas) are imported only when a module that uses them is built.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The FlashAttention tile math shared by the Pallas kernels (GPU and TPU) and the chunked path.
+"""The FlashAttention tile math shared by the Pallas kernels (GPU and TPU) and attention_zoo.flex.
 
 One tile is a block of `block_q` queries against a block of `block_k` keys. Scores are kept in
 base-2 units (s₂ = log2(e) · s) so the kernels use `exp2`, and the row statistics are [rows, 1]
@@ -18,13 +18,14 @@ row that has seen no key yet (m' = MASK_VALUE) subtracts 0 instead, so its P is 
 zeros: no NaN, no Inf.
 
 The functions take one tile ([rows, d], as in the kernels) or a batch of tiles ([..., rows, d],
-as in the chunked path, which also stacks the query heads sharing a K/V head as rows).
+as in attention_zoo.flex, which also stacks the query heads sharing a K/V head as rows).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,17 +41,19 @@ MASK_VALUE = reference.MASK_VALUE
 @dataclasses.dataclass(frozen=True)
 class Geometry:
   """Static facts every tile needs (hashable: it is a static argument of the custom_vjp)."""
-  q_len: int            # unpadded lengths: causal alignment and ALiBi distances use these
+  q_len: int            # unpadded lengths: ALiBi distances use these
   kv_len: int
-  causal: bool
   scale: float
   use_alibi: bool
   block_q: int
   block_k: int
+  # mask_mod closure-converted: mask(b, h, q, kv, *mask_consts) -> bool, evaluated in partial
+  # tiles only; None: every visited tile is full.
+  mask: Callable | None = None
 
   @property
   def offset(self) -> int:
-    """Bottom-right alignment: query i sees key j iff j <= i + offset."""
+    """Bottom-right alignment of query i with key i + offset (ALiBi's distance)."""
     return self.kv_len - self.q_len
 
 
@@ -83,32 +86,37 @@ def dot_tn(a, b):
   return _dot(a, b, 0, 0)
 
 
-def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry, bias=None):
+def tile_allowed(geo: Geometry, is_full, b, h, q_start, k_start, mask_consts):
+  """mask_mod on one [block_q, block_k] tile (b, h scalars), or None when geo has no mask; a
+  full tile (is_full nonzero: the block metadata says mask_mod is True on all of it) evaluates
+  nothing."""
+  if geo.mask is None:
+    return None
+  shape = (geo.block_q, geo.block_k)
+  q = q_start + jax.lax.broadcasted_iota(jnp.int32, (geo.block_q, 1), 0)
+  kv = k_start + jax.lax.broadcasted_iota(jnp.int32, (1, geo.block_k), 1)
+  evaluate = lambda: jnp.broadcast_to(geo.mask(b, h, q, kv, *mask_consts), shape)
+  return jax.lax.cond(is_full != 0, lambda: jnp.ones(shape, bool), evaluate)
+
+
+def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry, allowed=None):
   """Base-2 scores of one tile, MASK_VALUE where not allowed.
 
-  q [..., rows, d], k [..., bk, d]; q_start, k_start: positions of the tile's first query / key;
-  kv_valid int [..., 1, bk] (0 for padding and padded-to-block keys); slope: the ALiBi slope,
-  a scalar or [..., rows, 1] (ignored unless geo.use_alibi); bias: None or f32 [..., rows, bk]
-  added to the natural-unit scores (the forget-gate decay c_i - c_j of FoX). Rows are `block_q`
-  queries, or several heads' `block_q` queries stacked (row r is query q_start + r mod block_q).
-  Returns s₂ [..., rows, bk] f32.
+  q [bq, d], k [bk, d]; q_start, k_start: positions of the tile's first query / key; kv_valid
+  int [1, bk] (0 for padding and padded-to-block keys); slope: the ALiBi slope (ignored unless
+  geo.use_alibi); allowed: None or bool [bq, bk], tile_allowed's mask. Returns s₂ [bq, bk] f32.
   """
-  scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [..., rows, bk]
-  if bias is not None:
-    scores = scores + bias * LOG2E
-  allowed = jnp.broadcast_to(kv_valid, scores.shape) != 0                # [..., rows, bk]
-  if geo.causal or geo.use_alibi:
-    shape = scores.shape[-2:]
-    rows = jax.lax.broadcasted_iota(jnp.int32, shape, 0)                   # [rows, bk]
-    q_pos = q_start + (rows if shape[0] == geo.block_q else rows % geo.block_q)
-    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)        # [rows, bk]
-  if geo.causal:
-    allowed = allowed & reference.causal_allowed(q_pos, k_pos, geo.q_len, geo.kv_len)
+  scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [bq, bk]
+  allowed_here = jnp.broadcast_to(kv_valid, scores.shape) != 0            # [bq, bk]
+  if allowed is not None:
+    allowed_here = allowed_here & allowed
   if geo.use_alibi:
     # reference.alibi_bias for one head: -slope · |i + offset - j|, here in base-2 units.
+    q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 0)
+    k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
     distance = jnp.abs(q_pos + geo.offset - k_pos).astype(jnp.float32)
     scores = scores - (slope * LOG2E) * distance
-  return jnp.where(allowed, scores, MASK_VALUE)
+  return jnp.where(allowed_here, scores, MASK_VALUE)
 
 
 def softmax_init(block_q: int, head_dim: int):
@@ -177,27 +185,6 @@ def cumsum_two_float(x, axis: int):
   return jax.lax.associative_scan(add, (x, jnp.zeros_like(x)), axis=axis)
 
 
-# -- which blocks a causal tile can skip ---------------------------------------------------------
-# Integer arithmetic that also runs on traced int32 scalars inside kernels (program ids, loop
-# indices): numerators are clamped to >= 0 first, so truncating division equals floor division.
-
-def kv_blocks_seen(q_block, geo: Geometry, num_kv_blocks: int):
-  """Number of leading key blocks query block `q_block` may see (the rest are fully masked)."""
-  if not geo.causal:
-    return num_kv_blocks
-  keys_seen = jnp.maximum((q_block + 1) * geo.block_q + geo.offset, 0)     # keys 0 .. keys_seen-1
-  return jnp.minimum(jax.lax.div(keys_seen + geo.block_k - 1, geo.block_k), num_kv_blocks)
-
-
-def first_q_block_seeing(kv_block, geo: Geometry):
-  """The first query block with a row that may see key block `kv_block` (causal), else 0."""
-  if not geo.causal:
-    return 0
-  # row i sees key j iff i >= j - offset
-  first_row = jnp.maximum(kv_block * geo.block_k - geo.offset, 0)
-  return jax.lax.div(first_row, geo.block_q)
-
-
 def padded(length: int, block: int) -> int:
   return ceil_div(length, block) * block
 
@@ -208,26 +195,40 @@ def next_power_of_2(n: int) -> int:
 
 # -- what every implementation shares around its kernels ---------------------------------------
 
+def convert_mask(mask_mod, block_q: int, block_k: int):
+  """mask_mod -> (mask(b, h, q, kv, *mask_consts) for one [block_q, block_k] tile, mask_consts):
+  every array it closes over (traced or not) becomes an explicit kernel input, since a kernel may
+  capture none; None -> (None, [])."""
+  if mask_mod is None:
+    return None, []
+  closed = jax.make_jaxpr(mask_mod)(jnp.int32(0), jnp.int32(0),
+                                    jnp.zeros((block_q, 1), jnp.int32),
+                                    jnp.zeros((1, block_k), jnp.int32))
+  mask = lambda b, h, q, kv, *consts: jax.core.eval_jaxpr(closed.jaxpr, consts, b, h, q, kv)[0]
+  return mask, list(closed.consts)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention_with_vjp(kernels, q, k, v, kv_valid, slopes):
+def attention_with_vjp(kernels, q, k, v, kv_valid, slopes, metadata):
   """Runs `kernels.forward` and differentiates through `kernels.backward` (which recomputes P).
 
-  kernels: a hashable object with forward(q, k, v, kv_valid, slopes) -> (out, lse) and
-  backward(q, k, v, kv_valid, slopes, out, lse, d_out) -> (dq, dk, dv). Only (out, lse) are saved
-  besides the inputs, so memory stays linear in length. ALiBi slopes are fixed constants
-  (Press et al. 2022): they get no gradient; the int kv_valid mask gets none either.
+  kernels: a hashable object with forward(q, k, v, kv_valid, slopes, metadata) -> (out, lse)
+  and backward(q, k, v, kv_valid, slopes, metadata, out, lse, d_out) -> (dq, dk, dv); metadata:
+  the block lists and mask_mod's arrays the kernels read. Only (out, lse) are saved besides the
+  inputs, so memory stays linear in length. ALiBi slopes are fixed constants (Press et al. 2022):
+  they get no gradient; the int kv_valid mask and the metadata get none either.
   """
-  return kernels.forward(q, k, v, kv_valid, slopes)[0]
+  return kernels.forward(q, k, v, kv_valid, slopes, metadata)[0]
 
 
-def _attention_fwd(kernels, q, k, v, kv_valid, slopes):
-  out, lse = kernels.forward(q, k, v, kv_valid, slopes)
-  return out, (q, k, v, kv_valid, slopes, out, lse)
+def _attention_fwd(kernels, q, k, v, kv_valid, slopes, metadata):
+  out, lse = kernels.forward(q, k, v, kv_valid, slopes, metadata)
+  return out, (q, k, v, kv_valid, slopes, metadata, out, lse)
 
 
 def _attention_bwd(kernels, residuals, d_out):
   dq, dk, dv = kernels.backward(*residuals, d_out)
-  return dq, dk, dv, None, None
+  return dq, dk, dv, None, None, jax.tree.map(lambda _: None, residuals[5])
 
 
 attention_with_vjp.defvjp(_attention_fwd, _attention_bwd)

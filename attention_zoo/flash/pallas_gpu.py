@@ -1,14 +1,16 @@
 """FlashAttention-2 as Pallas kernels for NVIDIA GPUs (the Triton lowering of `pl.pallas_call`).
 
 Three kernels over the [batch, len, heads, head_dim] layout, each program owning one tile row:
-  forward  grid (q blocks, batch, heads):    loops over the key blocks the query block may see,
-                                             writes out and the base-2 log-sum-exp;
+  forward  grid (q blocks, batch, heads):    loops over the key blocks listed for the query
+                                             block, writes out and the base-2 log-sum-exp;
   dq       grid (q blocks, batch, heads):    loops over the same key blocks;
   dk, dv   grid (kv blocks, batch, kv heads): loops over the query heads of the kv head's group and
-                                             the query blocks that may see the key block, so
+                                             the query blocks listed for the key block, so
                                              GQA/MQA gradients are summed inside the kernel.
+The lists are flex's block metadata (block_metadata.py): empty tiles are never loaded, full ones
+evaluate no mask, partial ones the mask_mod (causal flash: the causal block mask).
 GQA/MQA: the BlockSpec index_map picks kv head `head // group` for query head `head`; K/V are
-never copied per query head. Causal: key blocks above the diagonal are never loaded (loop bounds).
+never copied per query head.
 
 On a CPU the same kernels run with `interpret=True` (how they are tested here); on a GPU they
 compile through Triton, selected explicitly with `pltriton.CompilerParams` because jax 0.10+ sends
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from attention_zoo.flash import common
+from attention_zoo.flash import block_metadata, common
 
 MIN_COMPILED_BLOCK = 16      # tl.dot needs every matmul dimension >= 16
 MAX_COMPILED_HEAD_DIM = 256  # larger tiles do not fit the shared memory of one SM
@@ -68,28 +70,30 @@ class Kernels:
                                                 num_stages=2),
         interpret=self.interpret, name=name)
 
-  def forward(self, q, k, v, kv_valid, slopes):
+  def forward(self, q, k, v, kv_valid, slopes, metadata):
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, group = k.shape[1], num_heads // k.shape[2]
+    lists, _, consts, _ = metadata
     bq = self.fwd.block_q
     tile = lambda rows: pl.BlockSpec((None, rows, None, head_dim), lambda i, b, h: (b, i, h, 0))
     whole_kv = _whole_kv(kv_len, head_dim, group)
     return self._call(
-        functools.partial(_forward_kernel, geo=self.fwd),
+        functools.partial(_forward_kernel, geo=self.fwd, num_consts=len(consts)),
         grid=(q_len // bq, batch, num_heads),
-        in_specs=[tile(bq), whole_kv, whole_kv,
+        in_specs=[*_whole(*lists), tile(bq), whole_kv, whole_kv,
                   pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
-                  pl.BlockSpec((num_heads,), lambda i, b, h: (0,))],
+                  pl.BlockSpec((num_heads,), lambda i, b, h: (0,)), *_whole(*consts)],
         out_specs=[tile(bq), pl.BlockSpec((None, None, bq, 1), lambda i, b, h: (b, h, i, 0))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, num_heads, q_len, 1), jnp.float32)],
-        name="flash_forward")(q, k, v, kv_valid, slopes)
+        name="flash_forward")(*lists, q, k, v, kv_valid, slopes, *consts)
 
-  def backward(self, q, k, v, kv_valid, slopes, out, lse, d_out):
+  def backward(self, q, k, v, kv_valid, slopes, metadata, out, lse, d_out):
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
     bq, bk = self.bwd.block_q, self.bwd.block_k
+    _, lists, _, consts = metadata
     d_out = d_out.astype(q.dtype)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32),
                        d_out.astype(jnp.float32))[..., None]
@@ -99,27 +103,35 @@ class Kernels:
     whole_kv = _whole_kv(kv_len, head_dim, group)
     row_stat = pl.BlockSpec((None, None, bq, 1), lambda i, b, h: (b, h, i, 0))
     dq = self._call(
-        functools.partial(_dq_kernel, geo=self.bwd),
+        functools.partial(_dq_kernel, geo=self.bwd, num_consts=len(consts)),
         grid=(q_len // bq, batch, num_heads),
-        in_specs=[q_tile, whole_kv, whole_kv,
+        in_specs=[*_whole(*lists[:3]), q_tile, whole_kv, whole_kv,
                   pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
-                  slopes_spec, q_tile, row_stat, row_stat],
+                  slopes_spec, q_tile, row_stat, row_stat, *_whole(*consts)],
         out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        name="flash_backward_dq")(q, k, v, kv_valid, slopes, d_out, lse, delta)
+        name="flash_backward_dq")(*lists[:3], q, k, v, kv_valid, slopes, d_out, lse, delta,
+                                  *consts)
 
     # One program per (key block, kv head): it sees the whole query length of its group's heads.
     group_q = pl.BlockSpec((None, q_len, group, head_dim), lambda j, b, g: (b, 0, g, 0))
     group_stat = pl.BlockSpec((None, group, q_len, 1), lambda j, b, g: (b, g, 0, 0))
     kv_tile = pl.BlockSpec((None, bk, None, head_dim), lambda j, b, g: (b, j, g, 0))
     dk, dv = self._call(
-        functools.partial(_dkdv_kernel, geo=self.bwd, group=group),
+        functools.partial(_dkdv_kernel, geo=self.bwd, group=group, num_consts=len(consts)),
         grid=(kv_len // bk, batch, num_kv_heads),
-        in_specs=[group_q, kv_tile, kv_tile, pl.BlockSpec((None, 1, bk), lambda j, b, g: (b, 0, j)),
-                  slopes_spec, group_q, group_stat, group_stat],
+        in_specs=[*_whole(*lists[3:]), group_q, kv_tile, kv_tile,
+                  pl.BlockSpec((None, 1, bk), lambda j, b, g: (b, 0, j)),
+                  slopes_spec, group_q, group_stat, group_stat, *_whole(*consts)],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        name="flash_backward_dkdv")(q, k, v, kv_valid, slopes, d_out, lse, delta)
+        name="flash_backward_dkdv")(*lists[3:], q, k, v, kv_valid, slopes, d_out, lse, delta,
+                                    *consts)
     return dq, dk, dv
+
+
+def _whole(*arrays):
+  """BlockSpecs handing every program the whole of each array (block lists, mask_mod's arrays)."""
+  return [pl.BlockSpec(x.shape, lambda *_, ndim=x.ndim: (0,) * ndim) for x in arrays]
 
 
 def _whole_kv(kv_len: int, head_dim: int, group: int):
@@ -128,70 +140,86 @@ def _whole_kv(kv_len: int, head_dim: int, group: int):
                       lambda i, b, h: (b, 0, jax.lax.div(h, group), 0))
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_ref, *, geo):
-  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref [1, kv_len]; out_ref [bq, d];
-  # lse_ref [bq, 1]
-  q_block, head = pl.program_id(0), pl.program_id(2)
+def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref,
+                    slopes_ref, *refs, geo, num_consts):
+  # counts_ref [nq]; indices_ref, full_ref [nq, w]: the key blocks each query block visits;
+  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref [1, kv_len]; then mask_mod's arrays,
+  # out_ref [bq, d], lse_ref [bq, 1]
+  consts = [ref[...] for ref in refs[:num_consts]]
+  out_ref, lse_ref = refs[num_consts:]
+  q_block, batch, head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
   q = q_ref[...]
   slope = slopes_ref[head] if geo.use_alibi else 0.0
 
-  def key_block(j, state):
+  def key_block(t, state):
+    j = indices_ref[q_block, t]
     keys = pl.ds(j * bk, bk)
+    allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_block * bq, j * bk,
+                                  consts)
     scores = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
-                                kv_valid_ref[:, keys], slope, geo)
+                                kv_valid_ref[:, keys], slope, geo, allowed)
     return common.softmax_update(state, scores, v_ref[keys, :])
 
-  num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)
-  out, lse = common.softmax_finish(
-      jax.lax.fori_loop(0, num_blocks, key_block, common.softmax_init(bq, q.shape[1])))
+  out, lse = common.softmax_finish(jax.lax.fori_loop(
+      0, counts_ref[q_block], key_block, common.softmax_init(bq, q.shape[1])))
   out_ref[...] = out.astype(out_ref.dtype)
   lse_ref[...] = lse
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref,
-               *, geo):
-  # q_ref, do_ref, dq_ref [bq, d]; k_ref, v_ref [kv_len, d]; lse_ref, delta_ref [bq, 1]
-  q_block, head = pl.program_id(0), pl.program_id(2)
+def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
+               do_ref, lse_ref, delta_ref, *refs, geo, num_consts):
+  # as _forward_kernel; do_ref, dq_ref [bq, d]; lse_ref, delta_ref [bq, 1]
+  consts = [ref[...] for ref in refs[:num_consts]]
+  (dq_ref,) = refs[num_consts:]
+  q_block, batch, head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   slope = slopes_ref[head] if geo.use_alibi else 0.0
 
-  def key_block(j, dq):
+  def key_block(t, dq):
+    j = indices_ref[q_block, t]
     keys = pl.ds(j * bk, bk)
     k = k_ref[keys, :]
-    scores = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys], slope, geo)
+    allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_block * bq, j * bk,
+                                  consts)
+    scores = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys], slope, geo,
+                                allowed)
     _, ds = common.tile_probs_and_dscores(scores, lse, delta, do, v_ref[keys, :])
     return dq + common.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
 
-  num_blocks = common.kv_blocks_seen(q_block, geo, k_ref.shape[0] // bk)
-  dq = jax.lax.fori_loop(0, num_blocks, key_block, jnp.zeros(q.shape, jnp.float32))
+  dq = jax.lax.fori_loop(0, counts_ref[q_block], key_block, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * geo.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref,
-                 dk_ref, dv_ref, *, geo, group):
+def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
+                 do_ref, lse_ref, delta_ref, *refs, geo, group, num_consts):
+  # counts_ref [nk]; indices_ref, full_ref [nk, w]: the query blocks that visit each key block;
   # q_ref, do_ref [q_len, group, d]; k_ref, v_ref, dk_ref, dv_ref [bk, d]; kv_valid_ref [1, bk];
   # lse_ref, delta_ref [group, q_len, 1]
-  kv_block, kv_head = pl.program_id(0), pl.program_id(2)
+  consts = [ref[...] for ref in refs[:num_consts]]
+  dk_ref, dv_ref = refs[num_consts:]
+  kv_block, batch, kv_head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
   k, v, kv_valid = k_ref[...], v_ref[...], kv_valid_ref[...]
-  num_q_blocks = q_ref.shape[0] // bq
-  first_q_block = common.first_q_block_seeing(kv_block, geo)
 
   def query_head(g, grads):
-    slope = slopes_ref[kv_head * group + g] if geo.use_alibi else 0.0
+    head = kv_head * group + g
+    slope = slopes_ref[head] if geo.use_alibi else 0.0
 
-    def query_block(i, grads):
+    def query_block(t, grads):
       dk, dv = grads
+      i = indices_ref[kv_block, t]
       rows = pl.ds(i * bq, bq)
       q, do = q_ref[rows, g, :], do_ref[rows, g, :]                       # [bq, d]
-      scores = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo)
+      allowed = common.tile_allowed(geo, full_ref[kv_block, t], batch, head, i * bq,
+                                    kv_block * bk, consts)
+      scores = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo, allowed)
       p, ds = common.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :],
                                             do, v)
       return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
 
-    return jax.lax.fori_loop(first_q_block, num_q_blocks, query_block, grads)
+    return jax.lax.fori_loop(0, counts_ref[kv_block], query_block, grads)
 
   zeros = jnp.zeros(k.shape, jnp.float32)
   dk, dv = jax.lax.fori_loop(0, group, query_head, (zeros, zeros))
@@ -200,9 +228,14 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref,
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
-                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None):
+                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None,
+                    mask_mod=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
   [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+
+  mask_mod: None (every key, or the causal rule when causal), or a flex mask_mod
+  (b, h, q_idx, kv_idx) -> bool; it is evaluated on padded indices too (their keys are masked
+  anyway), so arrays it indexes should clip or be long enough.
 
   interpret=None runs the kernels interpreted on a CPU and compiled (Triton) on a GPU.
   """
@@ -231,10 +264,10 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
       q, k, v, kv_mask, alibi_slopes, head_dim=padded_head_dim,
       q_multiple=max(blocks["block_q"], blocks["block_q_bwd"]),      # powers of two: max = lcm
       kv_multiple=max(blocks["block_k"], blocks["block_k_bwd"]))
-  geometry = functools.partial(common.Geometry, q_len=q_len, kv_len=kv_len, causal=bool(causal),
-                               scale=float(scale), use_alibi=alibi_slopes is not None)
-  kernels = Kernels(fwd=geometry(block_q=blocks["block_q"], block_k=blocks["block_k"]),
-                    bwd=geometry(block_q=blocks["block_q_bwd"], block_k=blocks["block_k_bwd"]),
-                    interpret=interpret, num_warps=4 if padded_head_dim <= 64 else 8)
-  out = common.attention_with_vjp(kernels, q, k, v, kv_valid, slopes)
+  fwd, bwd, metadata = block_metadata.kernel_plan(
+      mask_mod, causal, q_len=q_len, kv_len=kv_len, q_padded=q.shape[1], kv_padded=k.shape[1],
+      scale=scale, use_alibi=alibi_slopes is not None, **blocks)
+  kernels = Kernels(fwd=fwd, bwd=bwd, interpret=interpret,
+                    num_warps=4 if padded_head_dim <= 64 else 8)
+  out = common.attention_with_vjp(kernels, q, k, v, kv_valid, slopes, metadata)
   return out[:, :q_len, :, :head_dim]

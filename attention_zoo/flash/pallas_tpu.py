@@ -5,12 +5,15 @@ reduction over key (or query) blocks is the last, sequential ("arbitrary") grid 
 grid step sees one [block, head_dim] tile in VMEM and the running statistics live in VMEM scratch.
 Layout [batch, heads, len, head_dim] so the blocked dims are the last two (Mosaic tiles them
 (8, 128)); row statistics are [len, 1] columns.
-  forward  grid (batch, heads, q blocks, kv blocks)
-  dq       grid (batch, heads, q blocks, kv blocks)
-  dk, dv   grid (batch, kv heads, kv blocks, group · q blocks): the group's query heads are folded
+  forward  grid (batch, heads, q blocks, w)   step t: the t-th key block listed for the q block
+  dq       grid (batch, heads, q blocks, w)
+  dk, dv   grid (batch, kv heads, kv blocks, group · w'): the group's query heads are folded
            into the reduction axis, so GQA/MQA gradients are summed in VMEM, never per query head.
-GQA/MQA: index_maps pick kv head `head // group`. Causal: a fully masked tile skips its compute
-(`pl.when`) and its index_map repeats the previous block index, so its K/V (or Q) are not fetched.
+The lists are flex's block metadata (block_metadata.py), prefetched into SMEM for the index_maps
+(splash attention's arrangement): w is the longest list, and a step past a block's list skips
+its compute (`pl.when`) while its index_map repeats the last listed block, so nothing is fetched;
+full tiles evaluate no mask, partial ones the mask_mod (causal flash: the causal block mask).
+GQA/MQA: index_maps pick kv head `head // group`.
 ALiBi slopes are read as scalars from SMEM.
 
 Tested on CPU under the TPU interpreter (`interpret=pltpu.InterpretParams()`), which runs the
@@ -30,7 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from attention_zoo.base import ceil_div
-from attention_zoo.flash import common
+from attention_zoo.flash import block_metadata, common
 
 LANES, SUBLANES = 128, 8
 # Untuned starting points (no TPU was available to tune them): tiles well inside VMEM.
@@ -48,165 +51,193 @@ class Kernels:
   bwd: common.Geometry
   interpret: object        # False (compile on a TPU) or a pltpu.InterpretParams
 
-  def _call(self, kernel, grid, in_specs, out_specs, out_shape, scratch_shapes, name):
+  def _call(self, kernel, lists, grid, in_specs, out_specs, out_shape, scratch_shapes, name):
+    """pallas_call whose block lists (int32 `lists`) are prefetched into SMEM: index_maps and
+    the kernel read them."""
     return pl.pallas_call(
-        kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-        scratch_shapes=scratch_shapes,
+        kernel, out_shape=out_shape,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(lists), grid=grid, in_specs=in_specs, out_specs=out_specs,
+            scratch_shapes=scratch_shapes),
         compiler_params=pltpu.CompilerParams(**_SEQUENTIAL_LAST_AXIS),
         interpret=self.interpret, name=name)
 
-  def forward(self, q, k, v, kv_valid, slopes):
+  def forward(self, q, k, v, kv_valid, slopes, metadata):
     batch, num_heads, q_len, head_dim = q.shape
-    kv_len, group = k.shape[2], num_heads // k.shape[1]
+    group = num_heads // k.shape[1]
+    lists, _, consts, _ = metadata
     geo = self.fwd
     bq, bk = geo.block_q, geo.block_k
-    kv_block = _kv_block_index(geo, kv_len // bk)
-    q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0))
-    kv_tile = pl.BlockSpec((None, None, bk, head_dim),
-                           lambda b, h, i, j: (b, jax.lax.div(h, group), kv_block(i, j), 0))
-    row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, h, i, j: (b, h, i, 0))
+    q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, t, *_: (b, h, i, 0))
+    kv_tile, kv_valid_tile = _listed_kv_tiles(bk, head_dim, group)
+    row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, h, i, t, *_: (b, h, i, 0))
     return self._call(
-        functools.partial(_forward_kernel, geo=geo),
-        grid=(batch, num_heads, q_len // bq, kv_len // bk),
+        functools.partial(_forward_kernel, geo=geo, num_consts=len(consts)), lists,
+        grid=(batch, num_heads, q_len // bq, lists[1].shape[1]),
         in_specs=[q_tile, kv_tile, kv_tile,
-                  pl.BlockSpec((None, 1, bk), lambda b, h, i, j: (b, 0, kv_block(i, j))),
-                  pl.BlockSpec(memory_space=pltpu.SMEM)],
+                  kv_valid_tile,
+                  pl.BlockSpec(memory_space=pltpu.SMEM), *_whole(*consts)],
         out_specs=[q_tile, row_stat],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, num_heads, q_len, 1), jnp.float32)],
         scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                         pltpu.VMEM((bq, 1), jnp.float32)],
-        name="flash_forward")(q, k, v, kv_valid, slopes)
+        name="flash_forward")(*lists, q, k, v, kv_valid, slopes, *consts)
 
-  def backward(self, q, k, v, kv_valid, slopes, out, lse, d_out):
+  def backward(self, q, k, v, kv_valid, slopes, metadata, out, lse, d_out):
     batch, num_heads, q_len, head_dim = q.shape
     num_kv_heads, kv_len = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
     geo = self.bwd
     bq, bk = geo.block_q, geo.block_k
-    num_q_blocks, num_kv_blocks = q_len // bq, kv_len // bk
+    _, lists, _, consts = metadata
     d_out = d_out.astype(q.dtype)
     delta = jnp.einsum("bhqd,bhqd->bhq", out.astype(jnp.float32),
                        d_out.astype(jnp.float32))[..., None]
     slopes_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
 
-    kv_block = _kv_block_index(geo, num_kv_blocks)
-    q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0))
-    kv_tile = pl.BlockSpec((None, None, bk, head_dim),
-                           lambda b, h, i, j: (b, jax.lax.div(h, group), kv_block(i, j), 0))
-    row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, h, i, j: (b, h, i, 0))
+    q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, t, *_: (b, h, i, 0))
+    kv_tile, kv_valid_tile = _listed_kv_tiles(bk, head_dim, group)
+    row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, h, i, t, *_: (b, h, i, 0))
     dq = self._call(
-        functools.partial(_dq_kernel, geo=geo),
-        grid=(batch, num_heads, num_q_blocks, num_kv_blocks),
+        functools.partial(_dq_kernel, geo=geo, num_consts=len(consts)), lists[:3],
+        grid=(batch, num_heads, q_len // bq, lists[1].shape[1]),
         in_specs=[q_tile, kv_tile, kv_tile,
-                  pl.BlockSpec((None, 1, bk), lambda b, h, i, j: (b, 0, kv_block(i, j))),
-                  slopes_spec, q_tile, row_stat, row_stat],
+                  kv_valid_tile,
+                  slopes_spec, q_tile, row_stat, row_stat, *_whole(*consts)],
         out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32)],
-        name="flash_backward_dq")(q, k, v, kv_valid, slopes, d_out, lse, delta)
+        name="flash_backward_dq")(*lists[:3], q, k, v, kv_valid, slopes, d_out, lse, delta,
+                                  *consts)
 
-    # Reduction step t of kv head g visits query head g·group + t // num_q_blocks, query block
-    # t % num_q_blocks.
-    def head_of(g, t):
-      return g * group + jax.lax.div(t, num_q_blocks)
-
-    def q_block_of(j, t):   # blocks that cannot see key block j repeat the first one that can
-      first = jnp.minimum(common.first_q_block_seeing(j, geo), num_q_blocks - 1)
-      return jnp.maximum(jax.lax.rem(t, num_q_blocks), first)
-
-    group_q_index = lambda b, g, j, t: (b, head_of(g, t), q_block_of(j, t), 0)
+    # Reduction step t of kv head g visits query head g·group + t // width and the (t % width)-th
+    # query block listed for the key block (past the list: the last one again, not fetched).
+    width = lists[4].shape[1]
+    group_q_index = lambda b, g, j, t, *list_refs: (
+        b, g * group + jax.lax.div(t, width), _listed(j, jax.lax.rem(t, width), *list_refs), 0)
     group_q_tile = pl.BlockSpec((None, None, bq, head_dim), group_q_index)
     group_row_stat = pl.BlockSpec((None, None, bq, 1), group_q_index)
-    kv_tile = pl.BlockSpec((None, None, bk, head_dim), lambda b, g, j, t: (b, g, j, 0))
+    kv_tile = pl.BlockSpec((None, None, bk, head_dim), lambda b, g, j, t, *_: (b, g, j, 0))
     dk, dv = self._call(
-        functools.partial(_dkdv_kernel, geo=geo, group=group, num_q_blocks=num_q_blocks),
-        grid=(batch, num_kv_heads, num_kv_blocks, group * num_q_blocks),
+        functools.partial(_dkdv_kernel, geo=geo, group=group, width=width,
+                          num_consts=len(consts)), lists[3:],
+        grid=(batch, num_kv_heads, kv_len // bk, group * width),
         in_specs=[group_q_tile, kv_tile, kv_tile,
-                  pl.BlockSpec((None, 1, bk), lambda b, g, j, t: (b, 0, j)),
-                  slopes_spec, group_q_tile, group_row_stat, group_row_stat],
+                  pl.BlockSpec((None, 1, bk), lambda b, g, j, t, *_: (b, 0, j)),
+                  slopes_spec, group_q_tile, group_row_stat, group_row_stat, *_whole(*consts)],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch_shapes=[pltpu.VMEM((bk, head_dim), jnp.float32),
                         pltpu.VMEM((bk, head_dim), jnp.float32)],
-        name="flash_backward_dkdv")(q, k, v, kv_valid, slopes, d_out, lse, delta)
+        name="flash_backward_dkdv")(*lists[3:], q, k, v, kv_valid, slopes, d_out, lse, delta,
+                                    *consts)
     return dq, dk, dv
 
 
-def _kv_block_index(geo, num_kv_blocks):
-  """index_map helper: key blocks a query block cannot see repeat its last visible block (no
-  DMA)."""
-  def kv_block(i, j):
-    if not geo.causal:
-      return j
-    return jnp.minimum(j, jnp.maximum(common.kv_blocks_seen(i, geo, num_kv_blocks) - 1, 0))
-  return kv_block
+def _listed(row, t, counts_ref, indices_ref, full_ref):
+  """index_map helper: the t-th block listed for `row`; past its count, the last listed one
+  again (the same block index: no DMA)."""
+  del full_ref
+  return indices_ref[row, jnp.minimum(t, jnp.maximum(counts_ref[row] - 1, 0))]
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, out_ref, lse_ref, acc_ref, m_ref,
-                    l_ref, *, geo):
-  # q_ref, out_ref, acc_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref [1, bk];
-  # lse_ref, m_ref, l_ref [bq, 1]
-  head, q_block, kv_block = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+def _listed_kv_tiles(block_k: int, head_dim: int, group: int):
+  """BlockSpecs of K (or V) and kv_valid for a (batch, head, query block i, step t) grid: the
+  t-th key block listed for query block i, of head h's kv head."""
+  kv_tile = pl.BlockSpec((None, None, block_k, head_dim), lambda b, h, i, t, *list_refs: (
+      b, jax.lax.div(h, group), _listed(i, t, *list_refs), 0))
+  kv_valid_tile = pl.BlockSpec((None, 1, block_k), lambda b, h, i, t, *list_refs: (
+      b, 0, _listed(i, t, *list_refs)))
+  return kv_tile, kv_valid_tile
 
-  @pl.when(kv_block == 0)
+
+def _whole(*arrays):
+  """BlockSpecs handing every grid step the whole of each array (mask_mod's arrays)."""
+  return [pl.BlockSpec(x.shape, lambda *_, ndim=x.ndim: (0,) * ndim) for x in arrays]
+
+
+def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref,
+                    slopes_ref, *refs, geo, num_consts):
+  # counts_ref [nq], indices_ref, full_ref [nq, w] (SMEM): the key blocks each query block
+  # visits; q_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref [1, bk]; mask_mod's arrays; then
+  # out_ref, acc_ref [bq, d]; lse_ref, m_ref, l_ref [bq, 1]
+  consts = [ref[...] for ref in refs[:num_consts]]
+  out_ref, lse_ref, acc_ref, m_ref, l_ref = refs[num_consts:]
+  batch, head, q_block, t = (pl.program_id(axis) for axis in range(4))
+
+  @pl.when(t == 0)
   def _start():
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_init(*acc_ref.shape)
 
-  @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
+  @pl.when(t < counts_ref[q_block])
   def _step():
-    scores = common.tile_scores(q_ref[...], k_ref[...], q_block * geo.block_q,
-                                kv_block * geo.block_k, kv_valid_ref[...], slopes_ref[head], geo)
+    q_start, k_start = q_block * geo.block_q, indices_ref[q_block, t] * geo.block_k
+    allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_start, k_start,
+                                  consts)
+    scores = common.tile_scores(q_ref[...], k_ref[...], q_start, k_start, kv_valid_ref[...],
+                                slopes_ref[head], geo, allowed)
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
         (acc_ref[...], m_ref[...], l_ref[...]), scores, v_ref[...])
 
-  @pl.when(kv_block == pl.num_programs(3) - 1)
+  @pl.when(t == pl.num_programs(3) - 1)
   def _finish():
     out, lse = common.softmax_finish((acc_ref[...], m_ref[...], l_ref[...]))
     out_ref[...] = out.astype(out_ref.dtype)
     lse_ref[...] = lse
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref, dq_ref,
-               dq_acc_ref, *, geo):
-  # q_ref, do_ref, dq_ref, dq_acc_ref [bq, d]; k_ref, v_ref [bk, d]; lse_ref, delta_ref [bq, 1]
-  head, q_block, kv_block = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
+               do_ref, lse_ref, delta_ref, *refs, geo, num_consts):
+  # as _forward_kernel; do_ref, dq_ref, dq_acc_ref [bq, d]; lse_ref, delta_ref [bq, 1]
+  consts = [ref[...] for ref in refs[:num_consts]]
+  dq_ref, dq_acc_ref = refs[num_consts:]
+  batch, head, q_block, t = (pl.program_id(axis) for axis in range(4))
 
-  @pl.when(kv_block == 0)
+  @pl.when(t == 0)
   def _start():
     dq_acc_ref[...] = jnp.zeros(dq_acc_ref.shape, jnp.float32)
 
-  @pl.when(kv_block < common.kv_blocks_seen(q_block, geo, pl.num_programs(3)))
+  @pl.when(t < counts_ref[q_block])
   def _step():
     k = k_ref[...]
-    scores = common.tile_scores(q_ref[...], k, q_block * geo.block_q, kv_block * geo.block_k,
-                                kv_valid_ref[...], slopes_ref[head], geo)
+    q_start, k_start = q_block * geo.block_q, indices_ref[q_block, t] * geo.block_k
+    allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_start, k_start,
+                                  consts)
+    scores = common.tile_scores(q_ref[...], k, q_start, k_start, kv_valid_ref[...],
+                                slopes_ref[head], geo, allowed)
     _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...],
                                           v_ref[...])
     dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
 
-  @pl.when(kv_block == pl.num_programs(3) - 1)
+  @pl.when(t == pl.num_programs(3) - 1)
   def _finish():
     dq_ref[...] = (dq_acc_ref[...] * geo.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref, do_ref, lse_ref, delta_ref,
-                 dk_ref, dv_ref, dk_acc_ref, dv_acc_ref, *, geo, group, num_q_blocks):
-  # q_ref, do_ref [bq, d]; k_ref, v_ref, dk_ref, dv_ref, d*_acc_ref [bk, d];
-  # lse_ref, delta_ref [bq, 1]
-  kv_head, kv_block, step = pl.program_id(1), pl.program_id(2), pl.program_id(3)
-  head = kv_head * group + jax.lax.div(step, num_q_blocks)
-  q_block = jax.lax.rem(step, num_q_blocks)
+def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
+                 do_ref, lse_ref, delta_ref, *refs, geo, group, width, num_consts):
+  # counts_ref [nk], indices_ref, full_ref [nk, width] (SMEM): the query blocks visiting each
+  # key block; q_ref, do_ref [bq, d]; k_ref, v_ref [bk, d]; lse_ref, delta_ref [bq, 1];
+  # mask_mod's arrays; then dk_ref, dv_ref, d*_acc_ref [bk, d]
+  consts = [ref[...] for ref in refs[:num_consts]]
+  dk_ref, dv_ref, dk_acc_ref, dv_acc_ref = refs[num_consts:]
+  batch, kv_head, kv_block, step = (pl.program_id(axis) for axis in range(4))
+  head = kv_head * group + jax.lax.div(step, width)
+  t = jax.lax.rem(step, width)
 
   @pl.when(step == 0)
   def _start():
     dk_acc_ref[...] = jnp.zeros(dk_acc_ref.shape, jnp.float32)
     dv_acc_ref[...] = jnp.zeros(dv_acc_ref.shape, jnp.float32)
 
-  @pl.when(q_block >= common.first_q_block_seeing(kv_block, geo))
+  @pl.when(t < counts_ref[kv_block])
   def _step():
     q, do = q_ref[...], do_ref[...]
-    scores = common.tile_scores(q, k_ref[...], q_block * geo.block_q, kv_block * geo.block_k,
-                                kv_valid_ref[...], slopes_ref[head], geo)
+    q_start, k_start = indices_ref[kv_block, t] * geo.block_q, kv_block * geo.block_k
+    allowed = common.tile_allowed(geo, full_ref[kv_block, t], batch, head, q_start, k_start,
+                                  consts)
+    scores = common.tile_scores(q, k_ref[...], q_start, k_start, kv_valid_ref[...],
+                                slopes_ref[head], geo, allowed)
     p, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...])
     dk_acc_ref[...] += common.dot_tn(ds.astype(q.dtype), q)
     dv_acc_ref[...] += common.dot_tn(p.astype(do.dtype), do)
@@ -239,9 +270,11 @@ def _blocks(fwd: int, bwd: int, length: int, multiple: int, what: str, compiled:
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
-                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None):
+                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None,
+                    mask_mod=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
   [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+  mask_mod: as for pallas_gpu.flash_attention.
 
   interpret=None compiles on a TPU; elsewhere pass `interpret=pltpu.InterpretParams()`.
   """
@@ -261,11 +294,12 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
   q, k, v, kv_valid, slopes = common.pad_inputs(q, k, v, kv_mask, alibi_slopes,
                                                 head_dim=q.shape[-1], q_multiple=q_padded,
                                                 kv_multiple=kv_padded)
-  geometry = functools.partial(common.Geometry, q_len=q_len, kv_len=kv_len, causal=bool(causal),
-                               scale=float(scale), use_alibi=alibi_slopes is not None)
-  kernels = Kernels(fwd=geometry(block_q=bq, block_k=bk),
-                    bwd=geometry(block_q=bq_bwd, block_k=bk_bwd), interpret=interpret)
+  fwd, bwd, metadata = block_metadata.kernel_plan(
+      mask_mod, causal, q_len=q_len, kv_len=kv_len, q_padded=q_padded, kv_padded=kv_padded,
+      scale=scale, use_alibi=alibi_slopes is not None, block_q=bq, block_k=bk,
+      block_q_bwd=bq_bwd, block_k_bwd=bk_bwd)
+  kernels = Kernels(fwd=fwd, bwd=bwd, interpret=interpret)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)           # [b, len, h, d] <-> [b, h, len, d]
   out = common.attention_with_vjp(kernels, heads_major(q), heads_major(k), heads_major(v),
-                                  kv_valid, slopes)
+                                  kv_valid, slopes, metadata)
   return heads_major(out)[:, :q_len]

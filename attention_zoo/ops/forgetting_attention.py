@@ -9,14 +9,15 @@ Causal softmax attention whose scores decay with a data-dependent forget gate, o
 c_i − c_j = Σ_{j < l <= i} log f_l <= 0 down-weights key j by the product of the gates since it.
 With f = 1 (log f = 0) this is plain causal softmax attention.
 
-Engine: the chunked FlashAttention path (`attention_zoo.flash.chunked.flash_attention` with
-`log_gate`). The gate only adds the bias c_i − c_j to each tile's scores, so everything else
-(query-block map, key-block loop that skips tiles above the diagonal, online softmax, GQA with
-K/V never copied per query head, backward recomputing P from the log-sum-exp) is the flash
-engine's; a separate op would repeat its loops. The backward also sums the columns of dS (the
-gradient of −c_j; the rows of dS sum to 0 since c_i is constant along the softmax) and turns
-d c into d log f with a reverse cumsum. No [T, T] array is formed: memory is O(T · block) in
-both directions, f32 accumulation for bf16/f16 inputs.
+Engine: `attention_zoo.flex.flex_attention` with flash's causal block mask
+(`flash.chunked.block_mask`) and the gate as a score_mod adding cᵢ − cⱼ to each tile's scores, so
+everything else (query-block map, key-block loop that skips the tiles above the diagonal, online
+softmax, GQA with K/V never copied per query head, backward recomputing P from the log-sum-exp)
+is the engine's; a separate op would repeat its loops. The engine's backward differentiates the
+score_mod per tile, so c gets the column sums of dS (the gradient of −cⱼ; the rows of dS sum to
+0 since cᵢ is constant along the softmax), and autodiff of the cumulative sum turns d c into
+d log f. No [T, T] array is formed: memory is O(T · block) in both directions, f32 accumulation
+for bf16/f16 inputs.
 
 Precision: c is a float32 pair hi + lo from a compensated scan (`flash.common.cumsum_two_float`),
 and each tile forms (hi_i − hi_j) + (lo_i − lo_j). A plain f32 cumsum reaches -1e4 at long
@@ -40,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_zoo import reference
+from attention_zoo import flex
 from attention_zoo.flash import chunked, common
 
 
@@ -78,10 +80,43 @@ def forgetting_attention(q, k, v, log_f, *, scale: float | None = None, mask=Non
   batch, length, _, head_dim = q.shape
   mask = jnp.ones((batch, length), bool) if mask is None else jnp.asarray(mask, bool)
   log_f = jnp.where(mask[..., None], log_f.astype(jnp.float32), 0.0)       # f = 1 at padding
-  out = chunked.flash_attention(q, k, v, mask, causal=True,
-                                scale=head_dim ** -0.5 if scale is None else float(scale),
-                                block_q=block_size, block_k=block_size, log_gate=log_f)
+  out = flex.flex_attention(
+      q, k, v, block_mask=chunked.block_mask(length, length, causal=True, block_q=block_size,
+                                             block_k=block_size),
+      score_mod=_forget_gate_bias(log_f, k.shape[2]), scale=scale, kv_mask=mask)
   return jnp.where(mask[:, :, None, None], out, 0).astype(q.dtype)
+
+
+def _forget_gate_bias(log_f, num_kv_heads: int):
+  """flex score_mod adding cᵢ − cⱼ, c = cumsum(log f) [b, t, h] as the pair hi + lo, to a tile.
+
+  Written for flex's tile index arrays (b = every batch row [B, 1, 1, 1], h the query head of
+  each row [1, kvh, rows, 1], q [1, 1, rows, 1], kv one block's keys [1, 1, 1, bk]): cᵢ is a
+  gather of one value per row; cⱼ, which varies along both axes of the tile, is gathered per
+  (kv head, query head in its group, key) and spread over the rows of each head by a one-hot
+  product (exact at HIGHEST precision), never by a gather of a whole tile. Indices past the
+  length (the engine's padding, masked anyway) are clipped.
+  """
+  batch, length, num_heads = log_f.shape
+  group = num_heads // num_kv_heads
+  # (hi, lo), each [b, h, t] and [b, kvh, g, t]
+  cum = tuple(jnp.moveaxis(c, 1, 2) for c in common.cumsum_two_float(log_f, axis=1))
+
+  def differences(c, b, h, q, kv):
+    """c [b, h, t] -> cᵢ − cⱼ [B, kvh, rows, bk]."""
+    at_query = c[b, h, jnp.minimum(q, length - 1)]                        # [B, kvh, rows, 1]
+    per_group = c.reshape(batch, num_kv_heads, group, length)
+    at_key = jnp.take(per_group, kv[0, 0, 0], axis=3, mode="clip")          # [b, kvh, g, bk]
+    if group > 1:
+      # [1, kvh, rows, g]
+      head_in_group = jax.nn.one_hot(h[..., 0] % group, group, dtype=jnp.float32)
+      at_key = jnp.einsum("xkrg,bkgc->bkrc", head_in_group, at_key,
+                          precision=jax.lax.Precision.HIGHEST)             # [b, kvh, rows, bk]
+    return at_query - at_key
+
+  def score_mod(score, b, h, q, kv):
+    return score + (differences(cum[0], b, h, q, kv) + differences(cum[1], b, h, q, kv))
+  return score_mod
 
 
 def forgetting_attention_step(q, k_cache, v_cache, log_f_cache, kv_mask, *,
