@@ -287,7 +287,7 @@ def test_a_run_that_cannot_fit_stops_before_the_first_step(data_root, tmp_path, 
   model, _ = trainer.build_model(config)
   assert need > 3 * 4 * num_params(model)   # at least the parameters and Adam's two moments
   config.check_memory = True
-  monkeypatch.setattr(trainer, "device_memory_bytes", lambda: need - 1.0)
+  monkeypatch.setattr(trainer.measure, "device_memory_bytes", lambda: need - 1.0)
   with pytest.raises(trainer.HarnessError) as info:
     trainer.Trainer(config, tmp_path)
   message = str(info.value)
@@ -301,7 +301,7 @@ def test_a_run_that_cannot_fit_stops_before_the_first_step(data_root, tmp_path, 
       "config.model.remat=block (recompute each block in the backward pass), a smaller "
       "config.batch_size (now 4); or config.check_memory=False to try anyway")
   assert not (tmp_path / "checkpoints").exists()
-  monkeypatch.setattr(trainer, "device_memory_bytes", lambda: need)
+  monkeypatch.setattr(trainer.measure, "device_memory_bytes", lambda: need)
   trainer.Trainer(config, tmp_path)   # just fits
 
 
