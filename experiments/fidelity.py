@@ -9,6 +9,8 @@ reason.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from absl import flags
 
 import attention_zoo as az
@@ -266,12 +268,19 @@ def _explain(row: dict) -> str:
   return "; ".join(parts)
 
 
+def _reads(path) -> str | None:
+  return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else None
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   from experiments import provenance
 
-  provenance.write_text(FLAGS.out, render())
+  text = render()
+  cli.plan(lambda: [f"{FLAGS.out}: {len(text.splitlines())} lines, "
+                    f"{'unchanged' if _reads(FLAGS.out) == text else 'would change'}"])
+  provenance.write_text(FLAGS.out, text)
   print(f"wrote {FLAGS.out}")
 
 

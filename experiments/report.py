@@ -292,9 +292,20 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   return text
 
 
+def plan_lines(runs_dir, out_dir) -> list[str]:
+  """A dry run's lines: each run the report would read, and what it would write. No runs yet is
+  not an error here: a pipeline is checked before its runs exist."""
+  runs = read_runs(runs_dir)
+  if not runs:
+    return [f"no results.json under {runs_dir} yet: the report would stop there"]
+  return [*(f"{r['task']} / {r['attention']} / seed {r['seed']} ({r['preset']}): {r['workdir']}"
+            for r in runs), f"then {out_dir}/table.md, table.csv and plots"]
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.plan(lambda: plan_lines(FLAGS.runs, FLAGS.out))
   print(write_report(FLAGS.runs, FLAGS.out))
   print(f"wrote {FLAGS.out}/table.md, table.csv and plots")
 
