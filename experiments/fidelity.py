@@ -268,8 +268,11 @@ def _explain(row: dict) -> str:
   return "; ".join(parts)
 
 
-def _reads(path) -> str | None:
-  return Path(path).read_text(encoding="utf-8") if Path(path).is_file() else None
+def _change(path, text: str) -> str:
+  """What writing `text` to `path` would do to it."""
+  if not Path(path).is_file():
+    return "new"
+  return "unchanged" if Path(path).read_text(encoding="utf-8") == text else "changed"
 
 
 def main(argv):
@@ -278,8 +281,7 @@ def main(argv):
   from experiments import provenance
 
   text = render()
-  cli.plan(lambda: [f"{FLAGS.out}: {len(text.splitlines())} lines, "
-                    f"{'unchanged' if _reads(FLAGS.out) == text else 'would change'}"])
+  cli.plan(lambda: [f"{FLAGS.out}: {len(text.splitlines())} lines, {_change(FLAGS.out, text)}"])
   provenance.write_text(FLAGS.out, text)
   print(f"wrote {FLAGS.out}")
 
