@@ -132,7 +132,7 @@ def _plot(table: dict, states: dict, path: Path, field: str, values: list[str], 
   ax.set_xscale("log", base=2)
   xlabel = field if x == "value" else f"recurrent state per layer (floats), over {field}"
   ax.set(xlabel=xlabel, ylabel="test accuracy (%)", ylim=(0, 102), title=task)
-  ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
+  provenance.legend_beside(ax, fontsize="small")
   provenance.save_figure(fig, path)
 
 
