@@ -110,9 +110,9 @@ def dry_runs(tmp_path_factory):
   it must stay so."""
   folder = tmp_path_factory.mktemp("dry_run")
   (folder / "configs").symlink_to(REPO / "configs")
-  runs = [(page, argv + ["--dry_run"]) for page, argv in shown_commands()]
-  runs += [(name, argv + ["--dry_run"]) for name, argv in UNSHOWN.items()]
-  runs += [(name, argv + ["--dry_run"]) for name, (argv, _) in INVALID.items()]
+  runs = [*shown_commands(), *UNSHOWN.items(),
+          *((name, argv) for name, (argv, _) in INVALID.items())]
+  runs = [(key, argv + ["--dry_run"] * ("--dry_run" not in argv)) for key, argv in runs]
   results = run_commands([argv for _, argv in runs], cwd=folder)
   assert sorted(p.name for p in folder.iterdir()) == ["configs"], "a dry run wrote files"
   return {(page, " ".join(argv)): result for (page, argv), result in zip(runs, results)}
