@@ -434,6 +434,11 @@ def test_tiny_data_is_generated_only_into_its_own_folder_unless_asked(tmp_path, 
   assert not mistyped.exists()
   with pytest.raises(Generating, match="lra_tyni"):
     data_lib.load_splits(tiny(f"data_dir={mistyped}", "generate_data=True"))
+  # a dry run's data line says the same
+  assert data_lib.describe(tiny()).endswith("(missing: generated first)")
+  assert "the run stops" in data_lib.describe(tiny(f"data_dir={mistyped}"))
+  assert "generated first" in data_lib.describe(tiny(f"data_dir={mistyped}", "generate_data=True"))
+  assert data_lib.describe(tiny(f"data_dir={tmp_path}")) == f"data {tmp_path}"
 
 
 # -------------------------------------------------------------------------- ListOps lengths
