@@ -713,31 +713,36 @@ def _claims(spec) -> str:
 
 
 def _parse(argv):
-  """-> (module targets, properties to check); raises ValueError on a bad --checks."""
-  targets, props = [], None
+  """-> (module targets, properties to check, dry run); raises ValueError on a bad flag."""
+  targets, props, dry_run = [], None, False
   known = {**CHECKS, **MIXER_CHECKS}
   for arg in argv:
-    if arg.startswith("--checks="):
+    if arg == "--dry_run":
+      dry_run = True
+    elif arg.startswith("--checks="):
       props = [p.strip() for p in arg.removeprefix("--checks=").split(",") if p.strip()]
       unknown = [p for p in props if p not in known]
       if unknown or not props:
         raise ValueError(f"unknown check(s) {', '.join(unknown) or '(none given)'}; "
                          f"choose from {', '.join(known)}")
     elif arg.startswith("-"):
-      raise ValueError(f"unknown flag {arg!r}; the only flag is --checks=NAME[,NAME...]")
+      raise ValueError(f"unknown flag {arg!r}; the flags are --checks=NAME[,NAME...] and "
+                       "--dry_run")
     else:
       targets.append(arg)
   if not targets:
     raise ValueError("name at least one module (dotted name or .py path) that registers a variant")
-  return targets, props
+  return targets, props, dry_run
 
 
 USAGE = """usage: python -m attention_zoo.conformance MODULE [MODULE ...] [--checks=NAME[,NAME...]]
+       [--dry_run]
 
 MODULE: a dotted module name importable from the current directory (my_attention,
 examples.cosine_attention, attention_zoo.full) or a path to a .py file. Every variant the
-modules register is checked. Exit status: 0 all checked properties pass (or do not apply),
-1 a property failed, 2 bad usage or a module that cannot be imported or registers nothing.
+modules register is checked (--dry_run: listed with the checks it would get). Exit status:
+0 all checked properties pass (or do not apply), 1 a property failed, 2 bad usage or a module
+that cannot be imported or registers nothing.
 Checks: """ + ", ".join(CHECKS) + "\nMixer checks: " + ", ".join(MIXER_CHECKS)
 
 
@@ -747,7 +752,7 @@ def main(argv=None) -> int:
     print(USAGE)
     return 2
   try:
-    targets, props = _parse(argv)
+    targets, props, dry_run = _parse(argv)
   except ValueError as e:
     print(f"{e}\n\n{USAGE}", file=sys.stderr)
     return 2
@@ -765,6 +770,11 @@ def main(argv=None) -> int:
             f"@attention_zoo.register_mixer)", file=sys.stderr)
       return 2
     names += [n for n in found if n not in names]
+  if dry_run:
+    for name in names:
+      print(f"{name}  ({_claims(registry.spec(name))}): checks "
+            f"{', '.join(props or checks_for(name))}")
+    return 0
   failed, counts = [], {"pass": 0, "n/a": 0, "fail": 0}
   for name in names:
     options = ", ".join(f"{k}={v!r}" for k, v in settings(name).options.items())

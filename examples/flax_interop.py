@@ -100,7 +100,14 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--num_layers", type=int, default=2)
   parser.add_argument("--emb_dim", type=int, default=256)
+  parser.add_argument("--dry_run", action="store_true",
+                      help="print what would be measured, then exit without measuring")
   args = parser.parse_args(argv)
+  if args.dry_run:
+    for label in VARIANTS:
+      print(f"{label}: length {args.length}, batch {args.batch}, {args.num_layers} layers, emb "
+            f"{args.emb_dim}, {args.repeats} repeats")
+    return {}
   model = Decoder(max_len=args.length, emb_dim=args.emb_dim, num_heads=4,
                   mlp_dim=4 * args.emb_dim, num_layers=args.num_layers, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (args.batch, args.length), 1, 256)

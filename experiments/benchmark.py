@@ -117,6 +117,22 @@ def run_and_write(settings: Settings, out: str, *, command: str, progress=None) 
   return rows
 
 
+def _lengths(lengths) -> str:
+  return ",".join(map(str, lengths))
+
+
+def plan_lines(settings: Settings, out: str) -> list[str]:
+  """A dry run's line per variant of the train and attention modes, as the config resolves."""
+  lines = []
+  for name in settings.names():
+    options = settings.config(name, min(settings.lengths)).model.attention_options
+    lines.append(f"{settings.mode} {name}: lengths {_lengths(settings.lengths)}, "
+                 f"{settings.dtype}, remat {settings.remat}, batch {settings.batch_size}, "
+                 f"{settings.repeats} repeats, options "
+                 f"{', '.join(f'{k}={v}' for k, v in sorted(options.items())) or '(none)'}")
+  return lines + [f"then {out}/benchmark_{settings.mode}.csv, .md, .json and plots"]
+
+
 def model_modes(command: str) -> int:
   from tqdm import tqdm
 
@@ -124,6 +140,7 @@ def model_modes(command: str) -> int:
     settings = settings_from_flags(FLAGS)
   except ValueError as e:       # unknown attention or option, bad lengths: one line, no traceback
     raise cli.HarnessError(str(e)) from e
+  cli.plan(lambda: plan_lines(settings, FLAGS.out))
   rows = run_and_write(settings, FLAGS.out, command=command,
                        progress=lambda total: tqdm(total=total, unit="run", file=sys.stderr))
   failed = [f"{r['attention']}@{r['length']}" for r in rows if r["status"] is Status.ERROR]
@@ -161,8 +178,13 @@ def capacity_mode(command: str) -> int:
   except ValueError as e:
     raise cli.HarnessError(str(e)) from None
   model = base.config(names[0], lengths[0]).model
-  env = provenance.environment()
   time_budget_s = mode_value(FLAGS, "time_budget_s")
+  cli.plan(lambda: [*(f"capacity {name}: lengths {lengths[0]}..{lengths[-1]}, remat "
+                      f"{','.join(FLAGS.remats)}, {','.join(FLAGS.dtypes)}, steps timed: "
+                      f"{FLAGS.time_steps}" for name in names),
+                    f"then {FLAGS.out}/capacity.md, .csv and .png (time budget "
+                    f"{time_budget_s:g} s)"])
+  env = provenance.environment()
   facts = {"model": f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, "
                     f"MLP {model.mlp_dim}",
            "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,
@@ -206,30 +228,43 @@ def main(argv):
   masks = mode_value(FLAGS, "masks")
   if set(masks) - {"none", "causal"}:
     raise cli.HarnessError(f"--masks={','.join(masks)}: choose from none, causal")
+  budget_s = mode_value(FLAGS, "time_budget_s")
   if FLAGS.mode == "ops":
+    cli.plan(lambda: [f"ops {name}: lengths {_lengths(lengths)}, {repeats} repeats"
+                      for name in (kernels.BASELINE, *kernels.OPS)]
+             + [f"then {FLAGS.out}/benchmark_ops.csv and .md (budget {budget_s:g} s each)"])
     kernels.run_and_write(lengths, FLAGS.out, warmup=FLAGS.warmup, repeats=repeats,
-                          budget_s=mode_value(FLAGS, "time_budget_s"), command=command,
+                          budget_s=budget_s, command=command,
                           progress=lambda row: logging.info("%-27s %6d %s %s ms", row["op"],
                                                             row["length"], row["status"].value,
                                                             row.get("fwd_bwd_ms")))
   elif FLAGS.mode == "flash":
     path = os.path.join(FLAGS.out, "benchmark_flash.md")
+    cli.plan(lambda: [f"flash {impl}: lengths {_lengths(lengths)}, head_dims "
+                      f"{_lengths(head_dims)}, masks {','.join(masks)}, "
+                      f"{mode_value(FLAGS, 'dtype')}, interpret {FLAGS.interpret}"
+                      for impl in FLAGS.impls] + [f"then {path} (budget {budget_s:g} s)"])
     kernels.flash_table(path, lengths=lengths, head_dims=head_dims, masks=masks,
                         impls=FLAGS.impls, dtype=mode_value(FLAGS, "dtype"), tokens=FLAGS.tokens,
                         hidden=FLAGS.hidden, batch_size=FLAGS.batch_size,
                         num_heads=FLAGS.num_heads, num_kv_heads=FLAGS.num_kv_heads,
                         repeats=repeats, interpret=FLAGS.interpret, verify=FLAGS.verify,
-                        budget_s=mode_value(FLAGS, "time_budget_s"), command=command)
+                        budget_s=budget_s, command=command)
     print(f"wrote {path}")
   else:   # approximation
     names = FLAGS.attentions or [n for n in az.available("attention") if not az.spec(n).exact]
+    for name in names:
+      cli.check_attention(name)
     stds = [float(s) for s in FLAGS.input_stds]
+    path = os.path.join(FLAGS.out, "benchmark_approximation.md")
+    cli.plan(lambda: [f"approximation {name}: lengths {_lengths(lengths)}, head_dims "
+                      f"{_lengths(head_dims)}, masks {','.join(masks)}, input stds "
+                      f"{','.join(FLAGS.input_stds)}" for name in names] + [f"then {path}"])
     lines = []
     for mask, length, head_dim in itertools.product(masks, lengths, head_dims):
       lines += kernels.approximation_table(names, length=length, head_dim=head_dim,
                                            num_heads=mode_value(FLAGS, "num_heads"), stds=stds,
                                            draws=FLAGS.draws, causal=mask == "causal") + [""]
-    path = os.path.join(FLAGS.out, "benchmark_approximation.md")
     provenance.write_text(path, "\n".join(lines))
     print(f"wrote {path}")
   return 0

@@ -288,5 +288,5 @@ def plot_lengths(rows: list[dict], key: str, ylabel: str, path: str, title: str)
                fontsize=9)
   ax.grid(True, which="both", alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    provenance.legend_beside(ax, fontsize=8)
   provenance.save_figure(fig, path)

@@ -400,5 +400,5 @@ def plot(results: list[Capacity], path: str, facts: dict) -> None:
   ax.set_title(f"LRA Text train step in {_gb(facts['device_memory_bytes'])}: "
                f"{facts['device']}, jax {facts['jax_version']}", fontsize=9)
   ax.grid(True, axis="x", alpha=0.3)
-  ax.legend(fontsize=8, loc="lower right")
+  provenance.legend_beside(ax, fontsize=8)
   provenance.save_figure(fig, path)

@@ -3,6 +3,10 @@
 A mistake on the command line (an unknown attention, task, preset or config field, a plugin
 that does not import, missing data) prints one line `error: ...` naming it and the valid
 choices, and exits with status 1. Bugs still raise with a traceback.
+
+`--dry_run`, on every entry point `run` starts: the command is checked as the real run checks
+it (flags, configs resolved, plug-ins loaded), then `plan` prints one line per run it would
+start and the command exits 0 before it trains, measures, writes or downloads anything.
 """
 from __future__ import annotations
 
@@ -24,6 +28,28 @@ TASK_CONFIGS = "configs/lra/<task>.py"
 
 class HarnessError(Exception):
   """An error the user can fix; entry points print its message as one line."""
+
+
+DRY_RUN_HELP = ("Check the command and print what it would run, one line per run, then exit "
+                "without training, writing or downloading anything.")
+
+
+class _Planned(Exception):
+  """Raised by `plan` under --dry_run: the command ends there, successfully."""
+
+
+def dry_run() -> bool:
+  return "dry_run" in flags.FLAGS and flags.FLAGS.dry_run
+
+
+def plan(make_lines) -> None:
+  """Under --dry_run: prints the lines `make_lines()` returns (what would run; the checks it
+  makes are the real run's) and ends the command with status 0; otherwise does nothing."""
+  if not dry_run():
+    return
+  for line in make_lines():
+    print(line)
+  raise _Planned
 
 
 def fail(message: str) -> None:
@@ -72,12 +98,16 @@ def run(main) -> None:
   registered), and the attention the config names is checked again against the variants they
   register."""
   absl_logging.get_absl_handler().addFilter(_OwnInfoOnly())
+  if "dry_run" not in flags.FLAGS:
+    flags.DEFINE_bool("dry_run", False, DRY_RUN_HELP)
 
   def wrapped(argv):
     try:
       return main(argv)
     except HarnessError as e:
       fail(str(e))
+    except _Planned:
+      return 0
 
   app.run(wrapped, flags_parser=_parse_flags)
 
@@ -115,7 +145,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
     plugins = flags.FLAGS.plugins if "plugins" in flags.FLAGS else []
     if config is not None and not plugins:
       check_attention(config.model.attention)
-    avoid_cpu_scheduler_deadlock()
+    if not dry_run():   # its probe starts JAX in a child; a dry run executes nothing
+      avoid_cpu_scheduler_deadlock()
     if plugins:
       import attention_zoo as az
 

@@ -38,17 +38,35 @@ def load_splits(config) -> dict[str, lra.Dataset]:
     if config.task not in GENERATED_TASKS or config.preset != "tiny":
       raise HarnessError(f"{config.task} data for the {config.preset} preset: {missing}"
                          ) from None
-    own_folder = common.DATA_DIRS["tiny"]
-    if not (config.generate_data or Path(config.data_dir).resolve() == Path(own_folder).resolve()):
+    if not (config.generate_data or _is_tiny_folder(config.data_dir)):
       raise HarnessError(
           f"{config.task} data is missing from {config.data_dir} ({missing}). The tiny preset "
-          f"generates its data only into its own folder {own_folder}: leave --config.data_dir "
-          "unset, set it to a folder that holds the data, or add --config.generate_data=True to "
-          "generate the tiny data there") from None
+          f"generates its data only into its own folder {common.DATA_DIRS['tiny']}: leave "
+          "--config.data_dir unset, set it to a folder that holds the data, or add "
+          "--config.generate_data=True to generate the tiny data there") from None
   if jax.process_index() == 0:
     generate(config)
   barrier("lra-data-generated")
   return {split: _load(config, split) for split in lra.SPLITS}
+
+
+def _is_tiny_folder(data_dir) -> bool:
+  return Path(data_dir).resolve() == Path(common.DATA_DIRS["tiny"]).resolve()
+
+
+def describe(config) -> str | None:
+  """Where the run reads its data and whether that folder is there (a dry run's check: the
+  files themselves are read by the run); None for a task whose data is made in memory."""
+  if config.task not in lra.available_tasks():
+    return None
+  if not config.data_dir:
+    return "data: config.data_dir is empty (the run stops)"
+  if Path(config.data_dir).is_dir():
+    return f"data {config.data_dir}"
+  generated = (config.task in GENERATED_TASKS and config.preset == "tiny"
+               and (config.generate_data or _is_tiny_folder(config.data_dir)))
+  return (f"data {config.data_dir} (missing: "
+          f"{'generated first' if generated else 'the run stops; see docs/data.md'})")
 
 
 def _load(config, split: str) -> lra.Dataset:

@@ -9,6 +9,8 @@ reason.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from absl import flags
 
 import attention_zoo as az
@@ -266,12 +268,21 @@ def _explain(row: dict) -> str:
   return "; ".join(parts)
 
 
+def _change(path, text: str) -> str:
+  """What writing `text` to `path` would do to it."""
+  if not Path(path).is_file():
+    return "new"
+  return "unchanged" if Path(path).read_text(encoding="utf-8") == text else "changed"
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   from experiments import provenance
 
-  provenance.write_text(FLAGS.out, render())
+  text = render()
+  cli.plan(lambda: [f"{FLAGS.out}: {len(text.splitlines())} lines, {_change(FLAGS.out, text)}"])
+  provenance.write_text(FLAGS.out, text)
   print(f"wrote {FLAGS.out}")
 
 

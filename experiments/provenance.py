@@ -4,7 +4,7 @@ device, the date; the files it writes, each atomically; and its metrics.
     environment() -> {"git_commit": ..., "versions": ..., "device": ..., ...}
     write_text(path, text)    # the old file or the new one, never a torn one
     with atomic_write(path, "wb") as f: ...   # the same for any writer (CSV, PNG; lra.fileio)
-    save_figure(fig, path)    # a matplotlib figure as PNG
+    save_figure(fig, path)    # a matplotlib figure as PNG (legend_beside: its legend outside)
 
 A run's metrics go to `metrics.jsonl` (one JSON object per event, each with `step`) and to
 TensorBoard event files (tensorboardX) under `tensorboard/`; only process 0 writes them. A
@@ -89,6 +89,12 @@ def pyplot():
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt
+
+
+def legend_beside(ax, *handles_and_labels, **options):
+  """The legend of `ax` to the right of it, top-aligned, where it covers no bar, curve or point
+  (save_figure's image grows to hold it); `handles_and_labels` and `options` as ax.legend's."""
+  return ax.legend(*handles_and_labels, loc="upper left", bbox_to_anchor=(1.01, 1), **options)
 
 
 def save_figure(fig, path) -> Path:

@@ -223,7 +223,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       ax.axhline(table["majority"][task], color="tab:red", linestyle="--", label=MAJORITY)
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
-      ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars
+      provenance.legend_beside(ax, fontsize="small")
       written.append(provenance.save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
@@ -241,8 +241,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
             ax.plot(*zip(*points), color=colors[run["attention"]], label=label)
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
       loss_ax.set(xlabel="step", ylabel="training loss")
-      loss_ax.legend(*acc_ax.get_legend_handles_labels(), fontsize="x-small",
-                     loc="upper left", bbox_to_anchor=(1.01, 1))          # beside the curves
+      provenance.legend_beside(loss_ax, *acc_ax.get_legend_handles_labels(), fontsize="x-small")
       written.append(provenance.save_figure(fig, out / f"curves_{preset}_{task}.png"))
     if kind == "mad":
       written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})"))
@@ -271,7 +270,7 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
   ax.set_xticks(np.arange(len(tasks) + 1), [t.replace("_", "\n") for t in tasks] + ["average"],
                 fontsize="small")
   ax.set(ylabel="test accuracy (%)", ylim=(0, 100), title=title)
-  ax.legend(fontsize="x-small", ncol=2)
+  provenance.legend_beside(ax, fontsize="x-small")
   return provenance.save_figure(fig, path)
 
 
@@ -292,9 +291,20 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   return text
 
 
+def plan_lines(runs_dir, out_dir) -> list[str]:
+  """A dry run's lines: each run the report would read, and what it would write. No runs yet is
+  not an error here: a pipeline is checked before its runs exist."""
+  runs = read_runs(runs_dir)
+  if not runs:
+    return [f"no results.json under {runs_dir} yet: the report would stop there"]
+  return [*(f"{r['task']} / {r['attention']} / seed {r['seed']} ({r['preset']}): {r['workdir']}"
+            for r in runs), f"then {out_dir}/table.md, table.csv and plots"]
+
+
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.plan(lambda: plan_lines(FLAGS.runs, FLAGS.out))
   print(write_report(FLAGS.runs, FLAGS.out))
   print(f"wrote {FLAGS.out}/table.md, table.csv and plots")
 

@@ -99,20 +99,49 @@ def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds:
           for task in tasks for attention in attentions for seed in seeds}
 
 
+def checked_grid(**grid) -> dict:
+  """grid_configs(**grid) with the options of other variants dropped and every config checked
+  as the trainer will (a bad value is one error now, not one per run)."""
+  configs = grid_configs(**grid)
+  from experiments import build, trainer  # imports jax: after the cheap checks
+
+  drop_options_of_other_variants(configs)
+  for config in configs.values():
+    trainer.check_config(build.resolve(config))
+  return configs
+
+
+def run_dir(out, task: str, attention: str, seed: int) -> Path:
+  return Path(out) / "runs" / task / attention / f"seed{seed}"
+
+
+def plan_lines(configs: dict, out) -> list[str]:
+  """A dry run's line per run of a checked grid: skipped, not applicable, or what it trains."""
+  from experiments import trainer
+
+  lines = []
+  for (task, attention, seed), config in configs.items():
+    workdir = run_dir(out, task, attention, seed)
+    if (workdir / "results.json").exists():
+      lines.append(f"{task} / {attention} / seed {seed}: {workdir}/results.json exists: skipped")
+    elif reason := not_applicable(task, attention):
+      lines.append(f"{task} / {attention} / seed {seed}: not applicable ({reason})")
+    else:
+      lines.append(trainer.plan_line(config, workdir))
+  return lines
+
+
 def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: list[int], out,
              overrides=()) -> list[str]:
   """Trains every missing run of the grid; returns a line per failed run."""
-  configs = grid_configs(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
+  configs = checked_grid(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
                          overrides=overrides)
-  from experiments import build, provenance, trainer  # imports jax: after the cheap checks
+  from experiments import provenance, trainer
 
-  drop_options_of_other_variants(configs)
-  for config in configs.values():   # a bad value is one error now, not one per run
-    trainer.check_config(build.resolve(config))
   grid = list(configs)
   failures = []
   for number, (task, attention, seed) in enumerate(grid, start=1):
-    workdir = Path(out) / "runs" / task / attention / f"seed{seed}"
+    workdir = run_dir(out, task, attention, seed)
     if (workdir / "results.json").exists():
       logging.info("[%d/%d] %s exists: skipped", number, len(grid), workdir / "results.json")
       continue
@@ -147,8 +176,11 @@ def main(argv):
   attentions = cli.split_names(FLAGS.attentions) or cli.attention_names()
   out = FLAGS.out or f"results/{FLAGS.preset}"
   seeds = cli.parse_seeds(FLAGS.seeds)
-  grid_configs(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
-               overrides=FLAGS.override)   # a mistake stops here, before JAX starts
+  grid = dict(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
+              overrides=FLAGS.override)
+  grid_configs(**grid)   # a mistake stops here, before JAX starts
+  cli.plan(lambda: [*plan_lines(checked_grid(**grid), out),
+                    f"then the report of these runs: {out}/table.md, table.csv and plots"])
   import jax
 
   from experiments import report, trainer

@@ -43,11 +43,27 @@ def run(*, task: str, preset: str, field: str, values: list[str], attentions: li
         seeds: list[int], out, overrides=()) -> list[str]:
   """Trains every missing run; returns a line per failed run."""
   failures = []
-  for value in values:
-    failures += reproduce.run_grid(preset=preset, tasks=[task], attentions=attentions,
-                                   seeds=seeds, out=Path(out) / f"{field}={value}",
-                                   overrides=[*overrides, f"{field}={value}"])
+  for grid in grids(task=task, preset=preset, field=field, values=values,
+                    attentions=attentions, seeds=seeds, out=out, overrides=overrides):
+    failures += reproduce.run_grid(**grid)
   return failures
+
+
+def grids(*, task: str, preset: str, field: str, values: list[str], attentions: list[str],
+          seeds: list[int], out, overrides=()) -> list[dict]:
+  """reproduce.run_grid's arguments for each value: its grid under OUT/<field>=<value>/."""
+  return [dict(preset=preset, tasks=[task], attentions=attentions, seeds=seeds,
+               out=Path(out) / f"{field}={value}", overrides=[*overrides, f"{field}={value}"])
+          for value in values]
+
+
+def plan_lines(**sweep) -> list[str]:
+  """A dry run's lines: every run of every value's grid (see reproduce.plan_lines)."""
+  lines = []
+  for grid in grids(**sweep):
+    out = grid.pop("out")
+    lines += reproduce.plan_lines(reproduce.checked_grid(**grid), out)
+  return lines
 
 
 def collect(out, field: str, values: list[str]) -> tuple[dict, dict]:
@@ -116,7 +132,7 @@ def _plot(table: dict, states: dict, path: Path, field: str, values: list[str], 
   ax.set_xscale("log", base=2)
   xlabel = field if x == "value" else f"recurrent state per layer (floats), over {field}"
   ax.set(xlabel=xlabel, ylabel="test accuracy (%)", ylim=(0, 102), title=task)
-  ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
+  provenance.legend_beside(ax, fontsize="small")
   provenance.save_figure(fig, path)
 
 
@@ -126,8 +142,11 @@ def main(argv):
   started = time.time()
   attentions = cli.split_names(FLAGS.attentions)
   seeds = cli.parse_seeds(FLAGS.seeds)
-  failures = run(task=FLAGS.task, preset=FLAGS.preset, field=FLAGS.field, values=FLAGS.values,
-                 attentions=attentions, seeds=seeds, out=FLAGS.out, overrides=FLAGS.override)
+  sweep = dict(task=FLAGS.task, preset=FLAGS.preset, field=FLAGS.field, values=FLAGS.values,
+               attentions=attentions, seeds=seeds, out=FLAGS.out, overrides=FLAGS.override)
+  cli.plan(lambda: [*plan_lines(**sweep), f"then {FLAGS.out}/sweep.md, sweep.csv and sweep.png "
+                                          f"(x: {FLAGS.x})"])
+  failures = run(**sweep)
   table, states = collect(FLAGS.out, FLAGS.field, FLAGS.values)
   print(write(table, states, FLAGS.out, FLAGS.field, FLAGS.values, FLAGS.task, FLAGS.x))
   print(f"wrote {FLAGS.out}/sweep.md, sweep.csv and sweep.png; wall time "

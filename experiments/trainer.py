@@ -136,6 +136,26 @@ def check_config(config) -> None:
                          f"share; use a multiple of {devices}")
 
 
+def plan_line(config, workdir, *, shapes: bool = False) -> str:
+  """What a run of `config` into `workdir` would be, in one line (a dry run's): the checks the
+  trainer makes first, then task, variant, seed, the resolved size, budget and options, the
+  data; with `shapes`, the parameter count of the model built abstractly (nnx.eval_shape:
+  about a second, nothing computed)."""
+  resolved = build.resolve(config)
+  check_config(resolved)
+  model = resolved.model
+  options = ", ".join(f"{k}={v}" for k, v in sorted(model.attention_options.items()))
+  parts = [f"{config.task} / {model.attention} / seed {config.seed} ({config.preset})",
+           f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, max_len "
+           f"{model.max_len}, batch {resolved.batch_size}, {resolved.num_train_steps} steps",
+           f"options {options or '(none)'}"]
+  if shapes:
+    abstract = nnx.eval_shape(lambda: build_model(resolved)[0])
+    parts.append(f"{num_params(abstract):,} parameters")
+  parts.append(data_lib.describe(resolved))
+  return "; ".join(filter(None, parts)) + f" -> {workdir}"
+
+
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
   """The task's model (experiments.build) and its resolved TransformerConfig."""
   try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import lra
+from command_runner import run_commands
 from experiments import cli, reproduce, trainer
 from experiments.provenance import read_metrics
 
@@ -223,3 +224,29 @@ def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path,
   assert reproduce.run_grid(preset="tiny", tasks=["listops"], attentions=["full"], seeds=[0, 1],
                             out=out,
                             overrides=overrides("", {**SMALL, "data_dir": listops_dir})) == []
+
+
+def test_dry_run_plans_the_grid_without_running_it(tmp_path):
+  """One line per run: a finished run skipped, a variant that cannot be causal not applicable,
+  the rest with their resolved settings and workdir; a report of runs not made yet is no error.
+  Nothing is written."""
+  out = tmp_path / "out"
+  finished = out / "runs" / "mqar" / "full" / "seed0" / "results.json"
+  finished.parent.mkdir(parents=True)
+  finished.write_text("{}")
+  reproduce_args = ["experiments.reproduce", "--tasks=mqar", "--attentions=full,linformer",
+                    "--seeds=0,1", f"--out={out}", "--override=model.num_layers=1", "--dry_run"]
+  report_args = ["experiments.report", f"--runs={tmp_path}/none", f"--out={tmp_path}/report",
+                 "--dry_run"]
+  planned, report_plan = run_commands([reproduce_args, report_args], cwd=REPO)
+  assert planned["code"] == 0, planned["stderr"]
+  lines = planned["stdout"].splitlines()
+  assert lines[0] == f"mqar / full / seed 0: {finished} exists: skipped"
+  assert lines[1].startswith("mqar / full / seed 1 (tiny); 1 layers, emb ")
+  assert lines[1].endswith(f"-> {out}/runs/mqar/full/seed1")
+  assert "mqar / linformer / seed 0: not applicable (linformer cannot be causal" in lines[2]
+  assert len(lines) == 5 and lines[4].startswith("then the report of these runs")
+  assert report_plan["code"] == 0 and "the report would stop there" in report_plan["stdout"]
+  assert sorted(p.name for p in tmp_path.rglob("*")) == ["full", "mqar", "out", "results.json",
+                                                        "runs", "seed0"]
+

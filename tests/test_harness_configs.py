@@ -20,8 +20,11 @@ import lra
 from attention_zoo.models import TransformerConfig
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
-from experiments import build, cli, report, reproduce
+from experiments import (benchmark_output, build, capacity_search, cli, provenance, report,
+                         reproduce, sweep)
 from experiments import data as data_lib
+from experiments.measure import ENVIRONMENT
+from experiments.workloads import Status
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = lra.available_tasks()
@@ -431,6 +434,11 @@ def test_tiny_data_is_generated_only_into_its_own_folder_unless_asked(tmp_path, 
   assert not mistyped.exists()
   with pytest.raises(Generating, match="lra_tyni"):
     data_lib.load_splits(tiny(f"data_dir={mistyped}", "generate_data=True"))
+  # a dry run's data line says the same
+  assert data_lib.describe(tiny()).endswith("(missing: generated first)")
+  assert "the run stops" in data_lib.describe(tiny(f"data_dir={mistyped}"))
+  assert "generated first" in data_lib.describe(tiny(f"data_dir={mistyped}", "generate_data=True"))
+  assert data_lib.describe(tiny(f"data_dir={tmp_path}")) == f"data {tmp_path}"
 
 
 # -------------------------------------------------------------------------- ListOps lengths
@@ -465,24 +473,57 @@ def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"
       for s in (1, 2, 3)))
 
 
-def test_report_legends_cover_no_bars_or_curves(tmp_path, monkeypatch):
-  """Every legend of the report's plots sits outside every axes of its figure."""
+def report_plots(tmp_path):
   runs = tmp_path / "runs"
-  for attention, accuracy in (("full", 0.40), ("performer", 0.20), ("local", 0.3)):
-    write_results(runs, "listops", attention, 0, accuracy, 0.17)
+  for task in ("listops", "compression", "memorization"):
+    for attention, accuracy in (("full", 0.40), ("performer", 0.20), ("local", 0.3)):
+      write_results(runs, task, attention, 0, accuracy, 0.17)
+  found = report.read_runs(runs)
+  report.plot(report.summarize(found), found, tmp_path)
+
+
+def sweep_plot(tmp_path):
+  table = {name: {"4": 90.0 - i, "8": 60.0 - i} for i, name in enumerate(("full", "local"))}
+  sweep.write(table, {}, tmp_path, "data.num_pairs", ["4", "8"], "mqar")
+
+
+def benchmark_plots(tmp_path):
+  env = dict.fromkeys(ENVIRONMENT, "cpu 2026-12-02")
+  rows = [{**env, "attention": name, "length": length, "step_ms": length * k, "temp_bytes": 1e6,
+           "status": Status.OK} for k, name in enumerate(("full", "local"), 1)
+          for length in (1024, 2048, 4096)]
+  benchmark_output.plot_lengths(rows, "step_ms", "ms", tmp_path / "time.png", "train")
+
+
+def capacity_plot(tmp_path):
+  results = [capacity_search.Capacity(name, remat, "float32", longest=length)
+             for name, length in (("full", 4096), ("local", 65536)) for remat in ("none", "block")]
+  facts = {"lengths": [1024, 4096, 65536], "device_memory_bytes": 8e9, "device": "cpu",
+           "jax_version": "0"}
+  capacity_search.plot(results, tmp_path / "capacity.png", facts)
+
+
+@pytest.mark.parametrize("write", [report_plots, sweep_plot, benchmark_plots, capacity_plot],
+                         ids=["report", "sweep", "benchmark", "capacity"])
+def test_plot_legends_cover_no_bars_or_curves(write, tmp_path, monkeypatch):
+  """Every legend of the harness's plots sits outside every axes of its figure."""
   checked = []
 
   def inspect(fig, path):
     fig.canvas.draw()
     for legend in [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
       box = legend.get_window_extent()
-      assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), path.name
-      checked.append(path.name)
+      assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), Path(path).name
+      checked.append(Path(path).name)
+    provenance.pyplot().close(fig)
 
-  monkeypatch.setattr(report.provenance, "save_figure", inspect)
-  found = report.read_runs(runs)
-  report.plot(report.summarize(found), found, tmp_path)
-  assert sorted(checked) == ["bars_tiny_listops.png", "curves_tiny_listops.png"]
+  monkeypatch.setattr(provenance, "save_figure", inspect)
+  write(tmp_path)
+  assert checked, "no legend drawn"
+  if write is report_plots:
+    assert sorted(checked) == sorted(f"{kind}_tiny_{task}.png" for kind in ("bars", "curves")
+                                     for task in ("compression", "listops", "memorization")
+                                     ) + ["mad_tiny.png"]
 
 
 def test_the_report_can_read_only_the_asked_runs(tmp_path):

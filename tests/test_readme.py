@@ -1,15 +1,17 @@
 """README.md and docs/ stay true: the variants table is the registry, the Python example runs,
-the commands shown name existing configs and modules, every relative link resolves, the layout
-names every entry point, and CI runs the README's test command."""
+every command shown passes a dry run, every relative link resolves, the layout names every entry
+point, and CI runs the README's test command."""
 import importlib.util
 import re
 import runpy
+import shlex
 from pathlib import Path
 
 import pytest
 import setuptools
 
 import attention_zoo as az
+from command_runner import run_commands
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -48,16 +50,97 @@ def test_python_example_runs():
   assert namespace["tokens"].shape == (1, 24)
 
 
+def shown_commands() -> list[tuple[str, list[str]]]:
+  """(page, [module, *args]) of every `python -m` command in the bash blocks of README.md and
+  docs/: continued lines joined; comments, what runs it (environment variables, taskset, srun)
+  and a trailing `&` dropped."""
+  commands = []
+  for page in PAGES:
+    for block in code_blocks("bash", page.read_text(encoding="utf-8")):
+      for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        starts = [i for i in range(len(words) - 1) if words[i:i + 2] == ["python", "-m"]]
+        if starts:
+          argv = words[starts[0] + 2:]
+          commands.append((page.name, argv[:-1] if argv[-1] == "&" else argv))
+  return commands
+
+
 def test_commands_name_existing_modules_and_configs():
-  commands = " ".join(block for page in PAGES
-                      for block in code_blocks("bash", page.read_text(encoding="utf-8")))
-  commands = commands.replace("\\\n", " ")
-  modules = set(re.findall(r"python -m ([\w.]+)", commands))
+  commands = shown_commands()
+  modules = {argv[0] for _, argv in commands}
   assert {"experiments.reproduce", "experiments.train", "attention_zoo.conformance"} <= modules
   for module in modules:
     assert importlib.util.find_spec(module) is not None, module
-  for config in re.findall(r"--config=(\S+?\.py)", commands):
+  for config in [word.split("=", 1)[1].partition(":")[0] for _, argv in commands
+                 for word in argv if word.startswith("--config=")]:
     assert (REPO / config).is_file(), config
+
+
+# The entry points and benchmark modes no bash block shows.
+UNSHOWN = {
+    "fidelity": ["experiments.fidelity"],
+    "flash": ["experiments.benchmark", "--mode=flash", "--lengths=128,256", "--interpret",
+              "--out=x"],
+}
+# Commands that must fail under --dry_run as they do without it (a dry run checks as much), with
+# a fragment of their error.
+INVALID = {
+    "bogus flag": (["experiments.train", "--config=configs/lra/listops.py:full,tiny",
+                    "--workdir=runs/x", "--no_such_flag=1"], "Unknown command line flag"),
+    "unknown task": (["experiments.reproduce", "--tasks=listops,cifar"], "unknown task 'cifar'"),
+    "unknown option": (["experiments.sweep", "--attentions=full",
+                        "--override=model.attention_options.nb_features=8"],
+                       "has an option 'nb_features'"),
+    "bad option value": (["experiments.train", "--config=configs/lra/listops.py:performer,tiny",
+                          "--workdir=runs/x", "--config.model.attention_options.kernel=cubic"],
+                         "cannot build the performer model"),
+    "benchmark mode": (["experiments.benchmark", "--mode=approximation", "--out=x",
+                        "--attentions=nosuch"], "unknown attention 'nosuch'"),
+    "generate": (["lra.generate", "pathfinder", "--out=x"], "pathfinder needs --num"),
+    "conformance": (["attention_zoo.conformance", "--checks=nosuch", "attention_zoo.full"],
+                    "unknown check(s) nosuch"),
+}
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+  """{(page, command): result} of every shown command and INVALID's, with --dry_run, all in one
+  child process (the imports once), from an empty folder that holds only a link to configs/:
+  it must stay so."""
+  folder = tmp_path_factory.mktemp("dry_run")
+  (folder / "configs").symlink_to(REPO / "configs")
+  runs = [*shown_commands(), *UNSHOWN.items(),
+          *((name, argv) for name, (argv, _) in INVALID.items())]
+  runs = [(key, argv + ["--dry_run"] * ("--dry_run" not in argv)) for key, argv in runs]
+  results = run_commands([argv for _, argv in runs], cwd=folder)
+  assert sorted(p.name for p in folder.iterdir()) == ["configs"], "a dry run wrote files"
+  return {(page, " ".join(argv)): result for (page, argv), result in zip(runs, results)}
+
+
+def test_every_entry_point_has_a_dry_run_here():
+  entry_points = {f"{p.parent.name}.{p.stem}" for folder in ("experiments", "lra", "attention_zoo")
+                  for p in (REPO / folder).glob("*.py")
+                  if re.search(r"^if __name__ == .__main__.:", p.read_text(encoding="utf-8"),
+                               flags=re.M)}
+  covered = {argv[0] for _, argv in shown_commands()} | {argv[0] for argv in UNSHOWN.values()}
+  assert entry_points and entry_points <= covered, entry_points - covered
+
+
+def test_every_shown_command_passes_a_dry_run(dry_runs):
+  shown = {key: r for key, r in dry_runs.items() if key[0] not in INVALID}
+  assert len(shown) >= 20, "the command pattern found too little"
+  failed = {key: r["stderr"][-1500:] for key, r in shown.items() if r["code"] != 0}
+  assert not failed, failed
+  for (page, command), result in shown.items():
+    assert result["stdout"].strip(), f"{page}: {command} printed no plan"
+
+
+def test_invalid_commands_fail_their_dry_run(dry_runs):
+  for name, (_, error) in INVALID.items():
+    (result,) = [r for (key, _), r in dry_runs.items() if key == name]
+    assert result["code"] not in (0, "exception"), (name, result)
+    assert error in result["stderr"] and "Traceback" not in result["stderr"], (name, result)
 
 
 def anchors(page: Path) -> set[str]:
