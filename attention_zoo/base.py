@@ -22,15 +22,20 @@ from attention_zoo.options import Float, Int
 COMMON_OPTIONS = {"scale": Float(None, above=0, optional=True),
                   "dropout_rate": Float(0.0, minimum=0, below=1)}
 _MAX_LEN = Int(None, minimum=1, optional=True)
+# Tanh soft-capping of the scores (Gemma 2), s -> softcap · tanh(s / softcap), on the scaled dot
+# products before any bias (ALiBi) and mask; None: off. Declared by the variants registered with
+# supports_softcap=True (they read it as self.softcap).
+SOFTCAP_OPTION = Float(None, above=0, optional=True)
 
 
 class Attention(nnx.Module):
   """Base class: `attn(q, k, v, *, q_mask=None, kv_mask=None, deterministic=True,
-  alibi_slopes=None) -> out`.
+  alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None) -> out`.
 
   q [batch, q_len, num_heads, head_dim]; k, v [batch, kv_len, num_kv_heads, head_dim];
-  masks bool [batch, len] (True = real token); alibi_slopes [num_heads] (spec.supports_alibi).
-  Output like q.
+  masks bool [batch, len] (True = real token); alibi_slopes [num_heads] (spec.supports_alibi);
+  segment ids int [batch, len] (spec.supports_segment_ids; packed sequences: a query sees only
+  the keys of its own segment; give both or neither). Output like q.
   """
   # The variant's own options: name -> attention_zoo.options.Int / Float / Bool / Choice.
   OPTIONS: ClassVar[dict[str, options_lib.Option]] = {}
@@ -47,6 +52,9 @@ class Attention(nnx.Module):
       raise TypeError(f"{cls.__qualname__} is not registered: decorate it with "
                       f"@attention_zoo.register(...)")
     name = cls.spec.name
+    if "softcap" in options and not cls.spec.supports_softcap:
+      raise ValueError(f"{name} does not accept softcap (tanh soft-capping of softmax scores); "
+                       f"variants that do: {', '.join(registry.accepting('supports_softcap'))}")
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_heads <= 0 or head_dim <= 0 or num_kv_heads <= 0:
       raise ValueError(f"{name}: num_heads, head_dim and num_kv_heads must be positive, got "
@@ -66,6 +74,7 @@ class Attention(nnx.Module):
     scale = self.options["scale"]
     self.scale = head_dim ** -0.5 if scale is None else scale
     self.dropout_rate = self.options["dropout_rate"]
+    self.softcap = self.options.get("softcap")   # declared only with spec.supports_softcap
     if self.dropout_rate and not cls.spec.supports_dropout:
       raise self.option_error("dropout_rate", f"0 ({name} cannot apply attention dropout: "
                                               f"{cls.WHY_NO_DROPOUT})")
@@ -91,7 +100,7 @@ class Attention(nnx.Module):
   # -- the call ---------------------------------------------------------------------------
 
   def __call__(self, q, k, v, *, q_mask=None, kv_mask=None, deterministic: bool = True,
-               alibi_slopes=None):
+               alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     name = self.spec.name
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
       raise ValueError(f"{name}: q, k, v must be [batch, len, heads, head_dim], got shapes "
@@ -116,13 +125,18 @@ class Attention(nnx.Module):
     q_mask = _normalise_mask(q_mask, b, q_len, "q_mask", name)
     kv_mask = _normalise_mask(kv_mask, b, kv_len, "kv_mask", name)
     extra = {} if alibi_slopes is None else {"alibi_slopes": jnp.asarray(alibi_slopes, jnp.float32)}
+    segment_ids = _segment_ids(q_segment_ids, kv_segment_ids, b, q_len, kv_len, self.spec)
+    if segment_ids is not None:
+      extra["segment_ids"] = segment_ids
     out = self.attend(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic, **extra)
     return jnp.where(q_mask[:, :, None, None], out, 0).astype(q.dtype)
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     """The variant's attention: q [b, q_len, h, d], k, v [b, kv_len, kvh, d], masks bool
     [b, len] (never None), alibi_slopes f32 [h] (passed only when given, and only to variants
-    registered with supports_alibi=True) -> [b, q_len, h, d]."""
+    registered with supports_alibi=True), segment_ids (int32 [b, q_len], int32 [b, kv_len])
+    (likewise, supports_segment_ids=True) -> [b, q_len, h, d]."""
     raise NotImplementedError(f"{type(self).__qualname__} does not implement attend()")
 
   def pattern(self, q_len: int, kv_len: int):
@@ -178,6 +192,24 @@ def _normalise_mask(mask, batch: int, length: int, what: str, name: str):
     raise ValueError(f"{name}: {what} must be bool [batch, len] = {(batch, length)}, "
                      f"got {mask.shape}")
   return mask.astype(bool)
+
+
+def _segment_ids(q_ids, kv_ids, batch: int, q_len: int, kv_len: int, spec):
+  """Checked (q_segment_ids, kv_segment_ids) as int32, or None when neither is given."""
+  if q_ids is None and kv_ids is None:
+    return None
+  name = spec.name
+  if not spec.supports_segment_ids:
+    raise ValueError(f"{name} does not accept segment ids (packed sequences); variants that do: "
+                     f"{', '.join(registry.accepting('supports_segment_ids'))}")
+  if q_ids is None or kv_ids is None:
+    raise ValueError(f"{name}: pass both q_segment_ids and kv_segment_ids, or neither")
+  q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
+  for what, ids, length in (("q_segment_ids", q_ids, q_len), ("kv_segment_ids", kv_ids, kv_len)):
+    if ids.shape != (batch, length) or not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise ValueError(f"{name}: {what} must be int [batch, len] = {(batch, length)}, got "
+                       f"{ids.dtype} {ids.shape}")
+  return q_ids.astype(jnp.int32), kv_ids.astype(jnp.int32)
 
 
 # -- shared helpers for blockwise variants --------------------------------------------------

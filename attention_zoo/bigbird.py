@@ -65,7 +65,7 @@ def _draw_seed(key) -> int | None:
           complexity="O(n·(w + r + 2)·b)",
           paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences "
                 "(arXiv:2007.14062)",
-          supports_alibi=True)
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class BigBirdAttention(Attention):
   # seed None: drawn from the params stream at construction.
   OPTIONS = {"block_size": Int(64, minimum=1),
@@ -111,7 +111,9 @@ class BigBirdAttention(Attention):
       raise ValueError(f"bigbird is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
     return flex.dense_mask(self.mask_mod(q_len), self.num_heads, q_len, kv_len)
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     return flex.attend(self, q, k, v, self.mask_mod(q.shape[1]), kv_mask=kv_mask,
                        deterministic=deterministic, alibi_slopes=alibi_slopes,
+                       segment_ids=segment_ids,
                        heads=self.num_heads, block_q=self.block_size, block_k=self.block_size)

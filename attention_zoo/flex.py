@@ -29,8 +29,15 @@ both ways. Arrays that score_mod (or a `tile_score`) closes over get gradients; 
 mask_mod do not. A query that sees no key returns 0 (and passes no gradient). Lengths that are
 not multiples of the blocks are padded, and the padding masked.
 
-For the variants: `causal_mask` and `alibi` build the zoo's causal rule and ALiBi, `attend` is a
-whole `attend()` over a mask_mod, `dense_mask` its `pattern()`.
+For the variants: `causal_mask`, `softcap` and `alibi` build the zoo's causal rule, soft-capping
+and ALiBi, `score_function` composes the last two (cap first, then the bias), `with_segments`
+ANDs a block mask with "same segment" (packed sequences), `attend` is a whole `attend()` over a
+mask_mod, `dense_mask` its `pattern()`.
+
+Segment ids are data, so `with_segments` builds its block metadata from them inside jit: a tile
+is empty when its queries' and keys' id ranges do not meet, full when all of them hold one id
+(and the variant's tile is full), otherwise partial (the mask evaluated), so packing costs
+O(blocks) to plan and skips the tiles between documents.
 
 A tile holds every batch row and head (the query heads sharing a K/V head stacked as rows, so
 GQA never copies K/V): when the mask differs across batch rows or heads (BlockMask with batch or
@@ -197,6 +204,66 @@ def alibi(slopes, q_len: int, kv_len: int, *, query_positions=None,
   return score_mod
 
 
+def softcap(cap: float) -> Callable:
+  """score_mod of tanh soft-capping (Gemma 2): s -> cap · tanh(s / cap), |s| < cap after."""
+  cap = float(cap)
+  return lambda score, b, h, q, kv: cap * jnp.tanh(score / cap)
+
+
+def score_function(*, softcap_value: float | None, alibi_slopes, q_len: int, kv_len: int,
+                   query_positions=None, key_positions=None) -> Callable | None:
+  """An exact variant's score_mod: soft-capping (softcap_value, None: none) of the scaled dot
+  product, then the ALiBi bias (alibi_slopes, None: none; positions as for `alibi`), as Gemma 2
+  caps the logits before adding its mask. None when neither is given."""
+  mods = []
+  if softcap_value is not None:
+    mods.append(softcap(softcap_value))
+  if alibi_slopes is not None:
+    mods.append(alibi(alibi_slopes, q_len, kv_len, query_positions=query_positions,
+                      key_positions=key_positions))
+  if not mods:
+    return None
+
+  def score_mod(score, b, h, q, kv):
+    for mod in mods:
+      score = mod(score, b, h, q, kv)
+    return score
+  return score_mod
+
+
+def _block_range(ids, block: int):
+  """ids int [B, len] -> per block (min, max) [B, n_blocks]; the tail is padded with the last id
+  (padding never widens a range: it is masked anyway)."""
+  padded = jnp.pad(ids, ((0, 0), (0, -ids.shape[1] % block)), mode="edge")
+  blocks = padded.reshape(ids.shape[0], -1, block)
+  return blocks.min(-1), blocks.max(-1)
+
+
+def with_segments(block_mask: BlockMask, q_segment_ids, kv_segment_ids) -> BlockMask:
+  """block_mask AND "query and key in the same segment" (packed sequences): q_segment_ids int
+  [B, q_len], kv_segment_ids int [B, kv_len], indexed by the engine's query / key index (a
+  variant that reorders or copies keys passes them in that order). Works on traced ids (the
+  lists are then traced, as wide as the key blocks); the tiles whose id ranges do not meet are
+  empty, so contiguous segments skip every tile between two documents."""
+  q_ids, kv_ids = jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32)
+  bq, bk = block_mask.block_q, block_mask.block_k
+  (q_lo, q_hi), (kv_lo, kv_hi) = _block_range(q_ids, bq), _block_range(kv_ids, bk)
+  meet = (q_lo[:, :, None] <= kv_hi[:, None, :]) & (kv_lo[:, None, :] <= q_hi[:, :, None])
+  one_id = ((q_lo == q_hi)[:, :, None] & (kv_lo == kv_hi)[:, None, :]
+            & (q_lo[:, :, None] == kv_lo[:, None, :]))
+  segment_states = jnp.where(one_id, FULL, jnp.where(meet, PARTIAL, EMPTY))[:, None]
+  states = block_mask.states()                                                # [1|B, 1|H, nq, nk]
+  states = jnp.where((states == EMPTY) | (segment_states == EMPTY), EMPTY,
+                     jnp.where((states == FULL) & (segment_states == FULL), FULL, PARTIAL))
+  inner = block_mask.mask_mod
+
+  def mask_mod(b, h, q, kv):
+    same = q_ids[b, q] == kv_ids[b, kv]           # padded indices clamp: their keys are masked
+    return same if inner is None else same & inner(b, h, q, kv)
+  return BlockMask(*_both_lists(states.astype(jnp.int8)), mask_mod, block_mask.q_len,
+                   block_mask.kv_len, bq, bk)
+
+
 def aligned_positions(q_len: int, kv_len: int):
   """For `pattern()`: numpy aligned query positions [q_len, 1] (i + kv_len - q_len) and key
   positions [1, kv_len]."""
@@ -211,18 +278,25 @@ def dense_mask(mask_mod: Callable, heads: int | None, q_len: int, kv_len: int) -
 
 
 def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool, alibi_slopes,
-           heads: int | None = None, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK,
-           sequence_lengths: tuple[int, int] | None = None, query_positions=None,
-           key_positions=None):
+           segment_ids=None, heads: int | None = None, block_q: int = DEFAULT_BLOCK,
+           block_k: int = DEFAULT_BLOCK, sequence_lengths: tuple[int, int] | None = None,
+           query_positions=None, key_positions=None):
   """An exact variant's `attend` on the engine: flex_attention over mask_mod (per head when
-  `heads`), with the variant's scale, its dropout and ALiBi. A variant that reorders or repeats
-  queries or keys passes their sequence positions and the sequence's (q_len, kv_len)."""
+  `heads`), with the variant's scale, soft-capping (variant.softcap) and dropout, ALiBi, and the
+  segment mask of packed sequences (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by
+  sequence position, or None). A variant that reorders or repeats queries or keys passes their
+  sequence positions and the sequence's (q_len, kv_len)."""
   q_len, kv_len = q.shape[1], k.shape[1]
   block_mask = create_block_mask(mask_mod, None, heads, q_len, kv_len, block_q=block_q,
                                  block_k=block_k)
-  score_mod = None if alibi_slopes is None else alibi(
-      alibi_slopes, *(sequence_lengths or (q_len, kv_len)), query_positions=query_positions,
-      key_positions=key_positions)
+  if segment_ids is not None:
+    in_order = lambda ids, positions: ids if positions is None else ids[:, positions]
+    block_mask = with_segments(block_mask, in_order(segment_ids[0], query_positions),
+                               in_order(segment_ids[1], key_positions))
+  sequence_q_len, sequence_kv_len = sequence_lengths or (q_len, kv_len)
+  score_mod = score_function(softcap_value=variant.softcap, alibi_slopes=alibi_slopes,
+                             q_len=sequence_q_len, kv_len=sequence_kv_len,
+                             query_positions=query_positions, key_positions=key_positions)
   return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=variant.scale,
                         kv_mask=kv_mask, dropout_rate=variant.dropout_rate,
                         dropout_rng=variant.dropout_rng(deterministic))

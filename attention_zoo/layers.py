@@ -16,6 +16,9 @@ class MultiHeadAttention(nnx.Module):
   `position_kind` "rope" rotates q and k, "alibi" passes per-head slopes to variants whose spec
   allows a score bias; other kinds are added to the embeddings by the model, not here.
   A variant whose spec says `shared_qk` gets the queries as keys (no key projection).
+  Packed sequences: `segment_ids` int [b, n] (self-attention; variants with
+  spec.supports_segment_ids) keep each token's attention inside its segment, and `position_ids`
+  [b, n] (default 0..n-1) are the positions RoPE rotates by.
   """
 
   def __init__(self, emb_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -55,11 +58,14 @@ class MultiHeadAttention(nnx.Module):
     self.cache_index = nnx.Cache(jnp.zeros((), jnp.int32))
 
   def __call__(self, x, context=None, *, mask=None, context_mask=None, deterministic: bool = True,
-               decode: bool = False):
+               decode: bool = False, segment_ids=None, position_ids=None):
     """Self-attention over x, or cross-attention from x to `context`. Masks: bool [b, len]."""
     b, n, _ = x.shape
     if decode and self.cache is None:
       raise ValueError("decode=True needs init_cache(batch_size, max_len) first")
+    if segment_ids is not None and (context is not None or decode):
+      raise ValueError("segment_ids (packed sequences) apply to self-attention over a whole "
+                       "sequence, not to cross-attention or decoding")
     kv_input = x if context is None else context
     kv_mask = mask if context is None else context_mask
     q = self.query(x).reshape(b, n, self.num_heads, self.head_dim)
@@ -70,9 +76,11 @@ class MultiHeadAttention(nnx.Module):
     v = self.value(kv_input).reshape(b, kv_input.shape[1], self.num_kv_heads, self.head_dim)
     if self.position_kind == "rope":
       offset = self.cache_index[...] if decode else 0
-      q = positions.rope(q, jnp.arange(n) + offset, self.rope_base)
-      k = q if self.shared_qk else positions.rope(k, jnp.arange(k.shape[1]) + offset,
-                                                  self.rope_base)
+      q_positions = jnp.arange(n) + offset if position_ids is None else position_ids
+      kv_positions = (jnp.arange(k.shape[1]) + offset if position_ids is None or context is not None
+                      else position_ids)
+      q = positions.rope(q, q_positions, self.rope_base)
+      k = q if self.shared_qk else positions.rope(k, kv_positions, self.rope_base)
     if decode:
       if n != 1 or context is not None:
         raise ValueError(f"decode=True takes one token of self-attention at a time, got length {n}")
@@ -82,7 +90,8 @@ class MultiHeadAttention(nnx.Module):
       self.cache_index[...] += 1
     else:
       out = self.attention(q, k, v, q_mask=mask, kv_mask=kv_mask, deterministic=deterministic,
-                           alibi_slopes=self.alibi_slopes)
+                           alibi_slopes=self.alibi_slopes, q_segment_ids=segment_ids,
+                           kv_segment_ids=segment_ids)
     return self.out(out.reshape(b, n, self.num_heads * self.head_dim))
 
 

@@ -18,7 +18,7 @@ from attention_zoo.registry import register
 @register("local", exact=True, supports_causal=True, supports_cross=True, complexity="O(n·b)",
           paper="Parmar et al. 2018, Image Transformer (arXiv:1802.05751); "
                 "as the LRA baseline in Tay et al. 2021 (arXiv:2011.04006)",
-          supports_alibi=True)
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class LocalAttention(Attention):
   OPTIONS = {"block_size": Int(50, minimum=1)}
 
@@ -38,7 +38,9 @@ class LocalAttention(Attention):
   def pattern(self, q_len: int, kv_len: int):
     return flex.dense_mask(self.mask_mod(q_len, kv_len), None, q_len, kv_len)
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     return flex.attend(self, q, k, v, self.mask_mod(q.shape[1], k.shape[1]), kv_mask=kv_mask,
                        deterministic=deterministic, alibi_slopes=alibi_slopes,
+                       segment_ids=segment_ids,
                        block_q=self.block_size, block_k=self.block_size)

@@ -38,7 +38,7 @@ from attention_zoo.registry import register
 @register("longformer", exact=True, supports_causal=True, supports_cross=False,
           complexity="O(n·(w + g))",
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150)",
-          supports_alibi=True)
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class LongformerAttention(Attention):
   OPTIONS = {"window": Int(256, minimum=0), "dilation": Int(1, minimum=1),
              "num_global_tokens": Int(1, minimum=0), "global_projections": Bool(True)}
@@ -72,7 +72,8 @@ class LongformerAttention(Attention):
             mapped(k, self.global_key, "bjhd,hde->bjhe"),          # [b, n, kvh, d]
             mapped(v, self.global_value, "bjhd,hde->bjhe"))
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     n, window, dilation = q.shape[1], self.window, self.dilation
     num_global = min(self.num_global, n)
     # positions in residue order (0, δ, 2δ, ..., 1, 1 + δ, ...), then the global keys' copies
@@ -90,8 +91,8 @@ class LongformerAttention(Attention):
 
     out = flex.attend(self, regroup(q), with_copies(k), with_copies(v), allowed,
                       kv_mask=with_copies(kv_mask), deterministic=deterministic,
-                      alibi_slopes=alibi_slopes, sequence_lengths=(n, n), query_positions=order,
-                      key_positions=key_positions)
+                      alibi_slopes=alibi_slopes, segment_ids=segment_ids,
+                      sequence_lengths=(n, n), query_positions=order, key_positions=key_positions)
     out = out if dilation == 1 else out[:, np.argsort(order)]
     if not num_global:
       return out
@@ -99,7 +100,9 @@ class LongformerAttention(Attention):
     global_q, global_k, global_v = ((q[:, :num_global], k, v) if self.global_query is None
                                     else self.global_inputs(q[:, :num_global], k, v))
     sees_all = lambda b, h, q, kv: kv <= q if self.causal else kv >= 0
+    global_segments = None if segment_ids is None else (segment_ids[0][:, :num_global],
+                                                        segment_ids[1])
     rows = flex.attend(self, global_q, global_k, global_v, sees_all, kv_mask=kv_mask,
                        deterministic=deterministic, alibi_slopes=alibi_slopes,
-                       sequence_lengths=(n, n))
+                       segment_ids=global_segments, sequence_lengths=(n, n))
     return out.at[:, :num_global].set(rows)

@@ -105,7 +105,7 @@ class Block(nnx.Module):
     norm = lambda: nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs)
     # rope / alibi act on attention scores; a recurrent mixer has none (RetNet rotates its own)
     score_positions = config.positions in ("rope", "alibi") and not is_mixer
-    self.pre_ln = config.pre_ln
+    self.pre_ln, self.is_mixer = config.pre_ln, is_mixer
     self.short_conv = (ShortConv(config.emb_dim, config.short_conv, dtype=dtype, rngs=rngs)
                        if config.short_conv else None)
     self.conv_norm = norm() if config.short_conv else None
@@ -122,12 +122,18 @@ class Block(nnx.Module):
     self.mlp_norm = norm()
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
-  def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False):
+  def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False,
+               packing=None):
+    """packing: None, or (segment_ids, position_ids) int [b, n] of packed sequences."""
+    if packing is not None and (self.is_mixer or self.short_conv is not None):
+      raise ValueError("packed sequences (segment_ids) need attention in every block: a sequence "
+                       "mixer or short convolution would carry state across segments")
+    packed = {} if packing is None else dict(zip(("segment_ids", "position_ids"), packing))
     if self.short_conv is not None:
       x = self._residual(self.conv_norm, x, deterministic,
                          lambda h: self.short_conv(h, decode=decode))
     x = self._residual(self.self_norm, x, deterministic, lambda h: self.self_attention(
-        h, mask=mask, deterministic=deterministic, decode=decode))
+        h, mask=mask, deterministic=deterministic, decode=decode, **packed))
     if self.cross_attention is not None:
       x = self._residual(self.cross_norm, x, deterministic, lambda h: self.cross_attention(
           h, context, mask=mask, context_mask=context_mask, deterministic=deterministic))
@@ -145,6 +151,11 @@ class Stack(nnx.Module):
 
   tokens int [b, n], mask bool [b, n] -> (hidden [b, n', emb], mask [b, n']) where n' = n + 1
   with a CLS token prepended.
+
+  Packed sequences: segment_ids int [b, n] (contiguous runs, one per packed sequence) keep every
+  token's self-attention inside its run, and positions (sinusoidal, learned, RoPE) restart at 0
+  at each run, so a packed row computes what its sequences would separately. Attention variants
+  with spec.supports_segment_ids only; not with a CLS token, cross-attention or mixers.
   """
 
   def __init__(self, config: TransformerConfig, *, causal: bool = False, cross: bool = False,
@@ -166,10 +177,17 @@ class Stack(nnx.Module):
                        else None)
     self.decode_position = nnx.data(None)   # set by init_cache
 
-  def __call__(self, tokens, mask=None, *, context=None, context_mask=None, deterministic=True):
+  def __call__(self, tokens, mask=None, *, context=None, context_mask=None, deterministic=True,
+               segment_ids=None):
     b, n = tokens.shape
     if n > self.config.max_len:
       raise ValueError(f"input length {n} exceeds config.max_len={self.config.max_len}")
+    packing = None
+    if segment_ids is not None:
+      if self.cls is not None or context is not None:
+        raise ValueError("segment_ids (packed sequences) cannot be combined with a CLS token or "
+                         "cross-attention")
+      packing = (segment_ids, positions_in_segments(segment_ids))
     mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask, bool)
     attention_mask = mask & (tokens != 0) if self.config.zero_token_is_padding else mask
     x = self.embed(tokens)
@@ -180,14 +198,15 @@ class Stack(nnx.Module):
                               for m in (mask, attention_mask))
     if self.config.attention_ignores_padding:
       attention_mask = None
-    x = self.dropout(self._add_positions(x, jnp.arange(x.shape[1])), deterministic=deterministic)
+    position_ids = jnp.arange(x.shape[1]) if packing is None else packing[1]
+    x = self.dropout(self._add_positions(x, position_ids), deterministic=deterministic)
     for block in self.blocks:
       if self.config.remat == "none":
         x = block(x, attention_mask, context=context, context_mask=context_mask,
-                  deterministic=deterministic)
+                  deterministic=deterministic, packing=packing)
       else:
         x = _rematerialised(block, REMAT_POLICIES[self.config.remat], x, attention_mask, context,
-                            context_mask, deterministic=deterministic)
+                            context_mask, packing, deterministic=deterministic)
     return self._finish(x), mask
 
   def init_cache(self, batch_size: int, max_len: int):
@@ -221,7 +240,18 @@ class Stack(nnx.Module):
     return x if self.final_norm is None else self.final_norm(x)
 
 
-def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, deterministic: bool):
+def positions_in_segments(segment_ids):
+  """int [b, n] -> each token's position within its contiguous run of equal ids (0 at a run's
+  first token)."""
+  segment_ids = jnp.asarray(segment_ids)
+  index = jnp.arange(segment_ids.shape[1])
+  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
+def _rematerialised(block: Block, policy, x, mask, context, context_mask, packing=None, *,
+                    deterministic: bool):
   """`block(...)` that keeps only what `policy` saves and recomputes the rest in the backward pass.
 
   jax.checkpoint alone marks what to recompute, but XLA:CPU drops the barriers that keep the
@@ -240,10 +270,11 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, det
   variables_of = lambda state: [leaf for _, leaf in nnx.to_flat_state(state)]
   value_of = lambda leaf: leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
 
-  def pure(state, x, mask, context, context_mask):
+  def pure(state, x, mask, context, context_mask, packing):
     values = [value_of(leaf) for leaf in variables_of(state)]
     block = nnx.merge(graphdef, state)
-    out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic)
+    out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic,
+                packing=packing)
     # each variable's new value, None where the block left it as it was (the same traced value)
     written = [None if value_of(leaf) is value else value_of(leaf)
                for leaf, value in zip(variables_of(nnx.state(block)), values, strict=True)]
@@ -263,7 +294,7 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, *, det
     return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
 
   run.defvjp(forward, backward)
-  out, written = run(state, x, mask, context, context_mask)
+  out, written = run(state, x, mask, context, context_mask, packing)
   for variable, value in zip(variables_of(state), written, strict=True):
     if value is not None:
       variable.set_value(value)
@@ -343,8 +374,9 @@ class DecoderLM(nnx.Module):
     self.decoder = Decoder(config, rngs=rngs)
     self.lm_head = nnx.Linear(config.emb_dim, config.vocab_size, rngs=rngs)
 
-  def __call__(self, tokens, mask=None, *, deterministic=True):
-    hidden, _ = self.decoder(tokens, mask, deterministic=deterministic)
+  def __call__(self, tokens, mask=None, *, deterministic=True, segment_ids=None):
+    """segment_ids: packed sequences (Stack); each token's logits see its own sequence only."""
+    hidden, _ = self.decoder(tokens, mask, deterministic=deterministic, segment_ids=segment_ids)
     return self.lm_head(hidden.astype(jnp.float32))
 
   def init_cache(self, batch_size: int, max_len: int):

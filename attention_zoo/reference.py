@@ -90,14 +90,17 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False, scale=None,
-                             alibi_slopes=None, dropout_rate=0.0, dropout_rng=None):
+                             alibi_slopes=None, dropout_rate=0.0, dropout_rng=None, softcap=None,
+                             segment_ids=None):
   """The plain dense path (O(n²) memory), GQA without copying K/V per head.
 
-      S = Q Kᵀ · scale + B (MASK_VALUE where not allowed),   P = exp(S - rowmax(S)),
+      S = cap(Q Kᵀ · scale) + B (MASK_VALUE where not allowed),   P = exp(S - rowmax(S)),
       out = (P ∘ keep / (1 - rate)) V / rowsum(P)
 
   Masks: bool [b, len], True = real token; masked query rows and rows that see no key give 0.
   alibi_slopes: optional f32 [h] (ALiBi, Press et al. 2022), fixed constants with no gradient.
+  softcap: None, or c for cap(s) = c · tanh(s / c) (Gemma 2); identity when None.
+  segment_ids: None, or (int [b, q_len], int [b, kv_len]): a query sees only keys of its segment.
   Dropout (`keep` ~ Bernoulli(1 - rate)) on the attention weights when `dropout_rng` is given.
 
   The backward is written by hand (a custom VJP: FlashAttention-2's Alg. 2 in one tile), with
@@ -120,7 +123,12 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
     dropout_rate, dropout_rng = 0.0, None
   geo = _DenseGeometry(q_len=q_len, kv_len=kv_len, causal=bool(causal),
                        scale=head_dim ** -0.5 if scale is None else float(scale),
-                       dropout_rate=float(dropout_rate))
+                       dropout_rate=float(dropout_rate),
+                       softcap=None if softcap is None else float(softcap))
+  if segment_ids is not None:   # [b, 1, g·q, kv]: row m is query m mod q_len
+    q_ids, kv_ids = segment_ids
+    kv_mask = (kv_mask[:, None, None, :]
+               & (jnp.tile(q_ids, (1, group))[:, None, :, None] == kv_ids[:, None, None, :]))
   out = _dense_attention(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)
   out = jnp.moveaxis(out.reshape(b, num_kv_heads, group, q_len, head_dim), 3, 1)
   out = out.reshape(b, q_len, num_heads, head_dim)
@@ -137,18 +145,24 @@ class _DenseGeometry:
   causal: bool
   scale: float
   dropout_rate: float
+  softcap: float | None = None
 
 
 def _dense_probs(geo, q_rows, k, kv_mask, slopes):
-  """-> P [b, kvh, g·q, kv] f32 (0 where not allowed) and ℓ = rowsum(P) [b, kvh, g·q, 1]
-  (1 for rows that see no key: their P is all 0)."""
+  """-> P [b, kvh, g·q, kv] f32 (0 where not allowed), ℓ = rowsum(P) [b, kvh, g·q, 1]
+  (1 for rows that see no key: their P is all 0) and the soft-cap's derivative 1 - tanh²
+  [b, kvh, g·q, kv] (None without a cap). kv_mask: [b, kv], or [b, 1, g·q, kv] with segments."""
   scores = jnp.einsum("bhmd,bhkd->bhmk", q_rows, k,
                       preferred_element_type=jnp.float32) * geo.scale       # [b, kvh, g·q, kv]
+  cap_grad = None
+  if geo.softcap is not None:
+    capped = jnp.tanh(scores / geo.softcap)
+    scores, cap_grad = geo.softcap * capped, 1.0 - capped * capped
   k_pos = jnp.arange(geo.kv_len)[None, :]                                   # [1, kv]
   if slopes is not None:   # [kvh·g, q, kv] -> [kvh, g·q, kv]
     scores = scores + alibi_bias(slopes.reshape(-1), jnp.arange(geo.q_len)[:, None], k_pos,
                                  geo.q_len, geo.kv_len).reshape(scores.shape[1:])
-  allowed = kv_mask[:, None, None, :]                                       # [b, 1, 1, kv]
+  allowed = kv_mask[:, None, None, :] if kv_mask.ndim == 2 else kv_mask   # [b, 1, 1|g·q, kv]
   if geo.causal:
     q_pos = jnp.arange(q_rows.shape[2])[:, None] % geo.q_len               # [g·q, 1]
     allowed = allowed & causal_allowed(q_pos, k_pos, geo.q_len, geo.kv_len)  # [b, 1, g·q, kv]
@@ -157,7 +171,7 @@ def _dense_probs(geo, q_rows, k, kv_mask, slopes):
   # A row that sees no key has row_max = MASK_VALUE; subtracting 0 there makes its P all 0.
   probs = jnp.exp(scores - jnp.where(row_max == MASK_VALUE, 0.0, row_max))
   total = jnp.sum(probs, axis=-1, keepdims=True)
-  return probs, jnp.where(total > 0, total, 1.0)
+  return probs, jnp.where(total > 0, total, 1.0), cap_grad
 
 
 def _kept(geo, probs, dropout_rng):
@@ -172,14 +186,14 @@ def _dense_attention(geo, q_rows, k, v, kv_mask, slopes, dropout_rng):
 
 
 def _dense_forward(geo, q_rows, k, v, kv_mask, slopes, dropout_rng):
-  probs, total = _dense_probs(geo, q_rows, k, kv_mask, slopes)
+  probs, total, cap_grad = _dense_probs(geo, q_rows, k, kv_mask, slopes)
   kept = _kept(geo, probs, dropout_rng).astype(v.dtype)
   out = jnp.einsum("bhmk,bhkd->bhmd", kept, v, preferred_element_type=jnp.float32) / total
-  return out, (q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, out)
+  return out, (q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, cap_grad, out)
 
 
 def _dense_backward(geo, residuals, d_out):
-  q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, out = residuals
+  q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, cap_grad, out = residuals
   dtype = v.dtype
   f32 = dict(preferred_element_type=jnp.float32)
   d_out = d_out / total                                                     # dO/ℓ [b, kvh, g·q, d]
@@ -189,7 +203,10 @@ def _dense_backward(geo, residuals, d_out):
   # dVᵀ and dKᵀ [b, kvh, d, kv]: the [q, k] operand is read as laid out, the small results swapped.
   d_v = jnp.einsum("bhmd,bhmk->bhdk", d_out, kept.astype(dtype), **f32)
   d_kept = jnp.einsum("bhmd,bhkd->bhmk", d_out, v, **f32)                   # [b, kvh, g·q, kv]
-  d_scores = (kept * d_kept - probs * delta).astype(dtype)                  # [b, kvh, g·q, kv]
+  d_scores = kept * d_kept - probs * delta                                  # [b, kvh, g·q, kv]
+  if cap_grad is not None:   # through s -> c · tanh(s / c)
+    d_scores = d_scores * cap_grad
+  d_scores = d_scores.astype(dtype)
   d_q = jnp.einsum("bhmk,bhkd->bhmd", d_scores, k, **f32) * geo.scale       # [b, kvh, g·q, d]
   d_k = jnp.einsum("bhmd,bhmk->bhdk", q_rows, d_scores, **f32) * geo.scale
   as_kv = lambda x, like: jnp.swapaxes(x, 2, 3).astype(like.dtype)          # -> [b, kvh, kv, d]

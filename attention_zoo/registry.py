@@ -1,5 +1,6 @@
 """Name -> attention variant or sequence mixer: `register`, `register_mixer`, `create`,
-`create_mixer`, `available`, `accepting_alibi`, `spec`, `state_size`, `scoped_registry`.
+`create_mixer`, `available`, `accepting_alibi`, `accepting`, `spec`, `state_size`,
+`scoped_registry`.
 
 Two kinds of class share one namespace. An attention variant (a subclass of
 `attention_zoo.Attention`, `@register`) maps q, k, v to an output; a sequence mixer (a subclass
@@ -37,6 +38,8 @@ class AttentionSpec:
   option_specs: dict[str, options_lib.Option] = dataclasses.field(repr=False)
   can_decode: bool = False    # one-token decoding against a cache (KV or recurrent state)
   supports_alibi: bool = False  # accepts a per-head linear score bias (ALiBi)
+  supports_softcap: bool = False  # accepts the `softcap` option (tanh soft-capping of scores)
+  supports_segment_ids: bool = False  # accepts q/kv_segment_ids (packed sequences)
   shared_qk: bool = False     # keys are derived from the queries: the layer projects one tensor
   needs_max_len: bool = False  # parameters sized by max_len (create() requires it)
   supports_dropout: bool = True  # forms attention weights that dropout_rate can drop
@@ -51,14 +54,18 @@ class AttentionSpec:
 def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: bool,
              complexity: str, paper: str, can_decode: bool = False,
              supports_alibi: bool = False, shared_qk: bool = False,
-             needs_max_len: bool = False, supports_dropout: bool = True):
+             needs_max_len: bool = False, supports_dropout: bool = True,
+             supports_softcap: bool = False, supports_segment_ids: bool = False):
   """Class decorator: `@register("cosine", exact=False, ...)` on an `Attention` subclass.
+
+  supports_softcap adds the shared `softcap` option (base.SOFTCAP_OPTION) to the class's options;
+  supports_segment_ids lets calls pass q_segment_ids / kv_segment_ids.
 
   TypeError for a class that is not an `Attention`, options not declared as
   `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for a
   name already taken by another class.
   """
-  from attention_zoo.base import Attention  # late import: base imports this module
+  from attention_zoo.base import SOFTCAP_OPTION, Attention  # late: base imports this module
 
   def wrap(cls):
     if not (isinstance(cls, type) and issubclass(cls, Attention)):
@@ -67,6 +74,8 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
     _check_free(name, cls)
     declared = cls.declared_options()
     _check_typed(cls, declared)
+    if supports_softcap:
+      declared = {**declared, "softcap": SOFTCAP_OPTION}
     if exact and cls.pattern is Attention.pattern:
       raise TypeError(f"{cls.__qualname__} is registered with exact=True but defines no "
                       f"pattern(q_len, kv_len): the pattern its softmax runs over is what the "
@@ -76,7 +85,8 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
         complexity=complexity, paper=paper,
         options={k: option.default for k, option in declared.items()}, option_specs=declared,
         can_decode=can_decode, supports_alibi=supports_alibi, shared_qk=shared_qk,
-        needs_max_len=needs_max_len, supports_dropout=supports_dropout)
+        needs_max_len=needs_max_len, supports_dropout=supports_dropout,
+        supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids)
     _REGISTRY[name] = cls
     return cls
 
@@ -136,9 +146,15 @@ def available(kind: str | None = None) -> tuple[str, ...]:
   return tuple(sorted(n for n, cls in _REGISTRY.items() if kind in (None, cls.spec.kind)))
 
 
+def accepting(capability: str) -> tuple[str, ...]:
+  """The registered names, sorted, whose spec has `capability` (a bool field such as
+  "supports_softcap" or "supports_segment_ids") set."""
+  return tuple(n for n in available() if getattr(_REGISTRY[n].spec, capability))
+
+
 def accepting_alibi() -> tuple[str, ...]:
   """The registered names, sorted, whose spec accepts a per-head linear score bias (ALiBi)."""
-  return tuple(n for n in available() if _REGISTRY[n].spec.supports_alibi)
+  return accepting("supports_alibi")
 
 
 def get(name: str) -> type:

@@ -23,7 +23,7 @@ from attention_zoo.registry import register
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer "
                 "(arXiv:2004.05150), "
                 "sliding window without global tokens",
-          can_decode=True, supports_alibi=True)
+          can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class SlidingWindowAttention(Attention):
   OPTIONS = {"window": Int(128, minimum=0)}
 
@@ -47,6 +47,8 @@ class SlidingWindowAttention(Attention):
   def pattern(self, q_len: int, kv_len: int):
     return flex.dense_mask(self.mask_mod(q_len, kv_len), None, q_len, kv_len)
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     return flex.attend(self, q, k, v, self.mask_mod(q.shape[1], k.shape[1]), kv_mask=kv_mask,
-                       deterministic=deterministic, alibi_slopes=alibi_slopes)
+                       deterministic=deterministic, alibi_slopes=alibi_slopes,
+                       segment_ids=segment_ids)

@@ -30,7 +30,7 @@ from attention_zoo.registry import register
           complexity="O(n·(b + c·n/b))",
           paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers "
                 "(arXiv:1904.10509)",
-          supports_alibi=True)
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class SparseTransformerAttention(Attention):
   # query_chunk: query rows per tile of the engine.
   OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),
@@ -52,7 +52,8 @@ class SparseTransformerAttention(Attention):
       allowed &= reference.causal_allowed(q_pos, k_pos, 0, 0)
     return allowed[None]
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     q_len, kv_len, block = q.shape[1], k.shape[1], self.block_size
     summaries = np.flatnonzero(np.arange(kv_len) % block >= block - self.num_summary)
     with_copies = lambda x: jnp.concatenate([x, x[:, summaries]], axis=1)
@@ -66,5 +67,5 @@ class SparseTransformerAttention(Attention):
 
     return flex.attend(self, q, with_copies(k), with_copies(v), allowed,
                        kv_mask=with_copies(kv_mask), deterministic=deterministic,
-                       alibi_slopes=alibi_slopes, block_q=self.query_chunk,
+                       alibi_slopes=alibi_slopes, segment_ids=segment_ids, block_q=self.query_chunk,
                        sequence_lengths=(q_len, kv_len), key_positions=key_positions)

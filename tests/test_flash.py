@@ -194,6 +194,60 @@ def test_kernels_lower_for_their_hardware(platform, kernels, call_target):
   assert lowered.as_text().count(call_target) == 3     # forward, dq, dk/dv
 
 
+PACKED = jnp.asarray(np.stack([np.repeat([0, 1, 2], [11, 17, 12]), np.repeat([3, 4], [25, 15])]))
+
+
+def capped_oracle(causal, cap, q_mask, kv_mask, scale):
+  """Dense softmax of cap · tanh(scores / cap) over causal & same segment (PACKED) & padding."""
+  n = q_mask.shape[1]
+  allowed = (q_mask[:, None, :, None] & kv_mask[:, None, None, :]
+             & (PACKED[:, None, :, None] == PACKED[:, None, None, :]))
+  if causal:
+    allowed &= jnp.tril(jnp.ones((n, n), bool))
+
+  def attend(q, k, v):
+    k, v = (jnp.repeat(x, q.shape[2] // x.shape[2], axis=2) for x in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * scale
+    weights = reference.masked_softmax(cap * jnp.tanh(scores / cap), allowed)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision="highest")
+    return jnp.where(q_mask[:, :, None, None], out, 0)
+  return attend
+
+
+@pytest.mark.parametrize("kernels", [pallas_gpu, pytest.param(pallas_tpu, marks=pytest.mark.slow)])
+def test_kernels_softcap_and_segment_ids(kernels):
+  """Soft-capping (forward and backward in the kernels) and packed sequences (segment ids read
+  block by block), causal, GQA and padding: output and gradients equal the dense oracle's."""
+  q, k, v, d_out, q_mask, kv_mask = inputs = make_inputs(40, 40, num_kv_heads=2)
+  scale, cap = HEAD_DIM ** -0.5, 1.0
+  interpret = pltpu.InterpretParams() if kernels is pallas_tpu else True
+
+  def attend(q, k, v):
+    out = kernels.flash_attention(q, k, v, kv_mask, causal=True, scale=scale, softcap=cap,
+                                  segment_ids=(PACKED, PACKED), block_q=8, block_k=8,
+                                  block_q_bwd=8, block_k_bwd=16, interpret=interpret)
+    return jnp.where(q_mask[:, :, None, None], out, 0)
+  assert_matches_oracle(attend, capped_oracle(True, cap, q_mask, kv_mask, scale), inputs,
+                        tol=2e-5)
+
+
+@pytest.mark.parametrize("platform, kernels, call_target", [
+    ("cuda", pallas_gpu, "__gpu$xla.gpu.triton"), ("tpu", pallas_tpu, "tpu_custom_call")])
+def test_kernels_lower_with_a_mask_mod_softcap_and_segment_ids(platform, kernels, call_target):
+  """Forward and backward lower with a mask_mod (a causal window), softcap and segment ids."""
+  q = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
+  window = lambda b, h, q, kv: (kv <= q) & (q - kv < 100)
+
+  def fwd_bwd(q, k, v, kv_mask, segment_ids):
+    attend = lambda q, k, v: kernels.flash_attention(
+        q, k, v, kv_mask, causal=False, scale=0.1, softcap=30.0,
+        segment_ids=(segment_ids, segment_ids), interpret=False, mask_mod=window)
+    return output_and_grads(attend, q, k, v, q)
+  traced = jax.jit(fwd_bwd).trace(q, q, q, jax.ShapeDtypeStruct((2, 256), jnp.bool_),
+                                  jax.ShapeDtypeStruct((2, 256), jnp.int32))
+  assert traced.lower(lowering_platforms=(platform,)).as_text().count(call_target) == 3
+
+
 def test_options_and_refusals():
   make = lambda **options: az.create("flash", num_heads=4, head_dim=16, rngs=nnx.Rngs(0), **options)
   assert make().impl == ("chunked" if jax.default_backend() == "cpu" else "pallas")

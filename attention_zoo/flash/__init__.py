@@ -24,7 +24,10 @@ Options block_q, block_k (forward tiles) and block_q_bwd, block_k_bwd (backward 
 picks the backend's default (chunked: the backward runs on the forward tiles, so the backward
 sizes must be None or equal to them). Lengths are padded to the blocks and the padding masked.
 Attention dropout is not supported (the kernels never form the weights as an array); ALiBi slopes
-are added inside the tiles (the Pallas kernels give them no gradient). The Pallas modules (and
+are added inside the tiles (the Pallas kernels give them no gradient); `softcap` is applied in the
+tiles, forward and backward; segment ids (packed sequences) are compared in every visited tile
+by the Pallas kernels (read block by block like the padding mask) and skip the tiles between
+documents on the chunked path. The Pallas modules (and
 jax.experimental.pallas) are imported only when a module that uses them is built.
 """
 from __future__ import annotations
@@ -52,7 +55,8 @@ def kernel_module(name: str):
           complexity="O(n²) time, O(n) memory",
           paper="Dao et al. 2022, FlashAttention (arXiv:2205.14135); "
                 "Dao 2023, FlashAttention-2 (arXiv:2307.08691)",
-          can_decode=True, supports_alibi=True, supports_dropout=False)
+          can_decode=True, supports_alibi=True, supports_dropout=False, supports_softcap=True,
+          supports_segment_ids=True)
 class FlashAttention(Attention):
   # Block sizes None: the backend's default.
   OPTIONS = {"impl": Choice("auto", IMPLS),
@@ -88,8 +92,10 @@ class FlashAttention(Attention):
   def pattern(self, q_len: int, kv_len: int):
     return reference.causal_pattern(q_len, kv_len, self.causal)
 
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None):
+  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
+             segment_ids=None):
     del q_mask, deterministic   # the base zeroes masked query rows; no dropout
     blocks = {name: self.options[name] for name in BLOCK_OPTIONS}
     return kernel_module(self.kernels).flash_attention(
-        q, k, v, kv_mask, alibi_slopes, causal=self.causal, scale=self.scale, **blocks)
+        q, k, v, kv_mask, alibi_slopes, causal=self.causal, scale=self.scale,
+        softcap=self.softcap, segment_ids=segment_ids, **blocks)

@@ -5,7 +5,9 @@ Flash is not a second engine: the online softmax over tiles, the query-block map
 the key blocks a query block visits (causal: the tiles above the diagonal are empty, so never
 visited; those on it are partial and evaluate the causal rule; those below are full and evaluate
 no mask), GQA with K/V never copied per query head and the backward recomputing P from the
-log-sum-exp, key block by key block, are flex's. ALiBi is flex's `alibi` score_mod. Memory in
+log-sum-exp, key block by key block, are flex's. Soft-capping and ALiBi are flex's
+`score_function`, packed sequences flex's `with_segments` (tiles between documents skipped).
+Memory in
 both directions is O(len · block) plus the inputs and outputs. Portable (any backend), and the
 default on CPU.
 
@@ -35,9 +37,12 @@ def block_mask(q_len: int, kv_len: int, *, causal: bool, block_q: int | None = N
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
-                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None):
+                    softcap=None, segment_ids=None, block_q=None, block_k=None, block_q_bwd=None,
+                    block_k_bwd=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d];
-  kv_mask bool [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+  kv_mask bool [b, kv_len]; alibi_slopes f32 [h] or None; softcap: None or the cap c of
+  c · tanh(s / c); segment_ids None or (int [b, q_len], int [b, kv_len]). Returns
+  [b, q_len, h, d] in q's dtype.
   """
   for name, backward, forward in (("block_q_bwd", block_q_bwd, block_q),
                                   ("block_k_bwd", block_k_bwd, block_k)):
@@ -46,8 +51,10 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
                        f"{name[:-4]}={forward} (the chunked backward runs on the forward's tiles), "
                        f"got {backward}")
   q_len, kv_len = q.shape[1], k.shape[1]
-  score_mod = None if alibi_slopes is None else flex.alibi(alibi_slopes, q_len, kv_len)
-  return flex.flex_attention(
-      q, k, v, block_mask=block_mask(q_len, kv_len, causal=causal, block_q=block_q,
-                                     block_k=block_k),
-      score_mod=score_mod, scale=scale, kv_mask=kv_mask)
+  mask = block_mask(q_len, kv_len, causal=causal, block_q=block_q, block_k=block_k)
+  if segment_ids is not None:
+    mask = flex.with_segments(mask, *segment_ids)
+  score_mod = flex.score_function(softcap_value=softcap, alibi_slopes=alibi_slopes, q_len=q_len,
+                                  kv_len=kv_len)
+  return flex.flex_attention(q, k, v, block_mask=mask, score_mod=score_mod, scale=scale,
+                             kv_mask=kv_mask)

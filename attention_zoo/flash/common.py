@@ -12,6 +12,9 @@ Backward (FlashAttention-2, Dao 2023, Alg. 2), with Δ = rowsum(dO ∘ O):
     P = exp2(S₂ - lse₂)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - Δ)
     dQ = dS K·scale       dK = dSᵀ Q·scale
 
+With soft-capping (Gemma 2) the score is c · tanh(Q Kᵀ · scale / c), and dS is multiplied by
+its derivative 1 - tanh² before dQ and dK, recomputed in the tile like the scores.
+
 Disallowed entries hold the finite MASK_VALUE, so exp2 of them minus any row statistic is 0; a
 row that has seen no key yet (m' = MASK_VALUE) subtracts 0 instead, so its P is 0 too (never
 -inf arithmetic). Such a row gives ℓ = 0 -> out 0 and lse₂ = 0, and its backward tile is all
@@ -50,6 +53,8 @@ class Geometry:
   # mask_mod closure-converted: mask(b, h, q, kv, *mask_consts) -> bool, evaluated in partial
   # tiles only; None: every visited tile is full.
   mask: Callable | None = None
+  softcap: float | None = None  # c of c · tanh(s / c) on the scaled dot product; None: off
+  use_segments: bool = False    # compare the query's and key's segment ids in every tile
 
   @property
   def offset(self) -> int:
@@ -99,24 +104,33 @@ def tile_allowed(geo: Geometry, is_full, b, h, q_start, k_start, mask_consts):
   return jax.lax.cond(is_full != 0, lambda: jnp.ones(shape, bool), evaluate)
 
 
-def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry, allowed=None):
+def tile_scores(q, k, q_start, k_start, kv_valid, slope, geo: Geometry, allowed=None,
+                segments=None):
   """Base-2 scores of one tile, MASK_VALUE where not allowed.
 
   q [bq, d], k [bk, d]; q_start, k_start: positions of the tile's first query / key; kv_valid
   int [1, bk] (0 for padding and padded-to-block keys); slope: the ALiBi slope (ignored unless
-  geo.use_alibi); allowed: None or bool [bq, bk], tile_allowed's mask. Returns s₂ [bq, bk] f32.
+  geo.use_alibi); allowed: None or bool [bq, bk], tile_allowed's mask; segments: None or the
+  tile's (query ids [bq, 1], key ids [1, bk]), read when geo.use_segments. Returns (s₂ [bq, bk]
+  f32, the soft-cap's derivative 1 - tanh² [bq, bk], or None without geo.softcap).
   """
-  scores = dot_nt(q, k) * (geo.scale * LOG2E)                              # [bq, bk]
+  if geo.softcap is None:
+    scores, cap_grad = dot_nt(q, k) * (geo.scale * LOG2E), None            # [bq, bk]
+  else:
+    capped = jnp.tanh(dot_nt(q, k) * (geo.scale / geo.softcap))
+    scores, cap_grad = capped * (geo.softcap * LOG2E), 1.0 - capped * capped
   allowed_here = jnp.broadcast_to(kv_valid, scores.shape) != 0            # [bq, bk]
   if allowed is not None:
     allowed_here = allowed_here & allowed
+  if geo.use_segments:
+    allowed_here = allowed_here & (segments[0] == segments[1])
   if geo.use_alibi:
     # reference.alibi_bias for one head: -slope · |i + offset - j|, here in base-2 units.
     q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 0)
     k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
     distance = jnp.abs(q_pos + geo.offset - k_pos).astype(jnp.float32)
     scores = scores - (slope * LOG2E) * distance
-  return jnp.where(allowed_here, scores, MASK_VALUE)
+  return jnp.where(allowed_here, scores, MASK_VALUE), cap_grad
 
 
 def softmax_init(block_q: int, head_dim: int):
@@ -150,8 +164,9 @@ def softmax_finish(state):
   return out, lse
 
 
-def tile_probs_and_dscores(scores, lse, delta, do, v, kept=None):
-  """Backward of one tile: P and dS (gradient w.r.t. the natural-unit scores before `scale`).
+def tile_probs_and_dscores(scores, lse, delta, do, v, kept=None, cap_grad=None):
+  """Backward of one tile: P and dS (gradient w.r.t. the natural-unit scores before `scale`,
+  and before the soft-cap when its derivative `cap_grad` is given, as tile_scores returns it).
 
   scores [..., rows, bk]; lse, delta [..., rows, 1]; do [..., rows, d]; v [..., bk, d]; kept as
   for softmax_update (Δ = rowsum(dO ∘ O) holds with dropout too).
@@ -161,8 +176,10 @@ def tile_probs_and_dscores(scores, lse, delta, do, v, kept=None):
   p = jnp.exp2(scores - lse)                                               # [..., rows, bk]
   dp = dot_nt(do, v)                                                       # [..., rows, bk]
   if kept is None:
-    return p, p * (dp - delta)
-  return p * kept, p * (dp * kept - delta)
+    ds = p * (dp - delta)
+  else:
+    p, ds = p * kept, p * (dp * kept - delta)
+  return p, ds if cap_grad is None else ds * cap_grad
 
 
 def cumsum_two_float(x, axis: int):
@@ -209,35 +226,40 @@ def convert_mask(mask_mod, block_q: int, block_k: int):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention_with_vjp(kernels, q, k, v, kv_valid, slopes, metadata):
+def attention_with_vjp(kernels, q, k, v, kv_valid, segments, slopes, metadata):
   """Runs `kernels.forward` and differentiates through `kernels.backward` (which recomputes P).
 
-  kernels: a hashable object with forward(q, k, v, kv_valid, slopes, metadata) -> (out, lse)
-  and backward(q, k, v, kv_valid, slopes, metadata, out, lse, d_out) -> (dq, dk, dv); metadata:
-  the block lists and mask_mod's arrays the kernels read. Only (out, lse) are saved besides the
-  inputs, so memory stays linear in length. ALiBi slopes are fixed constants (Press et al. 2022):
-  they get no gradient; the int kv_valid mask and the metadata get none either.
+  kernels: a hashable object with forward(q, k, v, kv_valid, segments, slopes, metadata) ->
+  (out, lse) and backward(q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out) ->
+  (dq, dk, dv); segments: pad_inputs' (q ids, kv ids); metadata: the block lists and mask_mod's
+  arrays the kernels read. Only (out, lse) are saved besides the inputs, so memory stays linear
+  in length. ALiBi slopes are fixed constants (Press et al. 2022): they get no gradient; the int
+  kv_valid mask, the segment ids and the metadata get none either.
   """
-  return kernels.forward(q, k, v, kv_valid, slopes, metadata)[0]
+  return kernels.forward(q, k, v, kv_valid, segments, slopes, metadata)[0]
 
 
-def _attention_fwd(kernels, q, k, v, kv_valid, slopes, metadata):
-  out, lse = kernels.forward(q, k, v, kv_valid, slopes, metadata)
-  return out, (q, k, v, kv_valid, slopes, metadata, out, lse)
+def _attention_fwd(kernels, q, k, v, kv_valid, segments, slopes, metadata):
+  out, lse = kernels.forward(q, k, v, kv_valid, segments, slopes, metadata)
+  return out, (q, k, v, kv_valid, segments, slopes, metadata, out, lse)
 
 
 def _attention_bwd(kernels, residuals, d_out):
   dq, dk, dv = kernels.backward(*residuals, d_out)
-  return dq, dk, dv, None, None, jax.tree.map(lambda _: None, residuals[5])
+  no_grad = lambda tree: jax.tree.map(lambda _: None, tree)
+  return dq, dk, dv, None, no_grad(residuals[4]), None, no_grad(residuals[6])
 
 
 attention_with_vjp.defvjp(_attention_fwd, _attention_bwd)
 
 
-def pad_inputs(q, k, v, kv_mask, alibi_slopes, *, q_multiple: int, kv_multiple: int, head_dim: int):
+def pad_inputs(q, k, v, kv_mask, alibi_slopes, segment_ids=None, *, q_multiple: int,
+               kv_multiple: int, head_dim: int):
   """Pads lengths to block multiples and head_dim to `head_dim` with zeros (exact: zero columns
   add nothing to Q Kᵀ and give zero output columns). Returns q, k, v, kv_valid int32
-  [b, 1, kv_padded] (False for padding and padded positions) and slopes f32 [h] (zeros if None)."""
+  [b, 1, kv_padded] (False for padding and padded positions), segments (query ids int32
+  [b, q_padded, 1], key ids int32 [b, 1, kv_padded]; zeros if segment_ids is None) and slopes
+  f32 [h] (zeros if None)."""
   q = pad_to_multiple(q, q_multiple, axis=1)
   k, v = (pad_to_multiple(x, kv_multiple, axis=1) for x in (k, v))
   if head_dim != q.shape[-1]:
@@ -247,4 +269,9 @@ def pad_inputs(q, k, v, kv_mask, alibi_slopes, *, q_multiple: int, kv_multiple: 
   num_heads = q.shape[2]
   slopes = (jnp.zeros((num_heads,), jnp.float32) if alibi_slopes is None
             else jnp.asarray(alibi_slopes, jnp.float32).reshape(num_heads))
-  return q, k, v, kv_valid, slopes
+  if segment_ids is None:
+    segment_ids = (jnp.zeros(kv_mask.shape[:1] + q.shape[1:2], jnp.int32),
+                   jnp.zeros(kv_mask.shape, jnp.int32))
+  q_ids, kv_ids = (pad_to_multiple(jnp.asarray(ids, jnp.int32), multiple, axis=1)
+                   for ids, multiple in zip(segment_ids, (q_multiple, kv_multiple)))
+  return q, k, v, kv_valid, (q_ids[:, :, None], kv_ids[:, None, :]), slopes

@@ -70,7 +70,7 @@ class Kernels:
                                                 num_stages=2),
         interpret=self.interpret, name=name)
 
-  def forward(self, q, k, v, kv_valid, slopes, metadata):
+  def forward(self, q, k, v, kv_valid, segments, slopes, metadata):
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, group = k.shape[1], num_heads // k.shape[2]
     lists, _, consts, _ = metadata
@@ -80,15 +80,16 @@ class Kernels:
     return self._call(
         functools.partial(_forward_kernel, geo=self.fwd, num_consts=len(consts)),
         grid=(q_len // bq, batch, num_heads),
-        in_specs=[*_whole(*lists), tile(bq), whole_kv, whole_kv,
-                  pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
-                  pl.BlockSpec((num_heads,), lambda i, b, h: (0,)), *_whole(*consts)],
+        in_specs=[*_whole(*lists), tile(bq), whole_kv, whole_kv, *_row_of_keys(kv_len, 2),
+                  _query_ids(bq), pl.BlockSpec((num_heads,), lambda i, b, h: (0,)),
+                  *_whole(*consts)],
         out_specs=[tile(bq), pl.BlockSpec((None, None, bq, 1), lambda i, b, h: (b, h, i, 0))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, num_heads, q_len, 1), jnp.float32)],
-        name="flash_forward")(*lists, q, k, v, kv_valid, slopes, *consts)
+        name="flash_forward")(*lists, q, k, v, kv_valid, segments[1], segments[0], slopes,
+                              *consts)
 
-  def backward(self, q, k, v, kv_valid, slopes, metadata, out, lse, d_out):
+  def backward(self, q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out):
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
@@ -105,33 +106,44 @@ class Kernels:
     dq = self._call(
         functools.partial(_dq_kernel, geo=self.bwd, num_consts=len(consts)),
         grid=(q_len // bq, batch, num_heads),
-        in_specs=[*_whole(*lists[:3]), q_tile, whole_kv, whole_kv,
-                  pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0)),
-                  slopes_spec, q_tile, row_stat, row_stat, *_whole(*consts)],
+        in_specs=[*_whole(*lists[:3]), q_tile, whole_kv, whole_kv, *_row_of_keys(kv_len, 2),
+                  _query_ids(bq), slopes_spec, q_tile, row_stat, row_stat, *_whole(*consts)],
         out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        name="flash_backward_dq")(*lists[:3], q, k, v, kv_valid, slopes, d_out, lse, delta,
-                                  *consts)
+        name="flash_backward_dq")(*lists[:3], q, k, v, kv_valid, segments[1], segments[0],
+                                  slopes, d_out, lse, delta, *consts)
 
     # One program per (key block, kv head): it sees the whole query length of its group's heads.
     group_q = pl.BlockSpec((None, q_len, group, head_dim), lambda j, b, g: (b, 0, g, 0))
     group_stat = pl.BlockSpec((None, group, q_len, 1), lambda j, b, g: (b, g, 0, 0))
     kv_tile = pl.BlockSpec((None, bk, None, head_dim), lambda j, b, g: (b, j, g, 0))
+    key_block = pl.BlockSpec((None, 1, bk), lambda j, b, g: (b, 0, j))
     dk, dv = self._call(
         functools.partial(_dkdv_kernel, geo=self.bwd, group=group, num_consts=len(consts)),
         grid=(kv_len // bk, batch, num_kv_heads),
-        in_specs=[*_whole(*lists[3:]), group_q, kv_tile, kv_tile,
-                  pl.BlockSpec((None, 1, bk), lambda j, b, g: (b, 0, j)),
+        in_specs=[*_whole(*lists[3:]), group_q, kv_tile, kv_tile, key_block, key_block,
+                  pl.BlockSpec((None, q_len, 1), lambda j, b, g: (b, 0, 0)),
                   slopes_spec, group_q, group_stat, group_stat, *_whole(*consts)],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        name="flash_backward_dkdv")(*lists[3:], q, k, v, kv_valid, slopes, d_out, lse, delta,
-                                    *consts)
+        name="flash_backward_dkdv")(*lists[3:], q, k, v, kv_valid, segments[1], segments[0],
+                                    slopes, d_out, lse, delta, *consts)
     return dq, dk, dv
 
 
 def _whole(*arrays):
   """BlockSpecs handing every program the whole of each array (block lists, mask_mod's arrays)."""
   return [pl.BlockSpec(x.shape, lambda *_, ndim=x.ndim: (0,) * ndim) for x in arrays]
+
+
+def _row_of_keys(kv_len: int, count: int):
+  """BlockSpecs of `count` per-key rows [b, 1, kv_len] (kv_valid, key segment ids), whole, for a
+  (q block, batch, head) grid."""
+  return [pl.BlockSpec((None, 1, kv_len), lambda i, b, h: (b, 0, 0))] * count
+
+
+def _query_ids(block_q: int):
+  """The BlockSpec of the query segment ids [b, q_len, 1]: a [block_q, 1] column."""
+  return pl.BlockSpec((None, block_q, 1), lambda i, b, h: (b, i, 0))
 
 
 def _whole_kv(kv_len: int, head_dim: int, group: int):
@@ -141,15 +153,15 @@ def _whole_kv(kv_len: int, head_dim: int, group: int):
 
 
 def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref,
-                    slopes_ref, *refs, geo, num_consts):
+                    kv_ids_ref, q_ids_ref, slopes_ref, *refs, geo, num_consts):
   # counts_ref [nq]; indices_ref, full_ref [nq, w]: the key blocks each query block visits;
-  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref [1, kv_len]; then mask_mod's arrays,
-  # out_ref [bq, d], lse_ref [bq, 1]
+  # q_ref [bq, d]; k_ref, v_ref [kv_len, d]; kv_valid_ref, kv_ids_ref [1, kv_len]; q_ids_ref
+  # [bq, 1]; then mask_mod's arrays, out_ref [bq, d], lse_ref [bq, 1]
   consts = [ref[...] for ref in refs[:num_consts]]
   out_ref, lse_ref = refs[num_consts:]
   q_block, batch, head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
-  q = q_ref[...]
+  q, q_ids = q_ref[...], q_ids_ref[...]
   slope = slopes_ref[head] if geo.use_alibi else 0.0
 
   def key_block(t, state):
@@ -157,8 +169,9 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
     keys = pl.ds(j * bk, bk)
     allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_block * bq, j * bk,
                                   consts)
-    scores = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
-                                kv_valid_ref[:, keys], slope, geo, allowed)
+    scores, _ = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
+                                   kv_valid_ref[:, keys], slope, geo, allowed,
+                                   (q_ids, kv_ids_ref[:, keys]))
     return common.softmax_update(state, scores, v_ref[keys, :])
 
   out, lse = common.softmax_finish(jax.lax.fori_loop(
@@ -167,14 +180,14 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
   lse_ref[...] = lse
 
 
-def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
-               do_ref, lse_ref, delta_ref, *refs, geo, num_consts):
+def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, kv_ids_ref,
+               q_ids_ref, slopes_ref, do_ref, lse_ref, delta_ref, *refs, geo, num_consts):
   # as _forward_kernel; do_ref, dq_ref [bq, d]; lse_ref, delta_ref [bq, 1]
   consts = [ref[...] for ref in refs[:num_consts]]
   (dq_ref,) = refs[num_consts:]
   q_block, batch, head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
-  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  q, q_ids, do, lse, delta = q_ref[...], q_ids_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   slope = slopes_ref[head] if geo.use_alibi else 0.0
 
   def key_block(t, dq):
@@ -183,25 +196,27 @@ def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_
     k = k_ref[keys, :]
     allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_block * bq, j * bk,
                                   consts)
-    scores = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys], slope, geo,
-                                allowed)
-    _, ds = common.tile_probs_and_dscores(scores, lse, delta, do, v_ref[keys, :])
+    scores, cap_grad = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys],
+                                          slope, geo, allowed, (q_ids, kv_ids_ref[:, keys]))
+    _, ds = common.tile_probs_and_dscores(scores, lse, delta, do, v_ref[keys, :],
+                                          cap_grad=cap_grad)
     return dq + common.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
 
   dq = jax.lax.fori_loop(0, counts_ref[q_block], key_block, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * geo.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
-                 do_ref, lse_ref, delta_ref, *refs, geo, group, num_consts):
+def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, kv_ids_ref,
+                 q_ids_ref, slopes_ref, do_ref, lse_ref, delta_ref, *refs, geo, group,
+                 num_consts):
   # counts_ref [nk]; indices_ref, full_ref [nk, w]: the query blocks that visit each key block;
-  # q_ref, do_ref [q_len, group, d]; k_ref, v_ref, dk_ref, dv_ref [bk, d]; kv_valid_ref [1, bk];
-  # lse_ref, delta_ref [group, q_len, 1]
+  # q_ref, do_ref [q_len, group, d]; k_ref, v_ref, dk_ref, dv_ref [bk, d]; kv_valid_ref,
+  # kv_ids_ref [1, bk]; q_ids_ref [q_len, 1]; lse_ref, delta_ref [group, q_len, 1]
   consts = [ref[...] for ref in refs[:num_consts]]
   dk_ref, dv_ref = refs[num_consts:]
   kv_block, batch, kv_head = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   bq, bk = geo.block_q, geo.block_k
-  k, v, kv_valid = k_ref[...], v_ref[...], kv_valid_ref[...]
+  k, v, kv_valid, kv_ids = k_ref[...], v_ref[...], kv_valid_ref[...], kv_ids_ref[...]
 
   def query_head(g, grads):
     head = kv_head * group + g
@@ -214,9 +229,10 @@ def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_vali
       q, do = q_ref[rows, g, :], do_ref[rows, g, :]                       # [bq, d]
       allowed = common.tile_allowed(geo, full_ref[kv_block, t], batch, head, i * bq,
                                     kv_block * bk, consts)
-      scores = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo, allowed)
+      scores, cap_grad = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo,
+                                            allowed, (q_ids_ref[rows, :], kv_ids))
       p, ds = common.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :],
-                                            do, v)
+                                            do, v, cap_grad=cap_grad)
       return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
 
     return jax.lax.fori_loop(0, counts_ref[kv_block], query_block, grads)
@@ -228,10 +244,12 @@ def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_vali
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
-                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None,
-                    mask_mod=None):
+                    softcap=None, segment_ids=None, block_q=None, block_k=None, block_q_bwd=None,
+                    block_k_bwd=None, interpret=None, mask_mod=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
-  [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
+  [b, kv_len]; alibi_slopes f32 [h] or None; softcap None or c (scores c · tanh(s / c), in the
+  kernels, forward and backward); segment_ids None or (int [b, q_len], int [b, kv_len]) (a query
+  sees only keys of its own segment). Returns [b, q_len, h, d] in q's dtype.
 
   mask_mod: None (every key, or the causal rule when causal), or a flex mask_mod
   (b, h, q_idx, kv_idx) -> bool; it is evaluated on padded indices too (their keys are masked
@@ -260,14 +278,15 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
     # Short inputs: one block.
     blocks[name] = min(value, max(common.next_power_of_2(length), floor))
   padded_head_dim = max(common.next_power_of_2(head_dim), MIN_COMPILED_BLOCK if compiled else 1)
-  q, k, v, kv_valid, slopes = common.pad_inputs(
-      q, k, v, kv_mask, alibi_slopes, head_dim=padded_head_dim,
+  q, k, v, kv_valid, segments, slopes = common.pad_inputs(
+      q, k, v, kv_mask, alibi_slopes, segment_ids, head_dim=padded_head_dim,
       q_multiple=max(blocks["block_q"], blocks["block_q_bwd"]),      # powers of two: max = lcm
       kv_multiple=max(blocks["block_k"], blocks["block_k_bwd"]))
   fwd, bwd, metadata = block_metadata.kernel_plan(
       mask_mod, causal, q_len=q_len, kv_len=kv_len, q_padded=q.shape[1], kv_padded=k.shape[1],
-      scale=scale, use_alibi=alibi_slopes is not None, **blocks)
+      scale=scale, use_alibi=alibi_slopes is not None, softcap=softcap,
+      use_segments=segment_ids is not None, **blocks)
   kernels = Kernels(fwd=fwd, bwd=bwd, interpret=interpret,
                     num_warps=4 if padded_head_dim <= 64 else 8)
-  out = common.attention_with_vjp(kernels, q, k, v, kv_valid, slopes, metadata)
+  out = common.attention_with_vjp(kernels, q, k, v, kv_valid, segments, slopes, metadata)
   return out[:, :q_len, :, :head_dim]

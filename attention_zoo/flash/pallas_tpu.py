@@ -62,7 +62,7 @@ class Kernels:
         compiler_params=pltpu.CompilerParams(**_SEQUENTIAL_LAST_AXIS),
         interpret=self.interpret, name=name)
 
-  def forward(self, q, k, v, kv_valid, slopes, metadata):
+  def forward(self, q, k, v, kv_valid, segments, slopes, metadata):
     batch, num_heads, q_len, head_dim = q.shape
     group = num_heads // k.shape[1]
     lists, _, consts, _ = metadata
@@ -71,20 +71,21 @@ class Kernels:
     q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, t, *_: (b, h, i, 0))
     kv_tile, kv_valid_tile = _listed_kv_tiles(bk, head_dim, group)
     row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, h, i, t, *_: (b, h, i, 0))
+    q_ids = pl.BlockSpec((None, bq, 1), lambda b, h, i, t, *_: (b, i, 0))
     return self._call(
         functools.partial(_forward_kernel, geo=geo, num_consts=len(consts)), lists,
         grid=(batch, num_heads, q_len // bq, lists[1].shape[1]),
-        in_specs=[q_tile, kv_tile, kv_tile,
-                  kv_valid_tile,
+        in_specs=[q_tile, kv_tile, kv_tile, kv_valid_tile, kv_valid_tile, q_ids,
                   pl.BlockSpec(memory_space=pltpu.SMEM), *_whole(*consts)],
         out_specs=[q_tile, row_stat],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, num_heads, q_len, 1), jnp.float32)],
         scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                         pltpu.VMEM((bq, 1), jnp.float32)],
-        name="flash_forward")(*lists, q, k, v, kv_valid, slopes, *consts)
+        name="flash_forward")(*lists, q, k, v, kv_valid, segments[1], segments[0], slopes,
+                              *consts)
 
-  def backward(self, q, k, v, kv_valid, slopes, metadata, out, lse, d_out):
+  def backward(self, q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out):
     batch, num_heads, q_len, head_dim = q.shape
     num_kv_heads, kv_len = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
@@ -99,16 +100,16 @@ class Kernels:
     q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, t, *_: (b, h, i, 0))
     kv_tile, kv_valid_tile = _listed_kv_tiles(bk, head_dim, group)
     row_stat = pl.BlockSpec((None, None, bq, 1), lambda b, h, i, t, *_: (b, h, i, 0))
+    q_ids = pl.BlockSpec((None, bq, 1), lambda b, h, i, t, *_: (b, i, 0))
     dq = self._call(
         functools.partial(_dq_kernel, geo=geo, num_consts=len(consts)), lists[:3],
         grid=(batch, num_heads, q_len // bq, lists[1].shape[1]),
-        in_specs=[q_tile, kv_tile, kv_tile,
-                  kv_valid_tile,
+        in_specs=[q_tile, kv_tile, kv_tile, kv_valid_tile, kv_valid_tile, q_ids,
                   slopes_spec, q_tile, row_stat, row_stat, *_whole(*consts)],
         out_specs=q_tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((bq, head_dim), jnp.float32)],
-        name="flash_backward_dq")(*lists[:3], q, k, v, kv_valid, slopes, d_out, lse, delta,
-                                  *consts)
+        name="flash_backward_dq")(*lists[:3], q, k, v, kv_valid, segments[1], segments[0],
+                                  slopes, d_out, lse, delta, *consts)
 
     # Reduction step t of kv head g visits query head g·group + t // width and the (t % width)-th
     # query block listed for the key block (past the list: the last one again, not fetched).
@@ -117,20 +118,22 @@ class Kernels:
         b, g * group + jax.lax.div(t, width), _listed(j, jax.lax.rem(t, width), *list_refs), 0)
     group_q_tile = pl.BlockSpec((None, None, bq, head_dim), group_q_index)
     group_row_stat = pl.BlockSpec((None, None, bq, 1), group_q_index)
+    group_q_ids = pl.BlockSpec((None, bq, 1), lambda b, g, j, t, *list_refs: (
+        b, _listed(j, jax.lax.rem(t, width), *list_refs), 0))
     kv_tile = pl.BlockSpec((None, None, bk, head_dim), lambda b, g, j, t, *_: (b, g, j, 0))
+    key_block = pl.BlockSpec((None, 1, bk), lambda b, g, j, t, *_: (b, 0, j))
     dk, dv = self._call(
         functools.partial(_dkdv_kernel, geo=geo, group=group, width=width,
                           num_consts=len(consts)), lists[3:],
         grid=(batch, num_kv_heads, kv_len // bk, group * width),
-        in_specs=[group_q_tile, kv_tile, kv_tile,
-                  pl.BlockSpec((None, 1, bk), lambda b, g, j, t, *_: (b, 0, j)),
+        in_specs=[group_q_tile, kv_tile, kv_tile, key_block, key_block, group_q_ids,
                   slopes_spec, group_q_tile, group_row_stat, group_row_stat, *_whole(*consts)],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch_shapes=[pltpu.VMEM((bk, head_dim), jnp.float32),
                         pltpu.VMEM((bk, head_dim), jnp.float32)],
-        name="flash_backward_dkdv")(*lists[3:], q, k, v, kv_valid, slopes, d_out, lse, delta,
-                                    *consts)
+        name="flash_backward_dkdv")(*lists[3:], q, k, v, kv_valid, segments[1], segments[0],
+                                    slopes, d_out, lse, delta, *consts)
     return dq, dk, dv
 
 
@@ -142,8 +145,8 @@ def _listed(row, t, counts_ref, indices_ref, full_ref):
 
 
 def _listed_kv_tiles(block_k: int, head_dim: int, group: int):
-  """BlockSpecs of K (or V) and kv_valid for a (batch, head, query block i, step t) grid: the
-  t-th key block listed for query block i, of head h's kv head."""
+  """BlockSpecs of K (or V) and kv_valid (or the key segment ids) for a (batch, head, query
+  block i, step t) grid: the t-th key block listed for query block i, of head h's kv head."""
   kv_tile = pl.BlockSpec((None, None, block_k, head_dim), lambda b, h, i, t, *list_refs: (
       b, jax.lax.div(h, group), _listed(i, t, *list_refs), 0))
   kv_valid_tile = pl.BlockSpec((None, 1, block_k), lambda b, h, i, t, *list_refs: (
@@ -157,10 +160,10 @@ def _whole(*arrays):
 
 
 def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref,
-                    slopes_ref, *refs, geo, num_consts):
+                    kv_ids_ref, q_ids_ref, slopes_ref, *refs, geo, num_consts):
   # counts_ref [nq], indices_ref, full_ref [nq, w] (SMEM): the key blocks each query block
-  # visits; q_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref [1, bk]; mask_mod's arrays; then
-  # out_ref, acc_ref [bq, d]; lse_ref, m_ref, l_ref [bq, 1]
+  # visits; q_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref, kv_ids_ref [1, bk]; q_ids_ref
+  # [bq, 1]; mask_mod's arrays; then out_ref, acc_ref [bq, d]; lse_ref, m_ref, l_ref [bq, 1]
   consts = [ref[...] for ref in refs[:num_consts]]
   out_ref, lse_ref, acc_ref, m_ref, l_ref = refs[num_consts:]
   batch, head, q_block, t = (pl.program_id(axis) for axis in range(4))
@@ -174,8 +177,9 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
     q_start, k_start = q_block * geo.block_q, indices_ref[q_block, t] * geo.block_k
     allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_start, k_start,
                                   consts)
-    scores = common.tile_scores(q_ref[...], k_ref[...], q_start, k_start, kv_valid_ref[...],
-                                slopes_ref[head], geo, allowed)
+    scores, _ = common.tile_scores(q_ref[...], k_ref[...], q_start, k_start, kv_valid_ref[...],
+                                   slopes_ref[head], geo, allowed,
+                                   (q_ids_ref[...], kv_ids_ref[...]))
     acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
         (acc_ref[...], m_ref[...], l_ref[...]), scores, v_ref[...])
 
@@ -186,8 +190,8 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
     lse_ref[...] = lse
 
 
-def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
-               do_ref, lse_ref, delta_ref, *refs, geo, num_consts):
+def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, kv_ids_ref,
+               q_ids_ref, slopes_ref, do_ref, lse_ref, delta_ref, *refs, geo, num_consts):
   # as _forward_kernel; do_ref, dq_ref, dq_acc_ref [bq, d]; lse_ref, delta_ref [bq, 1]
   consts = [ref[...] for ref in refs[:num_consts]]
   dq_ref, dq_acc_ref = refs[num_consts:]
@@ -203,10 +207,11 @@ def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_
     q_start, k_start = q_block * geo.block_q, indices_ref[q_block, t] * geo.block_k
     allowed = common.tile_allowed(geo, full_ref[q_block, t], batch, head, q_start, k_start,
                                   consts)
-    scores = common.tile_scores(q_ref[...], k, q_start, k_start, kv_valid_ref[...],
-                                slopes_ref[head], geo, allowed)
+    scores, cap_grad = common.tile_scores(q_ref[...], k, q_start, k_start, kv_valid_ref[...],
+                                          slopes_ref[head], geo, allowed,
+                                          (q_ids_ref[...], kv_ids_ref[...]))
     _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...],
-                                          v_ref[...])
+                                          v_ref[...], cap_grad=cap_grad)
     dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
 
   @pl.when(t == pl.num_programs(3) - 1)
@@ -214,10 +219,12 @@ def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_
     dq_ref[...] = (dq_acc_ref[...] * geo.scale).astype(dq_ref.dtype)
 
 
-def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, slopes_ref,
-                 do_ref, lse_ref, delta_ref, *refs, geo, group, width, num_consts):
+def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_ref, kv_ids_ref,
+                 q_ids_ref, slopes_ref, do_ref, lse_ref, delta_ref, *refs, geo, group, width,
+                 num_consts):
   # counts_ref [nk], indices_ref, full_ref [nk, width] (SMEM): the query blocks visiting each
-  # key block; q_ref, do_ref [bq, d]; k_ref, v_ref [bk, d]; lse_ref, delta_ref [bq, 1];
+  # key block; q_ref, do_ref [bq, d]; k_ref, v_ref [bk, d]; kv_valid_ref, kv_ids_ref [1, bk];
+  # q_ids_ref, lse_ref, delta_ref [bq, 1];
   # mask_mod's arrays; then dk_ref, dv_ref, d*_acc_ref [bk, d]
   consts = [ref[...] for ref in refs[:num_consts]]
   dk_ref, dv_ref, dk_acc_ref, dv_acc_ref = refs[num_consts:]
@@ -236,9 +243,11 @@ def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_vali
     q_start, k_start = indices_ref[kv_block, t] * geo.block_q, kv_block * geo.block_k
     allowed = common.tile_allowed(geo, full_ref[kv_block, t], batch, head, q_start, k_start,
                                   consts)
-    scores = common.tile_scores(q, k_ref[...], q_start, k_start, kv_valid_ref[...],
-                                slopes_ref[head], geo, allowed)
-    p, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...])
+    scores, cap_grad = common.tile_scores(q, k_ref[...], q_start, k_start, kv_valid_ref[...],
+                                          slopes_ref[head], geo, allowed,
+                                          (q_ids_ref[...], kv_ids_ref[...]))
+    p, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...],
+                                          cap_grad=cap_grad)
     dk_acc_ref[...] += common.dot_tn(ds.astype(q.dtype), q)
     dv_acc_ref[...] += common.dot_tn(p.astype(do.dtype), do)
 
@@ -270,11 +279,11 @@ def _blocks(fwd: int, bwd: int, length: int, multiple: int, what: str, compiled:
 
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
-                    block_q=None, block_k=None, block_q_bwd=None, block_k_bwd=None, interpret=None,
-                    mask_mod=None):
+                    softcap=None, segment_ids=None, block_q=None, block_k=None, block_q_bwd=None,
+                    block_k_bwd=None, interpret=None, mask_mod=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
   [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
-  mask_mod: as for pallas_gpu.flash_attention.
+  softcap, segment_ids, mask_mod: as for pallas_gpu.flash_attention.
 
   interpret=None compiles on a TPU; elsewhere pass `interpret=pltpu.InterpretParams()`.
   """
@@ -291,15 +300,16 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
                                  q_len, rows, "q", compiled)
   bk, bk_bwd, kv_padded = _blocks(pick(block_k, "block_k"), pick(block_k_bwd, "block_k_bwd"),
                                   kv_len, LANES, "k", compiled)
-  q, k, v, kv_valid, slopes = common.pad_inputs(q, k, v, kv_mask, alibi_slopes,
-                                                head_dim=q.shape[-1], q_multiple=q_padded,
-                                                kv_multiple=kv_padded)
+  q, k, v, kv_valid, segments, slopes = common.pad_inputs(
+      q, k, v, kv_mask, alibi_slopes, segment_ids, head_dim=q.shape[-1], q_multiple=q_padded,
+      kv_multiple=kv_padded)
   fwd, bwd, metadata = block_metadata.kernel_plan(
       mask_mod, causal, q_len=q_len, kv_len=kv_len, q_padded=q_padded, kv_padded=kv_padded,
-      scale=scale, use_alibi=alibi_slopes is not None, block_q=bq, block_k=bk,
-      block_q_bwd=bq_bwd, block_k_bwd=bk_bwd)
+      scale=scale, use_alibi=alibi_slopes is not None, softcap=softcap,
+      use_segments=segment_ids is not None, block_q=bq, block_k=bk, block_q_bwd=bq_bwd,
+      block_k_bwd=bk_bwd)
   kernels = Kernels(fwd=fwd, bwd=bwd, interpret=interpret)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)           # [b, len, h, d] <-> [b, h, len, d]
   out = common.attention_with_vjp(kernels, heads_major(q), heads_major(k), heads_major(v),
-                                  kv_valid, slopes, metadata)
+                                  kv_valid, segments, slopes, metadata)
   return heads_major(out)[:, :q_len]
