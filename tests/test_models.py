@@ -105,10 +105,10 @@ def test_encoder_decoder_generation_with_and_without_cache():
 def test_classifier_logits_do_not_change_when_padding_is_appended(pooling):
   model = Classifier(dataclasses.replace(TINY, pooling=pooling), rngs=nnx.Rngs(0))
   tokens = _tokens((2, 10), seed=6)
-  short = model(tokens, jnp.ones((2, 10), bool))
+  short = apply(model, tokens, jnp.ones((2, 10), bool))
   padded_tokens = jnp.concatenate([tokens, _tokens((2, 7), seed=7)], axis=1)  # padding: not token 0
   padded_mask = jnp.arange(17)[None].repeat(2, 0) < 10
-  np.testing.assert_allclose(model(padded_tokens, padded_mask), short, atol=1e-5)
+  np.testing.assert_allclose(apply(model, padded_tokens, padded_mask), short, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -187,8 +187,8 @@ def test_zero_token_is_padding_masks_id_zero_in_attention_only():
 def test_attention_ignores_padding_drops_the_masks():
   plain, quirky = _pair(attention_ignores_padding=True)
   tokens, mask = _tokens((2, 12)), jnp.ones((2, 12), bool).at[0, 6:].set(False)
-  np.testing.assert_allclose(quirky(tokens, mask), plain(tokens), atol=1e-6)
-  assert not np.allclose(quirky(tokens, mask), plain(tokens, mask), atol=1e-4)
+  np.testing.assert_allclose(apply(quirky, tokens, mask), apply(plain, tokens), atol=1e-6)
+  assert not np.allclose(apply(quirky, tokens, mask), apply(plain, tokens, mask), atol=1e-4)
 
 
 def test_embed_init_std():

@@ -95,6 +95,7 @@ def test_one_decoder_step_on_fake_data_lowers_the_loss():
   model = DecoderLM(config, rngs=nnx.Rngs(0))
   optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
+  @nnx.jit   # compiled: op by op, the two evaluations cost more than the steps
   def mean_loss(model):
     losses, _, weights = trainer.score(model, batch, deterministic=True)
     return losses.sum() / weights.sum()
