@@ -77,18 +77,25 @@ CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 def avoid_cpu_scheduler_deadlock() -> None:
   """Adds CPU_SCHEDULER_FLAG to XLA_FLAGS (before JAX starts) unless set already or XLA refuses
   it."""
+  if not add_xla_flag(CPU_SCHEDULER_FLAG):
+    print(f"note: this XLA refuses {CPU_SCHEDULER_FLAG}; running without it", file=sys.stderr)
+
+
+def add_xla_flag(flag: str) -> bool:
+  """Appends `flag` ("--name=value") to XLA_FLAGS before JAX starts, unless the name is set
+  already or a child process shows that this XLA refuses it (XLA aborts on a flag it does not
+  know); False when refused."""
   current = os.environ.get("XLA_FLAGS", "")
-  if CPU_SCHEDULER_FLAG.split("=")[0] in current:
-    return
-  flags_with = f"{current} {CPU_SCHEDULER_FLAG}".strip()
+  if flag.split("=")[0] in current:
+    return True
+  flags_with = f"{current} {flag}".strip()
   probe = subprocess.run([sys.executable, "-c",
                           "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
                          env={**os.environ, "XLA_FLAGS": flags_with, "JAX_PLATFORMS": "cpu"},
                          capture_output=True, text=True, timeout=300)
   if probe.returncode == 0:
     os.environ["XLA_FLAGS"] = flags_with
-  else:
-    print(f"note: this XLA refuses {CPU_SCHEDULER_FLAG}; running without it", file=sys.stderr)
+  return probe.returncode == 0
 
 
 def run(main) -> None:

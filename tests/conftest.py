@@ -10,8 +10,6 @@ lengths (the modules in `SLOW_MODULES`), the registry sweeps for every other reg
 cases).
 """
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -30,22 +28,8 @@ if "xla_backend_optimization_level" not in XLA_FLAGS:
 # took about twice as long to compile the tests' small programs: single-core CPU time of the fast
 # lane's tests/test_conformance.py and test_models.py 242 s with them, 92 s without (jaxlib
 # 0.10.2, 2026-12-03). Both emit code for the same fused HLO. An XLA that no longer knows the flag
-# would abort, so a child process tries it first; the xdist workers inherit the result.
-ELEMENTAL_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
-
-
-def xla_accepts(xla_flags: str) -> bool:
-  """Whether a CPU backend starts under `xla_flags` (XLA aborts on a flag it does not know)."""
-  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"],
-                         env={**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"},
-                         capture_output=True, timeout=300)
-  return probe.returncode == 0
-
-
-XLA_FLAGS = os.environ["XLA_FLAGS"]
-if "xla_cpu_use_fusion_emitters" not in XLA_FLAGS and xla_accepts(
-    f"{XLA_FLAGS} {ELEMENTAL_EMITTERS_FLAG}"):
-  os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} {ELEMENTAL_EMITTERS_FLAG}"
+# would abort, so cli.add_xla_flag tries it in a child first; the xdist workers inherit the result.
+cli.add_xla_flag("--xla_cpu_use_fusion_emitters=false")
 
 SLOW_MODULES = {
     "test_approximation",          # trains tiny ListOps models to compare approximations
