@@ -289,9 +289,20 @@ def unknown_field(config, dotted: str) -> str | None:
 
 
 def set_field(config, dotted: str, text: str) -> None:
-  """config.<dotted> = text parsed as the field's type: "model.num_layers", "2" -> 2. A name
-  under model.attention_options is new to the config: its value is read as a Python literal
-  (8, 0.5, true, "relu"), and the variant checks it when the model is built."""
+  """config.<dotted> = field_value(config, dotted, text): "model.num_layers", "2" -> 2."""
+  from configs.lra.common import parent_and_name
+
+  value = field_value(config, dotted, text)
+  node, name = parent_and_name(config, dotted)
+  with node.unlocked():
+    node[name] = value
+
+
+def field_value(config, dotted: str, text: str):
+  """Command-line text for config.<dotted>, parsed as the field's type; HarnessError naming the
+  field (the closest if it is unknown). A name under model.attention_options is new to the
+  config: its value is read as a Python literal (8, 0.5, true, "relu"), and the variant checks
+  it when the model is built."""
   from configs.lra.common import parent_and_name
 
   check_not_fixed(dotted)
@@ -301,11 +312,9 @@ def set_field(config, dotted: str, text: str) -> None:
   node, name = parent_and_name(config, dotted)
   is_option = dotted.rpartition(".")[0] == OPTIONS_FIELD
   try:
-    value = parse_value(text, None if is_option else node.get_type(name))
+    return parse_value(text, None if is_option else node.get_type(name))
   except (ValueError, TypeError, SyntaxError) as e:
     raise HarnessError(f"{dotted}={text}: {e}") from None
-  with node.unlocked():
-    node[name] = value
 
 
 def parse_value(text: str, kind: type | None):

@@ -303,6 +303,9 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
+      "tune": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
+                f"--out={tmp_path}", "--tune=model.num_layers=1,2", "--tune=model.num_layer=1"],
+               "--tune: unknown config field 'model.num_layer'"),
   }
   processes = {name: subprocess.Popen([sys.executable, "-c", RUN_AND_REPORT_JAX, *args], cwd=REPO,
                                       text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
