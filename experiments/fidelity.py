@@ -16,13 +16,18 @@ from absl import flags
 import attention_zoo as az
 import lra
 from configs.lra import common
-from experiments import build, cli
+from experiments.common import command_line, dry_run
+from experiments.common.errors import HarnessError
+from experiments.common.records import write_text
+from experiments.common.task_configs import task_config, task_values
+from experiments.train import build
 
 FLAGS = flags.FLAGS
 OUT = "docs/lra_fidelity.md"
 
 # Why a value differs between the released code and a preset, most specific key first:
-# (task, variant, field), (variant, field), field. PAPER_CHANGES in the task files carry their own.
+# (task, variant, field), (variant, field), field. A task's paper changes (configs/task_values.py)
+# carry their own.
 REASONS = {
     "model.embed_init_std": "quirk fixed in `fair`: the released encoders drew token embeddings "
                             "from N(0, 1); ours use the library's N(0, 1/emb_dim) scale",
@@ -133,7 +138,7 @@ NOT_CONFIG_VALUES = (
 
 def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
   """The preset's values of `fields` for (task, variant), resolved as the trainer builds them."""
-  config = build.resolve(cli.task_config(task, variant, preset))
+  config = build.resolve(task_config(task, variant, preset))
   options = {**az.spec(variant).options, **config.model.attention_options}
   values = {}
   for field in fields:
@@ -160,7 +165,7 @@ def _reason(task: str, variant: str, field: str, paper_changes: dict) -> str | N
 
 def rows(task: str) -> list[dict]:
   """One row per (variant, field): released, paper and fair values, reason and note."""
-  paper_changes = getattr(cli.task_module(task), "PAPER_CHANGES", {})
+  paper_changes = task_values(task).paper_changes
   table = []
   for variant in common.LRA_VARIANTS:
     shipped = build.released_values(task, variant)
@@ -277,15 +282,14 @@ def _change(path, text: str) -> str:
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from experiments import provenance
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
 
   text = render()
-  cli.plan(lambda: [f"{FLAGS.out}: {len(text.splitlines())} lines, {_change(FLAGS.out, text)}"])
-  provenance.write_text(FLAGS.out, text)
+  dry_run.plan(lambda: [f"{FLAGS.out}: {len(text.splitlines())} lines, {_change(FLAGS.out, text)}"])
+  write_text(FLAGS.out, text)
   print(f"wrote {FLAGS.out}")
 
 
 if __name__ == "__main__":
   flags.DEFINE_string("out", OUT, "Where to write the fidelity table (markdown).")
-  cli.run(main)
+  command_line.run(main)

@@ -23,8 +23,10 @@ from absl import flags
 
 import lra
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
-from experiments import cli, provenance
-from experiments.provenance import read_metrics
+from experiments.common import command_line, dry_run, records
+from experiments.common.errors import HarnessError
+from experiments.common.plots import legend_beside, pyplot, save_figure
+from experiments.train.metrics import read_metrics
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -202,7 +204,7 @@ def write_csv(tables: dict, path: Path) -> None:
 def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
   """Per preset and task: a bar chart of test accuracy (bars: final step; dots: best
   validation step) and the training curves (PNG)."""
-  plt = provenance.pyplot()
+  plt = pyplot()
   written = []
   for (preset, policy, kind), table in tables.items():
     if policy != "test_accuracy_final":
@@ -223,8 +225,8 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       ax.axhline(table["majority"][task], color="tab:red", linestyle="--", label=MAJORITY)
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
-      provenance.legend_beside(ax, fontsize="small")
-      written.append(provenance.save_figure(fig, out / f"bars_{preset}_{task}.png"))
+      legend_beside(ax, fontsize="small")
+      written.append(save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
       colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
@@ -241,8 +243,8 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
             ax.plot(*zip(*points), color=colors[run["attention"]], label=label)
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
       loss_ax.set(xlabel="step", ylabel="training loss")
-      provenance.legend_beside(loss_ax, *acc_ax.get_legend_handles_labels(), fontsize="x-small")
-      written.append(provenance.save_figure(fig, out / f"curves_{preset}_{task}.png"))
+      legend_beside(loss_ax, *acc_ax.get_legend_handles_labels(), fontsize="x-small")
+      written.append(save_figure(fig, out / f"curves_{preset}_{task}.png"))
     if kind == "mad":
       written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})"))
   return written
@@ -253,7 +255,7 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
   error bars the std over seeds; n/a variants are left out."""
   import numpy as np
 
-  plt = provenance.pyplot()
+  plt = pyplot()
   tasks = table["tasks"]
   attentions = [a for a in table["attentions"] if any((a, t) in table["cells"] for t in tasks)]
   width = 0.8 / max(len(attentions), 1)
@@ -270,8 +272,8 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
   ax.set_xticks(np.arange(len(tasks) + 1), [t.replace("_", "\n") for t in tasks] + ["average"],
                 fontsize="small")
   ax.set(ylabel="test accuracy (%)", ylim=(0, 100), title=title)
-  provenance.legend_beside(ax, fontsize="x-small")
-  return provenance.save_figure(fig, path)
+  legend_beside(ax, fontsize="x-small")
+  return save_figure(fig, path)
 
 
 def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
@@ -279,13 +281,13 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   see read_runs) into out_dir (each atomically); returns the markdown."""
   runs = read_runs(runs_dir, only=only)
   if not runs:
-    raise cli.HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
+    raise HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
                            "experiments.reproduce first")
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)
   text = markdown(tables)
-  provenance.write_text(out / "table.md", text)
+  records.write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
   plot(tables, runs, out)
   return text
@@ -303,8 +305,8 @@ def plan_lines(runs_dir, out_dir) -> list[str]:
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
-  cli.plan(lambda: plan_lines(FLAGS.runs, FLAGS.out))
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  dry_run.plan(lambda: plan_lines(FLAGS.runs, FLAGS.out))
   print(write_report(FLAGS.runs, FLAGS.out))
   print(f"wrote {FLAGS.out}/table.md, table.csv and plots")
 
@@ -313,4 +315,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("runs", "results/tiny/runs",
                       "Folder holding run workdirs (searched recursively).")
   flags.DEFINE_string("out", "results/tiny", "Folder for table.md, table.csv and the PNGs.")
-  cli.run(main)
+  command_line.run(main)

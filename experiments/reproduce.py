@@ -31,7 +31,11 @@ from absl import flags, logging
 
 import lra
 from configs.lra.common import PRESETS
-from experiments import cli, tuning
+from experiments import tuning
+from experiments.common import command_line, dry_run
+from experiments.common.errors import HarnessError, did_you_mean
+from experiments.common.task_configs import task_config
+from experiments.common.variant_names import attention_names, check_attention
 
 FLAGS = flags.FLAGS
 
@@ -53,10 +57,10 @@ def drop_options_of_other_variants(configs: dict) -> None:
         del options[name]
   for name, variants in dropped.items():
     if variants >= {config.model.attention for config in configs.values()}:
-      raise cli.HarnessError(
+      raise HarnessError(
           f"--override model.attention_options.{name}: no variant of the grid "
           f"({', '.join(sorted(variants))}) has an option {name!r}"
-          f"{cli.did_you_mean(name, accepted)}")
+          f"{did_you_mean(name, accepted)}")
     logging.info("model.attention_options.%s skipped for %s: no such option there", name,
                  ", ".join(sorted(variants)))
 
@@ -89,10 +93,10 @@ def check_names(tasks: list[str], attentions: list[str]) -> None:
   for task in tasks:
     if task not in all_tasks():
       groups = ", ".join(f"{name} ({', '.join(members)})" for name, members in TASK_GROUPS.items())
-      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}; "
+      raise HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}; "
                              f"groups: {groups}")
   for attention in attentions:
-    cli.check_attention(attention)
+    check_attention(attention)
 
 
 def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds: list[int],
@@ -101,8 +105,8 @@ def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds:
   HarnessError for an unknown name or field, before anything imports JAX."""
   tasks = expand_tasks(tasks)
   check_names(tasks, attentions)
-  return {(task, attention, seed): cli.task_config(task, attention, preset, seed=seed,
-                                                      overrides=overrides)
+  return {(task, attention, seed): task_config(task, attention, preset, seed=seed,
+                                                  overrides=overrides)
           for task in tasks for attention in attentions for seed in seeds}
 
 
@@ -110,7 +114,7 @@ def checked_grid(**grid) -> dict:
   """grid_configs(**grid) with the options of other variants dropped and every config checked
   as the trainer will (a bad value is one error now, not one per run)."""
   configs = grid_configs(**grid)
-  from experiments import build, trainer  # imports jax: after the cheap checks
+  from experiments.train import build, trainer  # imports jax: after the cheap checks
 
   drop_options_of_other_variants(configs)
   for config in configs.values():
@@ -124,7 +128,7 @@ def run_dir(out, task: str, attention: str, seed: int) -> Path:
 
 def plan_lines(configs: dict, out) -> list[str]:
   """A dry run's line per run of a checked grid: skipped, not applicable, or what it trains."""
-  from experiments import trainer
+  from experiments.train import trainer
 
   lines = []
   for (task, attention, seed), config in configs.items():
@@ -166,7 +170,8 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   """Trains every missing run of the grid; returns a line per failed run."""
   configs = checked_grid(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
                          overrides=overrides)
-  from experiments import provenance, trainer
+  from experiments.common import records
+  from experiments.train import trainer
 
   grid = list(configs)
   failures = []
@@ -179,7 +184,7 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
     if reason:   # recorded, so that the report lists it with the reason
       logging.info("[%d/%d] %s / %s: not applicable (%s)", number, len(grid), task, attention,
                    reason)
-      provenance.write_json(workdir / "results.json", {
+      records.write_json(workdir / "results.json", {
           "task": task, "attention": attention, "preset": preset, "seed": seed,
           "not_applicable": reason})
       continue
@@ -190,7 +195,7 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
       logging.info("%s / %s / seed %d: test accuracy %.4f (final step), %.4f (best validation)",
                    task, attention, seed, results["test_accuracy_final"],
                    results["test_accuracy_best_validation"])
-    except cli.HarnessError as e:
+    except HarnessError as e:
       failures.append(f"{task} / {attention} / seed {seed}: {e}")
       logging.error("%s", failures[-1])
     except Exception as e:  # noqa: BLE001 - one broken variant must not stop the grid
@@ -201,11 +206,11 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   started = time.time()
-  attentions = cli.split_names(FLAGS.attentions) or cli.attention_names()
+  attentions = command_line.split_names(FLAGS.attentions) or attention_names()
   out = FLAGS.out or f"results/{FLAGS.preset}"
-  seeds = cli.parse_seeds(FLAGS.seeds)
+  seeds = command_line.integers(FLAGS.seeds, "seeds")
   grid = dict(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
               overrides=FLAGS.override)
   configs = grid_configs(**grid)   # a mistake stops here, before JAX starts
@@ -215,10 +220,11 @@ def main(argv):
   then = (f"then per task and variant the point of best mean validation accuracy: "
           f"{out}/tuning.md and tuning.json" if tune else
           f"then the report of these runs: {out}/table.md, table.csv and plots")
-  cli.plan(lambda: [*plan_points(point_grids), then])
+  dry_run.plan(lambda: [*plan_points(point_grids), then])
   import jax
 
-  from experiments import report, trainer
+  from experiments import report
+  from experiments.train import trainer
 
   trainer.initialize_distributed()
   failures = run_points(point_grids)
@@ -234,7 +240,7 @@ def main(argv):
       print(report.write_report(Path(out) / "runs", out, only=asked))
       print(f"wrote {out}/table.md, table.csv and plots; wall time {time.time() - started:.0f} s")
   if failures:
-    raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
+    raise HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":
@@ -251,4 +257,4 @@ if __name__ == "__main__":
                             "field=value applied to every config, e.g. model.num_layers=1; "
                             "model.attention_options.<name>=value to the variants that have it.")
   flags.DEFINE_multi_string("tune", [], tuning.HELP)
-  cli.run(main)
+  command_line.run(main)

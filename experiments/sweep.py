@@ -42,7 +42,10 @@ from absl import flags
 
 import attention_zoo as az
 from configs.lra.common import PRESETS
-from experiments import cli, provenance, report, reproduce, tuning
+from experiments import report, reproduce, tuning
+from experiments.common import command_line, dry_run, records
+from experiments.common.errors import HarnessError
+from experiments.common.plots import legend_beside, pyplot, save_figure
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -145,7 +148,7 @@ def write(table: dict, states: dict, out, field: str, values: list[str], task: s
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join([a] + [cell(a, v) for v in values]) + " |" for a in table]
   text = "\n".join(lines) + "\n"
-  provenance.write_text(out / "sweep.md", text)
+  records.write_text(out / "sweep.md", text)
   with atomic_write(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.writer(f)
     writer.writerow(["attention", field, "accuracy", "state_size"])
@@ -158,7 +161,7 @@ def write(table: dict, states: dict, out, field: str, values: list[str], task: s
 
 def _plot(table: dict, states: dict, path: Path, field: str, values: list[str], task: str,
           x: str) -> None:
-  plt = provenance.pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(7, 4))
   for attention, row in table.items():
     at = (lambda v: float(v)) if x == "value" else states.get(attention, {}).get
@@ -169,16 +172,16 @@ def _plot(table: dict, states: dict, path: Path, field: str, values: list[str], 
   ax.set_xscale("log", base=2)
   xlabel = field if x == "value" else f"recurrent state per layer (floats), over {field}"
   ax.set(xlabel=xlabel, ylabel="test accuracy (%)", ylim=(0, 102), title=task)
-  provenance.legend_beside(ax, fontsize="small")
-  provenance.save_figure(fig, path)
+  legend_beside(ax, fontsize="small")
+  save_figure(fig, path)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   started = time.time()
-  attentions = cli.split_names(FLAGS.attentions)
-  seeds = cli.parse_seeds(FLAGS.seeds)
+  attentions = command_line.split_names(FLAGS.attentions)
+  seeds = command_line.integers(FLAGS.seeds, "seeds")
   sweep = dict(task=FLAGS.task, preset=FLAGS.preset, field=FLAGS.field, values=FLAGS.values,
                attentions=attentions, seeds=seeds, out=FLAGS.out, overrides=FLAGS.override)
   configs = reproduce.grid_configs(preset=FLAGS.preset, tasks=[FLAGS.task],
@@ -187,7 +190,7 @@ def main(argv):
                       {**tuning.overridden(FLAGS.override),
                        FLAGS.field: "it is the swept field (--field)"})
   then = f"then {FLAGS.out}/sweep.md, sweep.csv and sweep.png (x: {FLAGS.x})"
-  cli.plan(lambda: [*plan_lines(tune=tune, **sweep),
+  dry_run.plan(lambda: [*plan_lines(tune=tune, **sweep),
                     then + (", the chosen values in tuning.json" if tune else "")])
   failures = run(tune=tune, **sweep)
   if tune:
@@ -202,7 +205,7 @@ def main(argv):
   print(f"wrote {FLAGS.out}/sweep.md, sweep.csv, sweep.png{', tuning.json' if tune else ''}; "
         f"wall time {time.time() - started:.0f} s")
   if failures:
-    raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
+    raise HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":
@@ -219,4 +222,4 @@ if __name__ == "__main__":
   flags.DEFINE_multi_string("tune", [], tuning.HELP)
   flags.DEFINE_string("out", "results/mqar_sweep", "Output folder.")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
-  cli.run(main)
+  command_line.run(main)

@@ -27,7 +27,8 @@ import itertools
 import statistics
 from pathlib import Path
 
-from experiments import cli
+from experiments.common.errors import HarnessError
+from experiments.common.overrides import field_value
 
 HELP = ("FIELD=V1,V2,...: train every value of a config field (parsed as its type) and report, "
         "per task and variant, the value of best mean validation accuracy; several --tune flags "
@@ -53,28 +54,28 @@ def parse(specs: list[str], config, taken: dict[str, str] | None = None) -> dict
   closest), a value of the wrong type, a field given twice, a repeated value, or a field in
   `taken` ({field: what sets it already}) or NOT_TUNABLE."""
   if specs and config is None:
-    raise cli.HarnessError("--tune: the grid is empty (no task, variant or seed to tune)")
+    raise HarnessError("--tune: the grid is empty (no task, variant or seed to tune)")
   grid, refused = {}, {**NOT_TUNABLE, **(taken or {})}
   for spec in specs:
     field, sep, texts = (part.strip() for part in spec.partition("="))
     items = [text.strip() for text in texts.split(",")]
     if not sep or not field or "" in items:
-      raise cli.HarnessError(f"--tune takes FIELD=V1,V2,... (values separated by commas), got "
+      raise HarnessError(f"--tune takes FIELD=V1,V2,... (values separated by commas), got "
                              f"{spec!r}")
     if field in refused:
-      raise cli.HarnessError(f"--tune {field}: {refused[field]}")
+      raise HarnessError(f"--tune {field}: {refused[field]}")
     if field in grid:
-      raise cli.HarnessError(f"--tune {field} is given twice: list its values in one flag")
+      raise HarnessError(f"--tune {field} is given twice: list its values in one flag")
     values = []
     for text in items:
       try:
-        value = cli.field_value(config, field, text)
-      except cli.HarnessError as e:
-        raise cli.HarnessError(f"--tune: {e}") from None
+        value = field_value(config, field, text)
+      except HarnessError as e:
+        raise HarnessError(f"--tune: {e}") from None
       if value in values:
-        raise cli.HarnessError(f"--tune {field}: {text} repeats the value {value_text(value)}")
+        raise HarnessError(f"--tune {field}: {text} repeats the value {value_text(value)}")
       if "/" in value_text(value):   # it names the point's folder
-        raise cli.HarnessError(f"--tune {field}: a value cannot hold '/', got {text!r}")
+        raise HarnessError(f"--tune {field}: a value cannot hold '/', got {text!r}")
       values.append(value)
     grid[field] = values
   return grid
@@ -116,7 +117,7 @@ def validation_accuracy(run: dict, tested: str) -> float:
   """The validation accuracy of the model whose test accuracy run[tested] is."""
   key = VALIDATION_OF[tested]
   if run.get(key) is None:
-    raise cli.HarnessError(f"{run['workdir']}/results.json records no {key} (it was written "
+    raise HarnessError(f"{run['workdir']}/results.json records no {key} (it was written "
                            "before that was recorded): delete it to train the run again")
   return run[key]
 
@@ -204,16 +205,16 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
 
 
 def write_records(records: list[dict], out) -> None:
-  from experiments import provenance
+  from experiments.common import records   # imports JAX, so not before the checks
 
-  provenance.write_json(Path(out) / "tuning.json", records)
+  records.write_json(Path(out) / "tuning.json", records)
 
 
 def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
   """OUT/tuning.json and OUT/tuning.md (reproduce's records, tested on TESTED); the markdown."""
-  from experiments import provenance
+  from experiments.common import records
 
   text = markdown(records, tune, preset=preset, tested=TESTED)
   write_records(records, out)
-  provenance.write_text(Path(out) / "tuning.md", text)
+  records.write_text(Path(out) / "tuning.md", text)
   return text

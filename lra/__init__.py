@@ -9,11 +9,11 @@
     report = lra.check_dataset(ds, max_skipped_fraction=0.01)  # fail fast; counts to log
     record = lra.provenance("listops", "lra_release")           # kind, files, fingerprint
 
-The diagnostic task `mqar` (multi-query associative recall, lra.mqar) is generated in memory
-from its options: `lra.load("mqar", "train", max_len=64, num_pairs=8)`; its targets are
-int32 [N, L], the token to emit at each position (-1 where nothing is asked). So are the six
-tasks of the MAD suite (lra.mad; `lra.mad_tasks()`), e.g.
-`lra.load("selective_copying", "test", max_len=64, num_tokens_to_copy=8)`.
+The synthetic diagnostics (lra/diagnostics/; `lra.diagnostic_tasks()`) are generated in memory
+from their options: multi-query associative recall, `lra.load("mqar", "train", max_len=64,
+num_pairs=8)`, and the six tasks of the MAD suite (`lra.mad_tasks()`), e.g.
+`lra.load("selective_copying", "test", max_len=64, num_tokens_to_copy=8)`. Their targets are
+int32 [N, L], the token to emit at each position (-1 where nothing is asked).
 
 Data can be generated in the official layout:
     python -m lra.generate listops --out DIR
@@ -24,13 +24,14 @@ This package knows nothing of models: it hands out numpy arrays.
 from lra.batching import iterate
 from lra.checks import check_dataset
 from lra.dataset import Dataset
+from lra.diagnostics import diagnostic_tasks, mad, mad_tasks, mqar
 from lra.listops import generate_listops
 from lra.loader import load
 from lra.provenance import provenance
 from lra.readers import rgb_to_grayscale
-from lra import mad, mqar
-from lra.tasks import (PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, SPLITS, TaskSpec,
-                       available_tasks, diagnostic_tasks, mad_tasks, task_spec)
+from lra.spec import TaskSpec
+from lra.tasks import (PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, SPLITS, available_tasks,
+                       task_spec)
 
 
 def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "hard", num: int,

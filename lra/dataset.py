@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from lra.tasks import TaskSpec
+from lra.spec import TaskSpec
 
 
 def lengths_to_masks(lengths: np.ndarray, max_len: int) -> np.ndarray:

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from lra import cache as cache_lib
-from lra import mad, mqar, readers
+from lra import diagnostics, readers
 from lra.checks import check_dataset
 from lra.dataset import Dataset
-from lra.tasks import TaskSpec, check_split, task_spec
+from lra.spec import TaskSpec
+from lra.tasks import check_split, task_spec
 
 log = logging.getLogger("lra")
 
@@ -22,11 +23,8 @@ _READERS = {
     "image": readers.read_image,
     "pathfinder": readers.read_pathfinder,
     "pathx": readers.read_pathfinder,
-    "mqar": readers.read_generated,
-    **{task: readers.read_generated for task in mad.SETTINGS},
+    **{task: readers.read_generated for task in diagnostics.SETTINGS},
 }
-# The diagnostic tasks generated in memory: their settings, whose fields are the load options.
-GENERATED = {"mqar": mqar.Settings, **mad.SETTINGS}
 _PIXEL_TASKS = ("pathfinder", "pathx")
 _TFDS_TASKS = ("text", "image")
 
@@ -55,8 +53,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
     download: Text / Image TFDS fallback only: let TFDS download and prepare the data set
       if it is not prepared yet (off by default: this package never downloads unasked).
     **generator_options: diagnostic tasks only, generated in memory (no data_dir): the fields
-      of `lra.mqar.Settings` (vocab_size, num_pairs, num_queries, min_gap, power_a, num_train,
-      num_validation, num_test, seed), or of the MAD task's settings (`lra.mad.SETTINGS`).
+      of the task's settings (`lra.diagnostics.SETTINGS`), e.g. MQAR's vocab_size, num_pairs,
+      num_queries, min_gap, power_a, num_train, num_validation, num_test, seed.
 
   Returns:
     A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
@@ -97,11 +95,11 @@ def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
   parameters that key the cache, and the keyword options of the task's reader."""
   spec = task_spec(name)
   options, params = {}, {}
-  if name in GENERATED:
+  if name in diagnostics.SETTINGS:
     try:
-      settings = GENERATED[name](**generator_options)
+      settings = diagnostics.SETTINGS[name](**generator_options)
     except TypeError:
-      fields = ", ".join(f.name for f in dataclasses.fields(GENERATED[name]))
+      fields = ", ".join(f.name for f in dataclasses.fields(diagnostics.SETTINGS[name]))
       raise ValueError(f"{name}: unknown option(s) {', '.join(sorted(generator_options))}; its "
                        f"options: {fields}") from None
     options = {"settings": settings}

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from lra import cache as cache_lib
-from lra import listops, mad, mqar, readers
+from lra import diagnostics, listops, readers
 from lra.fileio import read_manifest
 from lra.loader import reader, resolve_options
 from lra.tasks import SPLITS, pathfinder_dir
@@ -21,9 +21,8 @@ _SPLIT_RULES = {
              "validation",
     "pathfinder": "80/10/10 in metadata order",
     "pathx": "80/10/10 in metadata order",
-    "mqar": "three independent random streams of the generator, one per split",
     **{task: "three independent random streams of the generator, one per split"
-       for task in mad.SETTINGS},
+       for task in diagnostics.SETTINGS},
 }
 _TFDS_NAMES = {"text": "imdb_reviews", "image": "cifar10"}
 _COLLAPSE = 10  # more files than this of one folder and suffix are listed as one pattern
@@ -100,7 +99,7 @@ def provenance(task: str, data_dir=None, *, max_len: int | None = None,
             "load_options": params, "splits": _SPLIT_RULES[task], "generator": None,
             "tfds": None}
   if sources[0].generated is not None:   # generated in memory (a diagnostic task)
-    module = mqar if task == "mqar" else mad
+    module = diagnostics.GENERATORS[task]
     generator = {"generator": module.__name__, "rules_version": module.RULES_VERSION,
                  "parameters": dataclasses.asdict(sources[0].generated)}
     fingerprint = cache_lib.fingerprint([], Path("."), {"task": task, **params})

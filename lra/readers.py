@@ -84,19 +84,14 @@ def _no_examples(path: Path, what: str) -> ValueError:
                     "one; generate or unpack it again.")
 
 
-# ------------------------------------------------------------------- MQAR and the MAD tasks
+# ------------------------------------------------------------ the diagnostics (MQAR, MAD, ...)
 
 def read_generated(data_dir, split: str, max_len: int, settings) -> Source:
-  """Generated in memory from `settings` (lra.mqar.Settings, or a task's of lra.mad.SETTINGS);
-  data_dir is not used."""
-  from lra import mqar
-
+  """Generated in memory from `settings` (a diagnostic's, lra.diagnostics.SETTINGS); data_dir is
+  not used."""
   settings.check(max_len)
-  if isinstance(settings, mqar.Settings):
-    return Source(None, lambda: mqar.generate(settings, max_len, split),
-                  f"lra.mqar generator ({split}, seed {settings.seed})", generated=settings)
   return Source(None, lambda: settings.generate(max_len, split),
-                f"lra.mad {settings.task} generator ({split}, seed {settings.seed})",
+                f"lra.diagnostics {settings.task} generator ({split}, seed {settings.seed})",
                 generated=settings)
 
 

@@ -47,8 +47,8 @@ def run_one(argv: list[str]) -> dict:
     err.write(traceback.format_exc())
   finally:
     # The flags this project's code defined (a module run as __main__ is named by its file;
-    # cli.run defines --dry_run): the next command defines its own. Libraries' flags stay, at
-    # their defaults again.
+    # command_line.run defines --dry_run): the next command defines its own. Libraries' flags
+    # stay, at their defaults again.
     for defined_by, defined in flags.FLAGS.flags_by_module_dict().items():
       if defined_by not in sys.modules or defined_by.startswith(OWN_PACKAGES):
         for name in {flag.name for flag in defined} & set(flags.FLAGS):

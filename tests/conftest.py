@@ -13,10 +13,10 @@ import os
 
 import pytest
 
-from experiments import cli
+from experiments.common import xla_flags
 
 # Before JAX starts its CPU backend: the XLA scheduler setting the command-line tools use too.
-cli.avoid_cpu_scheduler_deadlock()
+xla_flags.avoid_cpu_scheduler_deadlock()
 # The tests compile hundreds of small programs and run each a few times, so LLVM's optimisation
 # of the generated code costs more than it saves (the suite took 16 minutes without it, 22 with
 # it, on 2 cores). XLA's own passes (fusion, buffer assignment: what the memory tests read)
@@ -28,11 +28,12 @@ if "xla_backend_optimization_level" not in XLA_FLAGS:
 # took about twice as long to compile the tests' small programs: single-core CPU time of the fast
 # lane's tests/test_conformance.py and test_models.py 242 s with them, 92 s without (jaxlib
 # 0.10.2, 2026-12-03). Both emit code for the same fused HLO. An XLA that no longer knows the flag
-# would abort, so cli.add_xla_flag tries it in a child first; the xdist workers inherit the result.
-cli.add_xla_flag("--xla_cpu_use_fusion_emitters=false")
+# would abort, so xla_flags.add_xla_flag tries it in a child first; the xdist workers inherit the
+# result.
+xla_flags.add_xla_flag("--xla_cpu_use_fusion_emitters=false")
 
 SLOW_MODULES = {
-    "test_approximation",          # trains tiny ListOps models to compare approximations
+    "test_approximation",          # each approximate variant against exact attention
     "test_benchmark",              # compiles and times whole train steps
     "test_conformance_runner",     # the conformance CLI in subprocesses
     "test_harness_cli",            # entry points in subprocesses, two processes over gloo

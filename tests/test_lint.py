@@ -52,10 +52,3 @@ def test_outside_a_git_checkout_the_project_folders_are_linted(tmp_path, monkeyp
   (tmp_path / "lra").mkdir()
   (tmp_path / "my_plugin.py").write_text("y = 1\n")
   assert python_files(tmp_path) == ["lra"]
-
-
-def test_experiments_stays_a_few_modules_organised_by_job():
-  """One entry point per job and a few shared modules (issue 28): at most 19 .py files in
-  experiments/, subfolders and __init__.py included (19: tuning.py, issue 36)."""
-  modules = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "experiments").rglob("*.py"))
-  assert len(modules) <= 19, modules

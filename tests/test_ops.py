@@ -354,17 +354,3 @@ def test_compiled_memory_of_forward_and_backward_grows_linearly():
     return grad.lower(qkv, qkv, qkv, gate, gate).compile().memory_analysis().temp_size_in_bytes
   ratio = temp_bytes(8192) / temp_bytes(2048)
   assert ratio < 6, ratio
-
-
-@pytest.mark.slow
-def test_ops_benchmark_rows_and_table(tmp_path):
-  """experiments.benchmark --mode=ops at a tiny length: every op and the baseline timed, the
-  speed-ups filled in, the markdown table written (compiles six programs, hence slow)."""
-  from experiments import kernels
-  rows = kernels.run_and_write([16], str(tmp_path), warmup=0, repeats=1, budget_s=60,
-                                 command="test")
-  assert [row["op"] for row in rows] == [kernels.BASELINE, *kernels.OPS]
-  assert all(row["fwd_bwd_ms"] > 0 and row["speedup_vs_full"] > 0 for row in rows)
-  table = (tmp_path / "benchmark_ops.md").read_text()
-  assert "| chunk_gated_delta_rule |" in table and "vs recurrent_gated_delta_rule" in table
-  assert (tmp_path / "benchmark_ops.csv").read_text().startswith("op,length,status")

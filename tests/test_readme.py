@@ -118,13 +118,21 @@ def dry_runs(tmp_path_factory):
   return {(page, " ".join(argv)): result for (page, argv), result in zip(runs, results)}
 
 
+def entry_points(folder: str) -> set[str]:
+  """`python -m` names of the modules under `folder` that run as a command (a package's
+  __main__.py is the package's)."""
+  paths = sorted((REPO / folder).rglob("*.py"))
+  assert paths, f"no module under {folder}/"
+  return {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__main__")
+          for p in paths
+          if re.search(r"^if __name__ == .__main__.:", p.read_text(encoding="utf-8"), flags=re.M)}
+
+
 def test_every_entry_point_has_a_dry_run_here():
-  entry_points = {f"{p.parent.name}.{p.stem}" for folder in ("experiments", "lra", "attention_zoo")
-                  for p in (REPO / folder).glob("*.py")
-                  if re.search(r"^if __name__ == .__main__.:", p.read_text(encoding="utf-8"),
-                               flags=re.M)}
+  entry_points_here = set().union(*map(entry_points, ("experiments", "lra", "attention_zoo")))
+  assert {"experiments.train", "experiments.benchmark"} <= entry_points_here
   covered = {argv[0] for _, argv in shown_commands()} | {argv[0] for argv in UNSHOWN.values()}
-  assert entry_points and entry_points <= covered, entry_points - covered
+  assert entry_points_here <= covered, entry_points_here - covered
 
 
 def test_every_shown_command_passes_a_dry_run(dry_runs):
@@ -158,6 +166,7 @@ def relative_links(page: Path) -> list[str]:
 
 
 def test_relative_links_resolve():
+  assert len(PAGES) > 1, "no page found under docs/"
   assert relative_links(REPO / "README.md"), "the link pattern found nothing"
   broken = []
   for page in PAGES:
@@ -179,14 +188,23 @@ def test_anchors_follow_githubs_rule(tmp_path):
                            "the-variants-impl-choices"}
 
 
-def test_layout_names_every_entry_point_and_bench_part():
-  layout = README.split("## Layout", 1)[1].split("\n## ", 1)[0]
-  entry_points = [p.stem for p in (REPO / "experiments").glob("*.py")
-                  if '__name__ == "__main__"' in p.read_text(encoding="utf-8")]
-  bench_parts = [p.stem for p in (REPO / "experiments" / "bench").glob("*.py")
-                 if p.stem != "__init__"]
-  missing = [name for name in entry_points + bench_parts if not re.search(rf"\b{name}\b", layout)]
-  assert not missing, f"README's Layout does not name {missing}"
+def layout(page: str) -> str:
+  text = (REPO / page).read_text(encoding="utf-8")
+  return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+
+
+def test_layout_names_every_entry_point_and_harness_module():
+  """README's Layout names every command of experiments/ and its folders; docs/harness.md's
+  names every module of experiments/."""
+  commands = [name.rpartition(".")[2] for name in entry_points("experiments")]
+  folders = sorted({p.parent.name for p in (REPO / "experiments").rglob("*.py")} - {"experiments"})
+  missing = [name for name in commands + [f"{f}/" for f in folders]
+             if not re.search(rf"\b{re.escape(name)}", layout("README.md"))]
+  assert commands and folders and not missing, f"README's Layout does not name {missing}"
+  modules = [p.stem for p in (REPO / "experiments").rglob("*.py")
+             if p.stem not in ("__init__", "__main__")]
+  missing = [name for name in modules if not re.search(rf"\b{name}\b", layout("docs/harness.md"))]
+  assert modules and not missing, f"docs/harness.md's Layout does not name {missing}"
 
 
 def test_ci_runs_the_readme_install_and_test_commands():

@@ -1,6 +1,6 @@
 """What every LRA task config shares: the `"<attention>[,<preset>]"` argument, the fields the
 trainer reads, and the tables of the three presets. Plain values only: this file imports
-nothing from the project; experiments/build.py turns a config into the model, the data and the
+nothing from the project; experiments/train/ turns a config into the model, the data and the
 optimizer.
 
 Presets:
@@ -12,12 +12,12 @@ Presets:
          on the task's Transformer dimensions: the comparison to publish.
   tiny   CPU-sized `fair`: short sequences, a small model, a few hundred steps; minutes per run.
 
-A task file (configs/lra/<task>.py) holds its released values (`RELEASED`: the base config as
-`"shared"`, then what each model's file changes), where `paper` departs from them
-(`PAPER_CHANGES`) and its tiny sizes (`TINY`), all in dotted config field names.
-`task_config` fills in what does not depend on the attention variant. What does is left None
-here and filled in when the model is built, for the variant the config finally names: the
-variant's options (model.attention_options), model.attention_ignores_padding, and under
+A task file (configs/lra/<task>.py) declares its values once, `VALUES = TaskValues(...)`
+(configs/task_values.py): its released values (the base config as "shared", then what each
+model's file changes), where `paper` departs from them and its tiny sizes, all in dotted config
+field names. `task_config` fills in what does not depend on the attention variant. What does is
+left None here and filled in when the model is built, for the variant the config finally names:
+the variant's options (model.attention_options), model.attention_ignores_padding, and under
 `paper` the fields a variant's released file changes. So `--config.model.attention=...`,
 `--config.model.attention_options.<x>=...` and `--config.model.max_len=...` each give what
 they say, and a value set on the command line always wins over the preset's.
@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import ml_collections
 from ml_collections.config_dict import placeholder
+
+from configs.task_values import TaskValues
 
 PRESETS = ("paper", "fair", "tiny")
 DATA_DIRS = {"paper": "data/lra", "fair": "data/lra", "tiny": "data/lra_tiny"}
@@ -188,31 +190,26 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   return config
 
 
-def task_config(task: str, arg: str | None, *, task_fields: dict, released: dict, tiny: dict,
-                paper_changes: dict | None = None) -> ml_collections.ConfigDict:
-  """The config of LRA task `task` for "<attention>[,<preset>]".
+def task_config(values: TaskValues, arg: str | None) -> ml_collections.ConfigDict:
+  """The config of the LRA task whose file declares `values` (configs/task_values.py), for
+  "<attention>[,<preset>]".
 
-  task_fields: the task's vocabulary and number of classes.
-  released: {"shared": {...}, "<variant>": {...}}: what the released code ran (its base config,
-      then what each model's file changes).
-  tiny: the tiny preset's values on top of the fair ones.
-  paper_changes: {"<variant>": {"field": (value, reason)}}: where `paper` departs from the
-      released value, and why (the released value cannot run, or its authors corrected it).
-  Under `paper`, every field that some variant's file or change sets is left None: the build
-  step fills it in for the variant that runs.
+  Under `paper`, every field that some variant's released file or paper change sets is left
+  None: the build step fills it in for the variant that runs.
   """
   attention, preset = parse_arg(arg)
-  config = base_config(task, attention, preset)
-  set_fields(config, {**task_fields, **released["shared"]})
+  config = base_config(values.task, attention, preset)
+  set_fields(config, {**values.fields, **values.released["shared"]})
   if preset == "paper":
     set_fields(config, RELEASED_QUIRKS)
-    changed = [field for variant, fields in [*released.items(), *(paper_changes or {}).items()]
+    changed = [field for variant, fields in [*values.released.items(),
+                                             *values.paper_changes.items()]
                if variant != "shared" for field in fields]
     clear_fields(config, [f for f in changed if not f.startswith("model.attention_options.")])
   else:
-    set_fields(config, released.get("full", {}))
+    set_fields(config, values.released.get("full", {}))
     if preset == "tiny":
-      set_fields(config, tiny)
+      set_fields(config, values.tiny)
   return config
 
 

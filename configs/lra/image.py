@@ -5,6 +5,7 @@ COMMAND: python -m experiments.train --config=configs/lra/image.py:performer \
 Data: data_dir/cifar-10-batches-py (the python pickles) or TFDS cifar10 (pip install -e ".[data]").
 """
 from configs.lra import common
+from configs.task_values import TaskValues
 
 EPOCH = 45_000 // 256   # steps per epoch of the 45,000 training images
 
@@ -53,6 +54,9 @@ TINY = {
 }
 
 
+VALUES = TaskValues("image", fields=TASK, released=RELEASED, tiny=TINY,
+                    paper_changes=PAPER_CHANGES)
+
+
 def get_config(arg=None):
-  return common.task_config("image", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
-                            paper_changes=PAPER_CHANGES)
+  return common.task_config(VALUES, arg)

@@ -8,6 +8,7 @@ The paper and fair presets read data_dir (`python -m lra.generate listops --out 
 it); the tiny preset generates its small data when missing.
 """
 from configs.lra import common
+from configs.task_values import TaskValues
 
 TASK = {"model.vocab_size": 16, "model.num_classes": 10}   # lra.task_spec
 
@@ -43,5 +44,8 @@ TINY = {
 }
 
 
+VALUES = TaskValues("listops", fields=TASK, released=RELEASED, tiny=TINY)
+
+
 def get_config(arg=None):
-  return common.task_config("listops", arg, task_fields=TASK, released=RELEASED, tiny=TINY)
+  return common.task_config(VALUES, arg)

@@ -7,6 +7,7 @@ The paper and fair presets read data_dir (`python -m lra.generate pathfinder --r
 images when missing.
 """
 from configs.lra import common
+from configs.task_values import TaskValues
 
 EPOCH = 160_000 // 512   # steps per epoch of the 160,000 training images
 
@@ -57,6 +58,9 @@ TINY = {
 }
 
 
+VALUES = TaskValues("pathfinder", fields=TASK, released=RELEASED, tiny=TINY,
+                    paper_changes=PAPER_CHANGES)
+
+
 def get_config(arg=None):
-  return common.task_config("pathfinder", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
-                            paper_changes=PAPER_CHANGES)
+  return common.task_config(VALUES, arg)

@@ -7,6 +7,7 @@ The paper and fair presets read data_dir (`python -m lra.generate pathfinder --r
 tokens, generated when missing): 128x128 does not fit a CPU run.
 """
 from configs.lra import common
+from configs.task_values import TaskValues
 
 EPOCH = 160_000 // 64   # steps per epoch of the 160,000 training images
 
@@ -36,5 +37,8 @@ TINY = {
 }
 
 
+VALUES = TaskValues("pathx", fields=TASK, released=RELEASED, tiny=TINY)
+
+
 def get_config(arg=None):
-  return common.task_config("pathx", arg, task_fields=TASK, released=RELEASED, tiny=TINY)
+  return common.task_config(VALUES, arg)

@@ -6,6 +6,7 @@ COMMAND: python -m experiments.train --config=configs/lra/retrieval.py:performer
 Data: data_dir/tsv_data/new_aan_pairs.{train,eval,test}.tsv from the LRA release.
 """
 from configs.lra import common
+from configs.task_values import TaskValues
 
 TASK = {"model.vocab_size": 257, "model.num_classes": 2}   # lra.task_spec
 
@@ -35,6 +36,9 @@ TINY = {
 }
 
 
+VALUES = TaskValues("retrieval", fields=TASK, released=RELEASED, tiny=TINY,
+                    paper_changes=PAPER_CHANGES)
+
+
 def get_config(arg=None):
-  return common.task_config("retrieval", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
-                            paper_changes=PAPER_CHANGES)
+  return common.task_config(VALUES, arg)

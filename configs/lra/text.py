@@ -7,6 +7,7 @@ Data: data_dir/aclImdb (the raw IMDb archive unpacked) or TFDS imdb_reviews
 Validation is carved from the training reviews (lra.load), never the test set.
 """
 from configs.lra import common
+from configs.task_values import TaskValues
 
 TASK = {"model.vocab_size": 257, "model.num_classes": 2}   # lra.task_spec
 
@@ -37,6 +38,9 @@ TINY = {
 }
 
 
+VALUES = TaskValues("text", fields=TASK, released=RELEASED, tiny=TINY,
+                    paper_changes=PAPER_CHANGES)
+
+
 def get_config(arg=None):
-  return common.task_config("text", arg, task_fields=TASK, released=RELEASED, tiny=TINY,
-                            paper_changes=PAPER_CHANGES)
+  return common.task_config(VALUES, arg)

@@ -19,6 +19,7 @@ applicable.
 """
 from configs import mqar
 from configs.lra import common
+from configs.task_values import TaskValues
 
 # Windows and blocks of 8 tokens, as for MQAR: local patterns see only the last few pairs.
 ATTENTION_SETTINGS = mqar.ATTENTION_SETTINGS
@@ -68,9 +69,16 @@ PRESET_FIELDS = {
 }
 
 
-def task_config(task: str, arg=None):
-  """The config of MAD task `task` for "<attention>[,<preset>]" (preset paper by default, as
-  for the LRA tasks)."""
+def values(task: str) -> TaskValues:
+  """What configs/mad/<task>.py declares (configs/task_values.py): the windows and blocks per
+  variant; the presets' values are this file's tables."""
+  return TaskValues(task, attention_settings=ATTENTION_SETTINGS)
+
+
+def task_config(values: TaskValues, arg=None):
+  """The config of the MAD task whose file declares `values` for "<attention>[,<preset>]"
+  (preset paper by default, as for the LRA tasks)."""
+  task = values.task
   attention, preset = common.parse_arg(arg)
   if preset not in MAD_PRESETS:
     raise ValueError(f"{task} has the presets {', '.join(MAD_PRESETS)}, not {preset!r}")

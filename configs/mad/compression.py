@@ -1,8 +1,8 @@
 """MAD's compression (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
 from configs import mad
 
-ATTENTION_SETTINGS = mad.ATTENTION_SETTINGS
+VALUES = mad.values("compression")
 
 
 def get_config(arg=None):
-  return mad.task_config("compression", arg)
+  return mad.task_config(VALUES, arg)

@@ -1,8 +1,8 @@
 """MAD's in-context recall (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
 from configs import mad
 
-ATTENTION_SETTINGS = mad.ATTENTION_SETTINGS
+VALUES = mad.values("in_context_recall")
 
 
 def get_config(arg=None):
-  return mad.task_config("in_context_recall", arg)
+  return mad.task_config(VALUES, arg)

@@ -1,8 +1,8 @@
 """MAD's selective copying (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
 from configs import mad
 
-ATTENTION_SETTINGS = mad.ATTENTION_SETTINGS
+VALUES = mad.values("selective_copying")
 
 
 def get_config(arg=None):
-  return mad.task_config("selective_copying", arg)
+  return mad.task_config(VALUES, arg)

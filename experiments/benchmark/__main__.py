@@ -24,20 +24,22 @@ Modes (--mode):
   capacity       per variant, the longest power-of-two length whose Text-model train step
                  (batch 1) fits the device's memory, with remat none and block, in float32 and
                  bfloat16, and the time of a step; decided from shapes and compiled memory
-                 only, never by running what might not fit (experiments/capacity_search.py).
-                 Formerly `python -m experiments.capacity`.
-  flash          the FlashAttention kernels against cuDNN and XLA (experiments/kernels.py).
-                 Formerly `python -m experiments.flash_bench`.
+                 only, never by running what might not fit.
+  flash          the FlashAttention kernels against cuDNN and XLA.
   approximation  each approximate variant's relative error to exact attention at its
-                 defaults (experiments/kernels.py). Formerly `python -m experiments.approximation`.
+                 defaults.
+
+Each mode is a file in experiments/benchmark/ with its `run_mode(values, command)` (values: the
+flags, this mode's defaults filled in), named in MODES below; train and attention share
+measuring.py.
 
 Writes into --out: benchmark_<mode>.csv, .md (train mode: the paper's Table 2 layout with its
 published TPU figures beside ours), .json, and _time.png / _memory.png (log-log, with the fitted
 complexity exponent per variant) for train and attention; benchmark_ops.csv and .md;
 capacity.md, .csv and .png; benchmark_flash.md; benchmark_approximation.md. Tables are rewritten
-after every measurement, so a run that dies keeps what it measured. See
-experiments/measure.py for how each figure is measured. The XLA flags in use (see
-`cli.avoid_cpu_scheduler_deadlock`) are written into the outputs.
+after every measurement, so a run that dies keeps what it measured. See each mode's file for how
+its figures are measured. The XLA flags in use (see experiments/common/xla_flags.py) are
+written into the outputs.
 
 The flash mode on any machine with an NVIDIA GPU and a CUDA build of jax
 (`pip install -U "jax[cuda12]"`, then this repository), starting no new row after 7.5 minutes:
@@ -46,21 +48,22 @@ The flash mode on any machine with an NVIDIA GPU and a CUDA build of jax
 """
 from __future__ import annotations
 
-import datetime
-import itertools
-import os
 import shlex
 import sys
+import types
 
-from absl import flags, logging
+from absl import flags
 
-import attention_zoo as az
-from experiments import benchmark_output, capacity_search, cli, kernels, measure, provenance
-from experiments.workloads import (DTYPES, MODES, REMATS, Settings, Status, default_batch_size,
-                                   default_memory_limit_bytes, parse_attention_options)
+from experiments.benchmark import approximation, capacity, flash, measuring, ops
+from experiments.benchmark.settings import DTYPES, REMATS
+from experiments.common import command_line
+from experiments.common.errors import HarnessError
 
 FLAGS = flags.FLAGS
-ALL_MODES = MODES + ("ops", "capacity", "flash", "approximation")
+# --mode -> the mode's run_mode(values, command).
+MODES = {"train": measuring.run_mode, "attention": measuring.run_mode, "ops": ops.run_mode,
+         "capacity": capacity.run_mode, "flash": flash.run_mode,
+         "approximation": approximation.run_mode}
 # Flags whose default depends on the mode (None on the command line: this table, else GENERAL).
 GENERAL = {"lengths": ["1024", "2048", "3072", "4096", "8192", "16384"], "dtype": "float32",
            "repeats": 5, "time_budget_s": 60.0, "head_dims": ["64"], "masks": ["none"]}
@@ -71,207 +74,28 @@ MODE_DEFAULTS = {
               "masks": ["none", "causal"]},
     "approximation": {"lengths": ["1024"], "num_heads": 4},
 }
+MASKS = ("none", "causal")
 
 
-def mode_value(values, name: str):
-  """The flag's value, or its default in this mode."""
-  given = getattr(values, name)
-  if given is not None:
-    return given
-  return MODE_DEFAULTS.get(values.mode, {}).get(name, GENERAL.get(name))
-
-
-def integers(values, name: str) -> list[int]:
-  items = mode_value(values, name)
-  try:
-    return [int(n) for n in items]
-  except ValueError:
-    raise cli.HarnessError(f"--{name} must be integers, got {','.join(items)}") from None
-
-
-def settings_from_flags(values) -> Settings:
-  """Settings of the train and attention modes from parsed flags (any object with the flags as
-  attributes)."""
-  return Settings(
-      attentions=tuple(values.attentions) or az.available(None if values.mode == "train"
-                                                           else "attention"),
-      lengths=tuple(integers(values, "lengths")), mode=values.mode,
-      dtype=mode_value(values, "dtype"), remat=values.remat,
-      batch_size=values.batch_size or default_batch_size(),
-      repeats=mode_value(values, "repeats"), warmup=values.warmup,
-      time_budget_s=mode_value(values, "time_budget_s"),
-      memory_limit_bytes=None if values.memory_limit_gb is None else values.memory_limit_gb * 1e9,
-      num_layers=values.num_layers, emb_dim=values.emb_dim, num_heads=values.num_heads,
-      mlp_dim=values.mlp_dim, attention_options=parse_attention_options(values.attention_options),
-      seed=values.seed, matmul_size=values.matmul_size)
-
-
-def run_and_write(settings: Settings, out: str, *, command: str, progress=None) -> list[dict]:
-  """Measures, rewriting the tables after every measurement (a run that dies keeps what it
-  measured), then writes every output with the plots; the rows."""
-  write = lambda rows, plots: benchmark_output.write_outputs(rows, settings, out, command=command,
-                                                             plots=plots)
-  rows = measure.run(settings, progress=progress, on_row=lambda rows: write(rows, plots=False))
-  for kind, path in write(rows, plots=True).items():
-    logging.info("wrote %s: %s", kind, path)
-  return rows
-
-
-def _lengths(lengths) -> str:
-  return ",".join(map(str, lengths))
-
-
-def plan_lines(settings: Settings, out: str) -> list[str]:
-  """A dry run's line per variant of the train and attention modes, as the config resolves."""
-  lines = []
-  for name in settings.names():
-    options = settings.config(name, min(settings.lengths)).model.attention_options
-    lines.append(f"{settings.mode} {name}: lengths {_lengths(settings.lengths)}, "
-                 f"{settings.dtype}, remat {settings.remat}, batch {settings.batch_size}, "
-                 f"{settings.repeats} repeats, options "
-                 f"{', '.join(f'{k}={v}' for k, v in sorted(options.items())) or '(none)'}")
-  return lines + [f"then {out}/benchmark_{settings.mode}.csv, .md, .json and plots"]
-
-
-def model_modes(command: str) -> int:
-  from tqdm import tqdm
-
-  try:
-    settings = settings_from_flags(FLAGS)
-  except ValueError as e:       # unknown attention or option, bad lengths: one line, no traceback
-    raise cli.HarnessError(str(e)) from e
-  cli.plan(lambda: plan_lines(settings, FLAGS.out))
-  rows = run_and_write(settings, FLAGS.out, command=command,
-                       progress=lambda total: tqdm(total=total, unit="run", file=sys.stderr))
-  failed = [f"{r['attention']}@{r['length']}" for r in rows if r["status"] is Status.ERROR]
-  if failed:
-    logging.error("measurements that failed (see the log and the CSV notes): %s",
-                  ", ".join(failed))
-    return 1
-  return 0
-
-
-def capacity_mode(command: str) -> int:
-  names = tuple(FLAGS.attentions) or az.available()
-  for name in names:
-    cli.check_attention(name)
-  for flag, values, choices in (("remats", FLAGS.remats, REMATS), ("dtypes", FLAGS.dtypes, DTYPES)):
-    unknown = [v for v in values if v not in choices]
-    if unknown or not values:
-      raise cli.HarnessError(f"--{flag}={','.join(values)}: choose from {', '.join(choices)}")
-  try:
-    lengths = capacity_search.candidates(FLAGS.min_length, FLAGS.max_length)
-  except ValueError as e:
-    raise cli.HarnessError(str(e)) from None
-  try:
-    probe_lengths = tuple(int(n) for n in FLAGS.probe_lengths)
-  except ValueError:
-    probe_lengths = ()
-  if len(probe_lengths) != 2 or min(probe_lengths) < 1 or len(set(probe_lengths)) != 2:
-    raise cli.HarnessError(f"--probe_lengths={','.join(FLAGS.probe_lengths)}: give two "
-                           f"different positive lengths, e.g. 2048,4096")
-  memory_limit = (FLAGS.memory_limit_gb * 1e9 if FLAGS.memory_limit_gb
-                  else default_memory_limit_bytes())
-  try:
-    base = Settings(attentions=names, lengths=lengths, num_layers=FLAGS.num_layers,
-                    emb_dim=FLAGS.emb_dim, num_heads=FLAGS.num_heads, mlp_dim=FLAGS.mlp_dim)
-  except ValueError as e:
-    raise cli.HarnessError(str(e)) from None
-  model = base.config(names[0], lengths[0]).model
-  time_budget_s = mode_value(FLAGS, "time_budget_s")
-  cli.plan(lambda: [*(f"capacity {name}: lengths {lengths[0]}..{lengths[-1]}, remat "
-                      f"{','.join(FLAGS.remats)}, {','.join(FLAGS.dtypes)}, steps timed: "
-                      f"{FLAGS.time_steps}" for name in names),
-                    f"then {FLAGS.out}/capacity.md, .csv and .png (time budget "
-                    f"{time_budget_s:g} s)"])
-  env = provenance.environment()
-  facts = {"model": f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, "
-                    f"MLP {model.mlp_dim}",
-           "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,
-           "device_memory_bytes": measure.device_memory_bytes(),
-           "memory_limit_bytes": memory_limit,
-           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-  logging.info("capacity of %d variants on %s: device memory %.3g GB, memory limit for timing "
-               "%.3g GB, lengths %d..%d, time budget %g s", len(names), env["device"],
-               facts["device_memory_bytes"] / 1e9, memory_limit / 1e9, lengths[0], lengths[-1],
-               time_budget_s)
-
-  def progress(results):
-    r = results[-1]
-    logging.info("%-20s remat %-5s %-8s longest %s, compiled %s, step %s s at %s %s",
-                 r.attention, r.remat, r.dtype, r.longest, r.compiled, r.step_s, r.timed_length,
-                 r.note)
-    capacity_search.write_outputs(results, FLAGS.out, facts=facts, command=command, plots=False)
-
-  results = capacity_search.run_capacity(
-      names, lengths, settings=tuple(itertools.product(FLAGS.remats, FLAGS.dtypes)),
-      time_budget_s=time_budget_s, memory_limit=memory_limit,
-      time_steps=FLAGS.time_steps, timed_dtypes=tuple(FLAGS.timed_dtypes or FLAGS.dtypes),
-      step_budget_s=FLAGS.step_budget_s, probe_lengths=probe_lengths, base=base,
-      on_result=progress)
-  for kind, path in capacity_search.write_outputs(results, FLAGS.out, facts=facts,
-                                                  command=command).items():
-    logging.info("wrote %s: %s", kind, path)
-  return 0
+def with_mode_defaults(values) -> types.SimpleNamespace:
+  """The flags' values (a dict), each one not given replaced by its default in this mode."""
+  defaults = {**GENERAL, **MODE_DEFAULTS.get(values["mode"], {})}
+  filled = {name: defaults.get(name) if value is None else value
+            for name, value in values.items()}
+  if set(filled["masks"]) - set(MASKS):
+    raise HarnessError(f"--masks={','.join(filled['masks'])}: choose from {', '.join(MASKS)}")
+  return types.SimpleNamespace(**filled)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   command = " ".join(["python -m experiments.benchmark", *map(shlex.quote, sys.argv[1:])])
-  if FLAGS.mode in MODES:
-    return model_modes(command)
-  if FLAGS.mode == "capacity":
-    return capacity_mode(command)
-  lengths, repeats = integers(FLAGS, "lengths"), mode_value(FLAGS, "repeats")
-  head_dims = integers(FLAGS, "head_dims")
-  masks = mode_value(FLAGS, "masks")
-  if set(masks) - {"none", "causal"}:
-    raise cli.HarnessError(f"--masks={','.join(masks)}: choose from none, causal")
-  budget_s = mode_value(FLAGS, "time_budget_s")
-  if FLAGS.mode == "ops":
-    cli.plan(lambda: [f"ops {name}: lengths {_lengths(lengths)}, {repeats} repeats"
-                      for name in (kernels.BASELINE, *kernels.OPS)]
-             + [f"then {FLAGS.out}/benchmark_ops.csv and .md (budget {budget_s:g} s each)"])
-    kernels.run_and_write(lengths, FLAGS.out, warmup=FLAGS.warmup, repeats=repeats,
-                          budget_s=budget_s, command=command,
-                          progress=lambda row: logging.info("%-27s %6d %s %s ms", row["op"],
-                                                            row["length"], row["status"].value,
-                                                            row.get("fwd_bwd_ms")))
-  elif FLAGS.mode == "flash":
-    path = os.path.join(FLAGS.out, "benchmark_flash.md")
-    cli.plan(lambda: [f"flash {impl}: lengths {_lengths(lengths)}, head_dims "
-                      f"{_lengths(head_dims)}, masks {','.join(masks)}, "
-                      f"{mode_value(FLAGS, 'dtype')}, interpret {FLAGS.interpret}"
-                      for impl in FLAGS.impls] + [f"then {path} (budget {budget_s:g} s)"])
-    kernels.flash_table(path, lengths=lengths, head_dims=head_dims, masks=masks,
-                        impls=FLAGS.impls, dtype=mode_value(FLAGS, "dtype"), tokens=FLAGS.tokens,
-                        hidden=FLAGS.hidden, batch_size=FLAGS.batch_size,
-                        num_heads=FLAGS.num_heads, num_kv_heads=FLAGS.num_kv_heads,
-                        repeats=repeats, interpret=FLAGS.interpret, verify=FLAGS.verify,
-                        budget_s=budget_s, command=command)
-    print(f"wrote {path}")
-  else:   # approximation
-    names = FLAGS.attentions or [n for n in az.available("attention") if not az.spec(n).exact]
-    for name in names:
-      cli.check_attention(name)
-    stds = [float(s) for s in FLAGS.input_stds]
-    path = os.path.join(FLAGS.out, "benchmark_approximation.md")
-    cli.plan(lambda: [f"approximation {name}: lengths {_lengths(lengths)}, head_dims "
-                      f"{_lengths(head_dims)}, masks {','.join(masks)}, input stds "
-                      f"{','.join(FLAGS.input_stds)}" for name in names] + [f"then {path}"])
-    lines = []
-    for mask, length, head_dim in itertools.product(masks, lengths, head_dims):
-      lines += kernels.approximation_table(names, length=length, head_dim=head_dim,
-                                           num_heads=mode_value(FLAGS, "num_heads"), stds=stds,
-                                           draws=FLAGS.draws, causal=mask == "causal") + [""]
-    provenance.write_text(path, "\n".join(lines))
-    print(f"wrote {path}")
-  return 0
+  return MODES[FLAGS.mode](with_mode_defaults(FLAGS.flag_values_dict()), command)
 
 
 if __name__ == "__main__":
-  flags.DEFINE_enum("mode", "train", ALL_MODES,
+  flags.DEFINE_enum("mode", "train", tuple(MODES),
                     "train: the trainer's train step of the LRA Text model; attention: the "
                     "attention module alone; ops: attention_zoo.ops against causal full; "
                     "capacity: the longest length that fits; flash: the FlashAttention kernels; "
@@ -327,7 +151,7 @@ if __name__ == "__main__":
   flags.DEFINE_float("step_budget_s", 120.0, "Capacity: do not time a step predicted (a power "
                      "law through the steps at --probe_lengths) to take longer; a step slower "
                      "than this is timed by its first call alone.")
-  flags.DEFINE_list("probe_lengths", [str(n) for n in capacity_search.PROBE_LENGTHS],
+  flags.DEFINE_list("probe_lengths", [str(n) for n in capacity.PROBE_LENGTHS],
                     "Capacity: the two short lengths timed to predict each step.")
   # flash and approximation modes
   flags.DEFINE_list("head_dims", None, "Flash, approximation: head dimensions (default 64,128; "
@@ -345,4 +169,4 @@ if __name__ == "__main__":
   flags.DEFINE_list("input_stds", ["0.5", "1.0"], "Approximation: standard deviations of q and k.")
   flags.DEFINE_integer("draws", 3, "Approximation: input / parameter draws averaged.")
   flags.mark_flag_as_required("out")
-  cli.run(main)
+  command_line.run(main)

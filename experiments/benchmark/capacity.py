@@ -1,10 +1,11 @@
-"""How long a sequence each variant can train on: for every variant and setting (remat policy,
-dtype), the longest power-of-two length whose Text-model train step (the trainer's, batch 1)
-fits the device's memory, and the time of one step.
+"""The capacity mode, how long a sequence each variant can train on: for every variant and
+setting (remat policy, dtype), the longest power-of-two length whose Text-model train step (the
+trainer's, batch 1) fits the device's memory, and the time of one step.
 
 Decided from memory figures alone, never by running what might not fit: the parameters and
 the optimiser state from shapes (nnx.eval_shape, before anything is created), then the
-compiled step's memory (arguments + outputs - aliased + temporaries, experiments/measure.py).
+compiled step's memory (arguments + outputs - aliased + temporaries,
+experiments/common/device.py).
 
 The search. Memory grows monotonically with length, so the answer is where the candidates
 switch from fitting to not fitting. A length whose parameters and optimiser state alone do not
@@ -30,17 +31,26 @@ budget).
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import itertools
 import math
 import time
 from typing import Callable
 
 import jax
 import numpy as np
+from absl import logging
 
 import attention_zoo as az
-
-from experiments import benchmark_output, measure, provenance, workloads
-from experiments.workloads import Settings, default_memory_limit_bytes, length_label
+from experiments.benchmark.outputs import table_row, write_csv
+from experiments.benchmark.programs import Workload
+from experiments.benchmark.settings import (DTYPES, REMATS, Settings, default_memory_limit_bytes,
+                                            length_label)
+from experiments.benchmark.train_step import train_workload
+from experiments.common import device, dry_run, records
+from experiments.common.errors import HarnessError
+from experiments.common.plots import legend_beside, pyplot, save_figure
+from experiments.common.variant_names import check_attention
 
 SETTINGS = (("none", "float32"), ("block", "float32"), ("none", "bfloat16"), ("block", "bfloat16"))
 # Where a step is timed to predict the step at the timed length: long enough for attention's
@@ -162,12 +172,12 @@ def measure_capacity(name: str, remat: str, dtype: str, lengths, *, device_memor
 
   def workload(length):
     if length not in shapes:
-      shapes[length] = workloads.train_workload(name, length, settings)
+      shapes[length] = train_workload(name, length, settings)
     return shapes[length]
 
   def compiled_bytes(length):
     compiled = workload(length).programs["step"].compile()
-    found = measure.compiled_memory(compiled)
+    found = device.compiled_memory(compiled)
     if found is None:
       raise RuntimeError(f"{jax.default_backend()} gives no memory_analysis(): capacity "
                          "cannot be decided")
@@ -211,7 +221,7 @@ def measure_capacity(name: str, remat: str, dtype: str, lengths, *, device_memor
   return result
 
 
-def time_step(workload: workloads.Workload, compiled, budget_s: float) -> tuple[float, int]:
+def time_step(workload: Workload, compiled, budget_s: float) -> tuple[float, int]:
   """(seconds of one step, calls made): the second call's time, or the first's when it took
   longer than the step budget."""
   inputs = workload.create()
@@ -233,7 +243,7 @@ def run_capacity(attentions, lengths, *, settings=SETTINGS, time_budget_s: float
                  on_result: Callable | None = None) -> list[Capacity]:
   """Every variant in every (remat, dtype) setting, within one time budget; steps are timed
   in `timed_dtypes` (default: all) when predicted within `step_budget_s` each."""
-  device_memory = measure.device_memory_bytes()
+  device_memory = device.device_memory_bytes()
   memory_limit = memory_limit or default_memory_limit_bytes()
   deadline = time.monotonic() + time_budget_s
   results = []
@@ -274,8 +284,8 @@ def write_outputs(results: list[Capacity], out_dir: str, *, facts: dict, command
   paths = output_paths(out_dir)
   rows = [{**dataclasses.asdict(r), "compiled": " ".join(map(str, r.compiled)),
            "probes": " ".join(map(str, r.probes)), **facts} for r in results]
-  benchmark_output.write_csv(rows, paths["csv"], CSV_COLUMNS)
-  provenance.write_text(paths["markdown"], markdown(results, facts, command=command))
+  write_csv(rows, paths["csv"], CSV_COLUMNS)
+  records.write_text(paths["markdown"], markdown(results, facts, command=command))
   if not plots:
     return {k: v for k, v in paths.items() if k != "plot"}
   plot(results, paths["plot"], facts)
@@ -331,23 +341,23 @@ def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
   ]
   if command:
     lines.append(f"- Command: `{command}`")
-  lines += ["", "## Longest length that fits", "", benchmark_output.table_row(header),
-            benchmark_output.table_row(["---"] * len(header))]
+  lines += ["", "## Longest length that fits", "", table_row(header),
+            table_row(["---"] * len(header))]
   for name in names:
-    lines.append(benchmark_output.table_row([name] + [_longest_cell(by_key[(name, *s)], lengths)
+    lines.append(table_row([name] + [_longest_cell(by_key[(name, *s)], lengths)
                                        if (name, *s) in by_key else "" for s in settings]))
-  lines += ["", "## Step time", "", benchmark_output.table_row(header),
-            benchmark_output.table_row(["---"] * len(header))]
+  lines += ["", "## Step time", "", table_row(header),
+            table_row(["---"] * len(header))]
   for name in names:
-    lines.append(benchmark_output.table_row([name] + [_time_cell(by_key[(name, *s)])
+    lines.append(table_row([name] + [_time_cell(by_key[(name, *s)])
                                        if (name, *s) in by_key else "" for s in settings]))
   lines += ["", "## Growth of the step time", "",
             "The exponent of the power law through the steps timed at the probe lengths, and "
             "the step time it predicts at the timed length (the step is run only when that is "
-            "within the step budget).", "", benchmark_output.table_row(header),
-            benchmark_output.table_row(["---"] * len(header))]
+            "within the step budget).", "", table_row(header),
+            table_row(["---"] * len(header))]
   for name in names:
-    lines.append(benchmark_output.table_row([name] + [_growth_cell(by_key[(name, *s)])
+    lines.append(table_row([name] + [_growth_cell(by_key[(name, *s)])
                                        if (name, *s) in by_key else "" for s in settings]))
   by_parameters = [name for name in names
                    if any(r.limit.startswith("parameters") for r in results if r.attention == name)]
@@ -374,7 +384,7 @@ def markdown(results: list[Capacity], facts: dict, *, command: str = "") -> str:
 
 def plot(results: list[Capacity], path: str, facts: dict) -> None:
   """Horizontal bars: the longest length per variant, one bar per setting (log2 axis)."""
-  plt = provenance.pyplot()
+  plt = pyplot()
   names = list(dict.fromkeys(r.attention for r in results))
   settings = list(dict.fromkeys((r.remat, r.dtype) for r in results))
   by_key = {(r.attention, r.remat, r.dtype): r for r in results}
@@ -400,5 +410,72 @@ def plot(results: list[Capacity], path: str, facts: dict) -> None:
   ax.set_title(f"LRA Text train step in {_gb(facts['device_memory_bytes'])}: "
                f"{facts['device']}, jax {facts['jax_version']}", fontsize=9)
   ax.grid(True, axis="x", alpha=0.3)
-  provenance.legend_beside(ax, fontsize=8)
-  provenance.save_figure(fig, path)
+  legend_beside(ax, fontsize=8)
+  save_figure(fig, path)
+
+
+# -- the command's mode ---------------------------------------------------------------------
+
+def run_mode(values, command: str) -> int:
+  """`--mode=capacity` from the parsed flags (the mode's defaults filled in)."""
+  names = tuple(values.attentions) or az.available()
+  for name in names:
+    check_attention(name)
+  for flag, given, choices in (("remats", values.remats, REMATS),
+                               ("dtypes", values.dtypes, DTYPES)):
+    unknown = [v for v in given if v not in choices]
+    if unknown or not given:
+      raise HarnessError(f"--{flag}={','.join(given)}: choose from {', '.join(choices)}")
+  try:
+    lengths = candidates(values.min_length, values.max_length)
+  except ValueError as e:
+    raise HarnessError(str(e)) from None
+  try:
+    probe_lengths = tuple(int(n) for n in values.probe_lengths)
+  except ValueError:
+    probe_lengths = ()
+  if len(probe_lengths) != 2 or min(probe_lengths) < 1 or len(set(probe_lengths)) != 2:
+    raise HarnessError(f"--probe_lengths={','.join(values.probe_lengths)}: give two "
+                       f"different positive lengths, e.g. 2048,4096")
+  memory_limit = (values.memory_limit_gb * 1e9 if values.memory_limit_gb
+                  else default_memory_limit_bytes())
+  try:
+    base = Settings(attentions=names, lengths=lengths, num_layers=values.num_layers,
+                    emb_dim=values.emb_dim, num_heads=values.num_heads, mlp_dim=values.mlp_dim)
+  except ValueError as e:
+    raise HarnessError(str(e)) from None
+  model = base.config(names[0], lengths[0]).model
+  time_budget_s = values.time_budget_s
+  dry_run.plan(lambda: [*(f"capacity {name}: lengths {lengths[0]}..{lengths[-1]}, remat "
+                          f"{','.join(values.remats)}, {','.join(values.dtypes)}, steps timed: "
+                          f"{values.time_steps}" for name in names),
+                        f"then {values.out}/capacity.md, .csv and .png (time budget "
+                        f"{time_budget_s:g} s)"])
+  env = records.environment()
+  facts = {"model": f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, "
+                    f"MLP {model.mlp_dim}",
+           "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,
+           "device_memory_bytes": device.device_memory_bytes(),
+           "memory_limit_bytes": memory_limit,
+           "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+  logging.info("capacity of %d variants on %s: device memory %.3g GB, memory limit for timing "
+               "%.3g GB, lengths %d..%d, time budget %g s", len(names), env["device"],
+               facts["device_memory_bytes"] / 1e9, memory_limit / 1e9, lengths[0], lengths[-1],
+               time_budget_s)
+
+  def progress(results):
+    r = results[-1]
+    logging.info("%-20s remat %-5s %-8s longest %s, compiled %s, step %s s at %s %s",
+                 r.attention, r.remat, r.dtype, r.longest, r.compiled, r.step_s, r.timed_length,
+                 r.note)
+    write_outputs(results, values.out, facts=facts, command=command, plots=False)
+
+  results = run_capacity(
+      names, lengths, settings=tuple(itertools.product(values.remats, values.dtypes)),
+      time_budget_s=time_budget_s, memory_limit=memory_limit,
+      time_steps=values.time_steps, timed_dtypes=tuple(values.timed_dtypes or values.dtypes),
+      step_budget_s=values.step_budget_s, probe_lengths=probe_lengths, base=base,
+      on_result=progress)
+  for kind, path in write_outputs(results, values.out, facts=facts, command=command).items():
+    logging.info("wrote %s: %s", kind, path)
+  return 0

@@ -2,7 +2,8 @@
 benchmark_<mode>.csv (one row per variant and length), .md (train mode: LRA Table 2's layout
 with the paper's published figures beside ours; attention mode: times, memory, speed-ups
 against both baselines and the exact variants' FLOP rates), .json, and _time.png /
-_memory.png (log-log, with the fitted exponent per variant)."""
+_memory.png (log-log, with the fitted exponent per variant). Every row carries the run's facts
+(ENVIRONMENT); capacity.py and ops.py write their tables with the same helpers."""
 from __future__ import annotations
 
 import csv
@@ -10,13 +11,19 @@ import dataclasses
 import json
 import os
 
+import jax
+import numpy as np
+
 from configs.lra.paper_tables import TABLE2 as PAPER_TABLE2
 from configs.lra.paper_tables import TABLE2_LENGTHS as PAPER_TABLE2_LENGTHS
 from configs.lra.paper_tables import TABLE2_SPEEDUPS as PAPER_TABLE2_SPEEDUPS
-from experiments import provenance
-from experiments.measure import ENVIRONMENT, fit_exponent, run_environment
-from experiments.workloads import BASELINE, JAX_BASELINE, Settings, Status, length_label
+from experiments.benchmark.settings import BASELINE, JAX_BASELINE, Settings, Status, length_label
+from experiments.common import records
+from experiments.common.plots import legend_beside, pyplot, save_figure
 from lra.fileio import atomic_write
+
+# The run's facts each benchmark row carries (and the CSVs list).
+ENVIRONMENT = ("device", "host", "backend", "jax_version", "xla_flags", "date")
 
 CSV_COLUMNS = (
     "attention", "length", "status", "note", "step_ms", "steps_per_s", "speedup_vs_full",
@@ -39,8 +46,8 @@ def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command
   """CSV, markdown, JSON and (with `plots`) the two PNGs; the paths by kind."""
   paths = output_paths(out_dir, settings.mode)
   write_csv(rows, paths["csv"], CSV_COLUMNS)
-  provenance.write_text(paths["markdown"], markdown(rows, settings, command=command))
-  provenance.write_text(paths["json"], json.dumps(
+  records.write_text(paths["markdown"], markdown(rows, settings, command=command))
+  records.write_text(paths["json"], json.dumps(
       {"settings": {**dataclasses.asdict(settings), "command": command},
        "environment": environment_of(rows), "rows": rows}, indent=1, default=str) + "\n")
   if not plots:
@@ -53,6 +60,15 @@ def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command
   plot_lengths(rows, "temp_bytes", "compiled temporary memory (bytes)", paths["memory_plot"],
                title)
   return paths
+
+
+def run_environment() -> dict:
+  """records.environment()'s facts a benchmark row carries, with jax's backend and version and
+  the XLA flags in use."""
+  env = records.environment()
+  env.update(backend=jax.default_backend(), jax_version=jax.__version__,
+             xla_flags=os.environ.get("XLA_FLAGS", ""))
+  return {key: env[key] for key in ENVIRONMENT}
 
 
 def environment_of(rows) -> dict[str, str]:
@@ -193,7 +209,7 @@ def _attention_tables(rows, env) -> list[str]:
   if rated:
     limit = env.get("matmul_gflops") or rows[0].get("matmul_gflops")
     lines += ["", "## FLOP rate of the exact variants", "",
-              (f"Matmul limit: {limit:.4g} GFLOP/s (experiments/measure.py matmul_gflops, a "
+              (f"Matmul limit: {limit:.4g} GFLOP/s (experiments/common/device.py matmul_gflops, a "
                "square matmul in this dtype). " if limit else "")
               + "Dense attention (full, flash, the jax baseline) is counted nominally, "
               "3.5 x 4·b·h·n²·d for forward+backward (the FlashAttention papers' count, the "
@@ -255,6 +271,17 @@ def _fmt(value, spec: str = ".2f") -> str:
   return "" if value is None else format(value, spec)
 
 
+def fit_exponent(lengths, values) -> float | None:
+  """Slope of log(value) against log(length), least squares; None with fewer than two
+  lengths."""
+  points = [(n, v) for n, v in zip(lengths, values) if v is not None and v > 0]
+  if len({n for n, _ in points}) < 2:
+    return None
+  x = np.log([n for n, _ in points])
+  y = np.log([v for _, v in points])
+  return float(np.polyfit(x, y, 1)[0])
+
+
 def table_row(cells) -> str:
   return "| " + " | ".join(str(c) for c in cells) + " |"
 
@@ -262,7 +289,7 @@ def table_row(cells) -> str:
 def plot_lengths(rows: list[dict], key: str, ylabel: str, path: str, title: str) -> None:
   """Log-log `key` against length per variant, the fitted slope in the legend (times only of
   the measurements that ran; memory of all that compiled)."""
-  plt = provenance.pyplot()
+  plt = pyplot()
   env = environment_of(rows)
   fig, ax = plt.subplots(figsize=(9, 5))
   markers = "osD^v<>ph*X"   # with 20 colours, no two variants look alike
@@ -288,5 +315,5 @@ def plot_lengths(rows: list[dict], key: str, ylabel: str, path: str, title: str)
                fontsize=9)
   ax.grid(True, which="both", alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
-    provenance.legend_beside(ax, fontsize=8)
-  provenance.save_figure(fig, path)
+    legend_beside(ax, fontsize=8)
+  save_figure(fig, path)

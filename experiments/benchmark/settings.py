@@ -1,41 +1,27 @@
-"""What the benchmark measures: its settings, the LRA Text config at a length, the status of one
-measurement, and the programs it compiles and times, known from shapes before anything exists.
+"""What the train and attention modes measure: their settings (the LRA Text config at each
+length), and how a measurement ended (its Status).
 
 The model is the Text task's (configs/lra/text.py under the `fair` preset) as the trainer builds
 it, with `model.max_len` set to the measured length and the benchmark's batch size, dtype, remat
 policy, model sizes and attention options as config overrides: the Text model is defined in
-that config file alone. The programs:
-
-train      the LRA Text model's train step exactly as the trainer compiles and runs it
-           (trainer.make_steps: forward, backward, the config's optimiser and learning-rate
-           schedule, dropout on) on a batch of random tokens, every one real.
-attention  the attention module alone as that model holds it (its heads, head_dim and
-           options), forward and forward+backward (the gradients of q, k, v and of its
-           parameters), on random q, k, v; plus jax.nn.dot_product_attention(implementation=
-           "xla") as a baseline from outside this code base.
-
-Every program is compiled from ShapeDtypeStructs (nnx.eval_shape, jax.eval_shape), so its
-memory and FLOPs are known before an array of it exists, and the parameters' bytes are known
-before it is even compiled; `Workload.create()` makes the arrays once the measurement has
-decided to run.
+that config file alone. What each mode compiles and times from it: train_step.py, attention.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
-from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import attention_zoo as az
 from attention_zoo.models import DTYPES as MODEL_DTYPES
 from attention_zoo.models import REMAT_POLICIES
-from experiments import build, cli, measure, trainer
+from experiments.common import device
+from experiments.common.command_line import integers
+from experiments.common.errors import HarnessError
+from experiments.common.task_configs import task_config
+from experiments.common.variant_names import unknown_attention
+from experiments.train import build
 
 BASELINE = "full"                       # every speed-up is against it, measured in the same run
 JAX_BASELINE = "jax_dot_product_attention"   # attention mode: jax.nn's XLA attention
@@ -115,8 +101,8 @@ class Settings:
     if self.matmul_size < 0:
       raise ValueError(f"matmul_size must be >= 0 (0 = not measured), got {self.matmul_size}")
     for name in (*self.attentions, *self.attention_options):
-      if cli.unknown_attention(name):
-        raise ValueError(cli.unknown_attention(name))
+      if unknown_attention(name):
+        raise ValueError(unknown_attention(name))
       if self.mode == "attention" and az.spec(name).kind != "attention":
         raise ValueError(f"{name} is a sequence mixer (it takes x, not q, k, v): mode=attention "
                          f"measures attention variants alone; measure a mixer with mode=train")
@@ -147,9 +133,9 @@ class Settings:
     jax baseline takes `full`'s)."""
     variant = BASELINE if name == JAX_BASELINE else name
     try:
-      return build.resolve(cli.task_config(TASK, variant, PRESET, seed=self.seed,
-                                           overrides=self.overrides(variant, length)))
-    except cli.HarnessError as e:
+      return build.resolve(task_config(TASK, variant, PRESET, seed=self.seed,
+                                       overrides=self.overrides(variant, length)))
+    except HarnessError as e:
       raise ValueError(f"{name} at length {length}: {e}") from None
 
 
@@ -175,8 +161,8 @@ def default_memory_limit_bytes() -> float:
   """The accelerator's memory, or half the free host memory on CPU (the host runs other
   things)."""
   if jax.default_backend() != "cpu":
-    return measure.device_memory_bytes()
-  return 0.5 * measure.free_host_bytes()
+    return device.device_memory_bytes()
+  return 0.5 * device.free_host_bytes()
 
 
 def default_batch_size() -> int:
@@ -188,160 +174,21 @@ def length_label(length: int) -> str:
   return f"{length // 1024}K" if length % 1024 == 0 else str(length)
 
 
-@dataclasses.dataclass
-class Program:
-  jitted: Any      # a jax.jit-wrapped function
-  shapes: tuple    # its arguments as ShapeDtypeStructs
-
-  def compile(self):
-    return self.jitted.lower(*self.shapes).compile()
+def lengths_text(lengths) -> str:
+  """Lengths as the command line writes them: "1024,2048"."""
+  return ",".join(map(str, lengths))
 
 
-@dataclasses.dataclass
-class Workload:
-  """What one (variant, length) measures."""
-  programs: dict[str, Program]   # compiled and timed in this order; the last is the main one
-  resident_bytes: int            # parameters, plus the optimiser state in train mode
-  create: Callable[[], Any]      # -> the inputs of the first call, as arrays
-  step: Callable                 # (program name, compiled, inputs) -> (result, next inputs)
-  options: dict                  # the variant's attention options as built
-  exact: bool                    # computes exact attention (a FLOP rate is meaningful)
-  nominal_flops: float | None    # attention mode, dense exact attention: forward+backward's
-                                 # FLOPs as attention_flops counts them
-
-  @property
-  def main(self) -> str:
-    return list(self.programs)[-1]
-
-
-def call(compiled, *args):
-  """One call of a compiled program (asynchronous); the one place programs are called, so that
-  tests can make a call fail."""
-  return compiled(*args)
-
-
-def build_workload(name: str, length: int, settings: Settings) -> Workload:
-  if settings.mode == "train":
-    return train_workload(name, length, settings)
-  return attention_workload(name, length, settings)
-
-
-def nbytes(tree) -> int:
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-def text_batch(config) -> dict[str, jax.Array]:
-  """A batch as lra.iterate hands it to the trainer: random tokens (1.. vocab - 1; 0 is
-  padding), every position real."""
-  b, n = config.batch_size, config.model.max_len
-  token_key, label_key = jax.random.split(jax.random.key(config.seed))
-  return {"inputs": jax.random.randint(token_key, (b, n), 1, config.model.vocab_size, jnp.int32),
-          "masks": jnp.ones((b, n), bool),
-          "targets": jax.random.randint(label_key, (b,), 0, config.model.num_classes, jnp.int32),
-          "weights": jnp.ones((b,), jnp.float32)}
-
-
-def _with_sharding(shapes, sharding):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
-
-
-def train_workload(name: str, length: int, settings: Settings) -> Workload:
-  """The trainer's compiled train step of the Text model, on one device."""
-  config = settings.config(name, length)
-  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-  replicated = NamedSharding(mesh, PartitionSpec())
-  batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
-  make_model = lambda: trainer.build_model(config)[0]
-  graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
-  steps = trainer.make_steps(config, graphdef, replicated)
-  state = jax.eval_shape(functools.partial(trainer.initial_state, steps), params, rest)
-  batch = jax.eval_shape(lambda: text_batch(config))
-
-  def create():
-    _, params, rest = nnx.split(make_model(), nnx.Param, ...)
-    state = steps.replicate(trainer.initial_state(steps, params, rest))
-    return state, jax.device_put(text_batch(config), batch_sharding)
-
-  def step(program, compiled, inputs):
-    state, batch = inputs
-    state, metrics = call(compiled, state, batch)   # the state's buffers are donated
-    return metrics, (state, batch)
-
-  shapes = (_with_sharding(state, replicated), _with_sharding(batch, batch_sharding))
-  return Workload(programs={"step": Program(steps.train, shapes)},
-                  resident_bytes=nbytes((state.params, state.opt_state)), create=create,
-                  step=step, options=build.model_config(config).attention_options,
-                  exact=az.spec(name).exact, nominal_flops=None)
-
-
-class JaxDotProductAttention(nnx.Module):
-  """jax.nn.dot_product_attention with XLA's implementation, called as a variant is."""
-
-  def __call__(self, q, k, v, *, q_mask, kv_mask):
-    del q_mask   # a padded query's output is unused; masking keys is what the variants do
-    return jax.nn.dot_product_attention(q, k, v, mask=kv_mask[:, None, None, :],
-                                        implementation="xla")
-
-
-def attention_workload(name: str, length: int, settings: Settings) -> Workload:
-  """The attention module of the Text model alone: forward, and forward+backward."""
-  config = settings.config(name, length)
-  model = build.model_config(config)
-  heads = model.num_heads
-  head_dim = (model.qkv_dim or model.emb_dim) // heads
-  kv_heads = model.num_kv_heads or heads
-  spec = az.spec(model.attention)
-  baseline = name == JAX_BASELINE
-
-  def make_attention():
-    if baseline:
-      return JaxDotProductAttention()
-    return az.create(name, num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads,
-                     max_len=length, rngs=nnx.Rngs(config.seed), **model.attention_options)
-
-  graphdef, params, rest = nnx.split(nnx.eval_shape(make_attention), nnx.Param, ...)
-  b, dtype = config.batch_size, jnp.dtype(config.model.dtype)
-  q_shape, kv_shape = (b, length, heads, head_dim), (b, length, kv_heads, head_dim)
-
-  def fwd(params, rest, q, k, v, mask):
-    attention = nnx.merge(graphdef, params, rest)
-    return attention(q, k, v, q_mask=mask, kv_mask=mask), nnx.split(attention, nnx.Param, ...)[2]
-
-  def fwd_bwd(params, rest, q, k, v, mask):
-    def loss_of(params, q, k, v):
-      out, rest_after = fwd(params, rest, q, k, v, mask)
-      return jnp.sum(out.astype(jnp.float32)), rest_after
-    (loss, rest_after), grads = jax.value_and_grad(loss_of, argnums=(0, 1, 2, 3), has_aux=True)(
-        params, q, k, v)
-    return (loss, grads), rest_after
-
-  def create():
-    _, params, rest = nnx.split(make_attention(), nnx.Param, ...)
-    keys = jax.random.split(jax.random.key(config.seed), 3)
-    q = jax.random.normal(keys[0], q_shape, dtype)
-    k, v = (jax.random.normal(key, kv_shape, dtype) for key in keys[1:])
-    return params, rest, q, k, v, jnp.ones((b, length), bool)
-
-  def step(program, compiled, inputs):
-    params, rest, *data = inputs
-    result, rest = call(compiled, params, rest, *data)
-    return result, (params, rest, *data)
-
-  shapes = (params, rest, jax.ShapeDtypeStruct(q_shape, dtype),
-            *(jax.ShapeDtypeStruct(kv_shape, dtype),) * 2, jax.ShapeDtypeStruct((b, length), bool))
-  dense = baseline or (spec.exact and spec.complexity.startswith("O(n²)"))
-  return Workload(
-      programs={"fwd": Program(jax.jit(fwd), shapes), "fwd_bwd": Program(jax.jit(fwd_bwd), shapes)},
-      resident_bytes=nbytes(params), create=create, step=step,
-      options={} if baseline else dict(model.attention_options), exact=baseline or spec.exact,
-      nominal_flops=attention_flops(b, heads, length, head_dim, causal=False, backward=True)
-      if dense else None)
-
-
-def attention_flops(batch: int, heads: int, length: int, head_dim: int, *, causal: bool,
-                    backward: bool) -> float:
-  """The nominal FLOPs of exact softmax attention as the FlashAttention papers count them:
-  4·b·h·n²·d for the forward (two n x n x d products), halved when causal; the backward is
-  2.5 x the forward (its recomputation included), so forward+backward is 3.5 x."""
-  forward = 4 * batch * heads * length ** 2 * head_dim / (2 if causal else 1)
-  return forward * (3.5 if backward else 1.0)
+def settings_from_flags(values) -> Settings:
+  """Settings of the train and attention modes from the parsed flags with the mode's defaults
+  (any object with the flags as attributes)."""
+  return Settings(
+      attentions=tuple(values.attentions) or az.available(None if values.mode == "train"
+                                                           else "attention"),
+      lengths=tuple(integers(values.lengths, "lengths")), mode=values.mode, dtype=values.dtype,
+      remat=values.remat, batch_size=values.batch_size or default_batch_size(),
+      repeats=values.repeats, warmup=values.warmup, time_budget_s=values.time_budget_s,
+      memory_limit_bytes=None if values.memory_limit_gb is None else values.memory_limit_gb * 1e9,
+      num_layers=values.num_layers, emb_dim=values.emb_dim, num_heads=values.num_heads,
+      mlp_dim=values.mlp_dim, attention_options=parse_attention_options(values.attention_options),
+      seed=values.seed, matmul_size=values.matmul_size)

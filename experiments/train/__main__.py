@@ -13,17 +13,18 @@ holding checkpoints of another model is refused without it).
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli
+from experiments.common import command_line, dry_run
+from experiments.common.errors import HarnessError
 
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   if len(argv) > 1:
-    raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from experiments import trainer  # after flag parsing: errors there stay one line
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from experiments.train import trainer  # imports JAX: after the flags are known to be good
 
-  cli.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, shapes=True)])
+  dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, shapes=True)])
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)
   print(f"{results['task']} / {results['attention']}: test accuracy "
@@ -40,4 +41,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("restart", False, "Start from step 0 even if the workdir holds checkpoints; "
                     "the earlier run's files and checkpoints are renamed <name>.1.")
   flags.mark_flags_as_required(["config", "workdir"])
-  cli.run(main)
+  command_line.run(main)

@@ -1,34 +1,22 @@
 """The build step: from a config (configs/, plain values) to the run it describes, the one place
-where presets are resolved and the model and its optimizer are made, for the trainer, the
-benchmark and the fidelity table alike. The trainer calls `resolve`, then `model`, `optimizer`
-and experiments/data.py's `load_splits` (the data at the resolved model.max_len).
+where presets are resolved and the model is made, for the trainer, the benchmark and the
+fidelity table alike. The trainer calls `resolve`, then `model`, experiments/train/optimizer.py's
+`from_config` and experiments/train/data.py's `load_splits` (the data at the resolved
+model.max_len).
 
 A config leaves None what depends on the attention variant (configs/lra/common.py): `resolve`
-fills it in for the variant the config finally names, from the same tables the config file
-holds. So `--config.model.attention=local` gives local's settings, an option set in
+fills it in for the variant the config finally names, from the values its task's config file
+declares (`VALUES`, configs/task_values.py) and the presets' tables. So
+`--config.model.attention=local` gives local's settings, an option set in
 `model.attention_options` wins over the preset's, and token-counted options follow a
 shortened `model.max_len`.
-
-The optimiser is Adam or AdamW after optional gradient clipping, with LRA's learning-rate
-schedules, which LRA writes as a product of factors (`create_learning_rate_scheduler` in the
-reference code), e.g. "constant * linear_warmup * rsqrt_decay":
-  constant                base_learning_rate
-  linear_warmup           min(1, step / warmup_steps)
-  rsqrt_decay             1 / sqrt(max(step, warmup_steps))
-  rsqrt_normalized_decay  sqrt(warmup_steps) / sqrt(max(step, warmup_steps))
-  cosine_decay            0.5 * (1 + cos(pi * (progress % 1))), progress =
-                          max(0, (step - warmup_steps) / steps_per_cycle)
-`step` counts from 1 for the first update (the reference's step 0 would give rate 0).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
 import ml_collections
-import optax
 from flax import nnx
 
 import attention_zoo as az
@@ -36,7 +24,9 @@ import lra
 from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
                                   TransformerConfig)
 from configs.lra import common
-from experiments import cli
+from experiments.common.errors import HarnessError, did_you_mean
+from experiments.common.task_configs import task_config, task_values
+from experiments.common.variant_names import check_attention
 
 OPTIONS = "model.attention_options."
 # Attention options measured in tokens, with the smallest value a shortened sequence scales them
@@ -51,7 +41,7 @@ def released_values(task: str, variant: str) -> dict:
   """What the released LRA code ran for (task, variant), in dotted config fields: the task's
   base config, the quirks of every released encoder, the variant's attention settings, then
   what the variant's file changes. A variant without a released file takes the Transformer's."""
-  released = cli.task_module(task).RELEASED
+  released = task_values(task).released
   own = released.get(variant, {} if variant in common.LRA_VARIANTS else released.get("full", {}))
   return {**released["shared"], **common.RELEASED_QUIRKS,
           **common.RELEASED_ATTENTION.get(variant, {}), **own}
@@ -59,19 +49,19 @@ def released_values(task: str, variant: str) -> dict:
 
 def preset_values(task: str, variant: str, preset: str) -> dict:
   """The preset's values for `variant`, in dotted config fields, before length scaling: every
-  value under `paper` (the released one, or its PAPER_CHANGES), the attention settings under
+  value under `paper` (the released one, or its paper change), the attention settings under
   `fair` and `tiny` (the rest does not depend on the variant), and a diagnostic's own
-  ATTENTION_SETTINGS."""
-  module = cli.task_module(task)
-  if hasattr(module, "ATTENTION_SETTINGS"):
-    return dict(module.ATTENTION_SETTINGS.get(variant, {}))
+  attention settings."""
+  values = task_values(task)
+  if not values.is_lra:
+    return dict(values.attention_settings.get(variant, {}))
   extra = common.EXTRA_ATTENTION.get(variant, {})
   if preset == "paper":
-    changes = getattr(module, "PAPER_CHANGES", {}).get(variant, {})
+    changes = values.paper_changes.get(variant, {})
     return {**released_values(task, variant), **extra,
             **{field: value for field, (value, _) in changes.items()}}
   # LRA's task-specific block sizes (64 on the pixel tasks) are kept.
-  task_blocks = {field: value for field, value in module.RELEASED.get(variant, {}).items()
+  task_blocks = {field: value for field, value in values.released.get(variant, {}).items()
                  if field.startswith(OPTIONS) and field[len(OPTIONS):] in LENGTH_OPTIONS}
   return {**common.FAIR_ATTENTION.get(variant, {}), **extra, **task_blocks}
 
@@ -83,9 +73,9 @@ def resolve(config) -> ml_collections.ConfigDict:
   the variant's options (the preset's, scaled to model.max_len, under those the config sets),
   and the "0 = follow another field" defaults. Unknown names -> HarnessError."""
   if config.preset not in common.PRESETS:
-    raise cli.HarnessError(f"unknown preset {config.preset!r}; presets: "
-                           f"{', '.join(common.PRESETS)}")
-  cli.check_attention(config.model.attention)
+    raise HarnessError(f"unknown preset {config.preset!r}; presets: "
+                       f"{', '.join(common.PRESETS)}")
+  check_attention(config.model.attention)
   resolved = ml_collections.ConfigDict(config.to_dict())
   attention, task = config.model.attention, config.task
   values = preset_values(task, attention, config.preset)
@@ -118,9 +108,9 @@ def _options(config, values: dict, spec, model) -> dict:
   explicit = {k: v for k, v in config.model.attention_options.items() if v is not None}
   for name in explicit:
     if name not in spec.options:
-      raise cli.HarnessError(
+      raise HarnessError(
           f"model.attention_options.{name}: {config.model.attention} has no option {name!r}"
-          f"{cli.did_you_mean(name, spec.options)}; its options: "
+          f"{did_you_mean(name, spec.options)}; its options: "
           f"{', '.join(sorted(spec.options))}")
   return {**options, **explicit}
 
@@ -140,7 +130,7 @@ def scale_length_options(options: dict, ratio: float) -> dict:
 def overrides(config) -> dict:
   """Where `config` departs from its config file's get_config("<attention>,<preset>"), in
   dotted fields: the user's changes, for results.json."""
-  default = cli.task_config(config.task, config.model.attention, config.preset)
+  default = task_config(config.task, config.model.attention, config.preset)
   ours, theirs = _flatten(config.to_dict()), _flatten(default.to_dict())
   return {field: value for field, value in ours.items()
           if field not in theirs or theirs[field] != value}
@@ -180,82 +170,6 @@ def model(config, rngs: nnx.Rngs) -> tuple[nnx.Module, TransformerConfig]:
   return model_class(config.task)(resolved, rngs=rngs), resolved
 
 
-def optimizer(config):
-  """(optax optimizer, learning-rate schedule) of config.optimizer and config.schedule."""
-  s = config.schedule
-  schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
-                                          warmup_steps=s.warmup_steps,
-                                          steps_per_cycle=s.steps_per_cycle)
-  return make_optimizer(config.optimizer, schedule), schedule
-
-
 def describe(model: TransformerConfig) -> dict:
   """The resolved model as plain JSON values (for results.json)."""
   return dataclasses.asdict(model)
-
-
-# -- the optimiser ------------------------------------------------------------------------------
-
-FACTORS = ("constant", "linear_warmup", "rsqrt_decay", "rsqrt_normalized_decay", "cosine_decay")
-OPTIMIZERS = ("adam", "adamw")
-
-
-def learning_rate_schedule(factors: str, *, base_learning_rate: float, warmup_steps: int,
-                           steps_per_cycle: int):
-  """An optax schedule: update index (0-based) -> learning rate."""
-  names = [name.strip() for name in factors.split("*")]
-  unknown = [n for n in names if n not in FACTORS]
-  if unknown:
-    raise cli.HarnessError(f"unknown schedule factor(s) {', '.join(map(repr, unknown))} in "
-                       f"schedule.factors={factors!r}; factors: {', '.join(FACTORS)}")
-  if "linear_warmup" in names and warmup_steps <= 0:
-    raise cli.HarnessError("schedule.warmup_steps must be positive for linear_warmup, "
-                       f"got {warmup_steps}")
-  if "cosine_decay" in names and steps_per_cycle <= 0:
-    raise cli.HarnessError("schedule.steps_per_cycle must be positive for cosine_decay, "
-                       f"got {steps_per_cycle}")
-
-  def schedule(count):
-    step = jnp.asarray(count, jnp.float32) + 1
-    rate = jnp.ones((), jnp.float32)
-    for name in names:
-      if name == "constant":
-        rate *= base_learning_rate
-      elif name == "linear_warmup":
-        rate *= jnp.minimum(1.0, step / warmup_steps)
-      elif name == "rsqrt_decay":
-        rate /= jnp.sqrt(jnp.maximum(step, warmup_steps))
-      elif name == "rsqrt_normalized_decay":
-        rate *= jnp.sqrt(warmup_steps) / jnp.sqrt(jnp.maximum(step, warmup_steps))
-      else:  # cosine_decay
-        progress = jnp.maximum(0.0, (step - warmup_steps) / steps_per_cycle)
-        rate *= 0.5 * (1.0 + jnp.cos(jnp.pi * (progress % 1.0)))
-    return rate
-
-  return schedule
-
-
-def decayed(params):
-  """False for the parameters created with `weight_decay=False` metadata (the recurrent mixers'
-  decay-rate parameters, which their authors exclude from weight decay), True for the rest; a
-  prefix of the params tree, as optax's masks may be."""
-  return jax.tree.map(lambda p: getattr(p, "weight_decay", True) is not False, params,
-                      is_leaf=lambda p: isinstance(p, nnx.Variable))
-
-
-def make_optimizer(optimizer, schedule) -> optax.GradientTransformation:
-  """Adam (L2 weight decay added to the gradient) or AdamW (decoupled decay, as LRA's
-  flax.optim.Adam), after optional global-norm gradient clipping. Decay applies to every
-  parameter, as in LRA, except those marked `weight_decay=False` (see `decayed`)."""
-  if optimizer.name not in OPTIMIZERS:
-    raise cli.HarnessError(f"unknown optimizer.name {optimizer.name!r}; choose one of "
-                       f"{', '.join(OPTIMIZERS)}")
-  clip = [optax.clip_by_global_norm(optimizer.grad_clip_norm)] if optimizer.grad_clip_norm else []
-  adam = dict(b1=optimizer.b1, b2=optimizer.b2, eps=optimizer.eps)
-  if optimizer.name == "adamw":
-    main = optax.adamw(schedule, weight_decay=optimizer.weight_decay, mask=decayed, **adam)
-  else:
-    decay = ([optax.masked(optax.add_decayed_weights(optimizer.weight_decay), decayed)]
-             if optimizer.weight_decay else [])
-    main = optax.chain(*decay, optax.adam(schedule, **adam))
-  return optax.chain(*clip, main)

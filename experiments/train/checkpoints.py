@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 
-from experiments import provenance
-from experiments.cli import first_line
+from experiments.common.errors import first_line
+from experiments.common.records import write_json
 
 CHECKSUMS = "checksums.json"
 FOLDERS = ("checkpoints", "corrupt_checkpoints")   # under the workdir
@@ -160,7 +160,7 @@ class Checkpoints:
     for step in self._without_checksums:
       folder = self.directory / str(step)
       if self._is_writer and folder.is_dir():   # else: already removed (keep_checkpoints)
-        provenance.write_json(folder / CHECKSUMS, {"step": step, "files": file_checksums(folder)})
+        write_json(folder / CHECKSUMS, {"step": step, "files": file_checksums(folder)})
     self._without_checksums = []
 
   def all_steps(self) -> list[int]:

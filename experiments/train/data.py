@@ -15,8 +15,9 @@ from absl import logging
 
 import lra
 from configs.lra import common
-from experiments.checkpoints import barrier
-from experiments.cli import HarnessError
+from experiments.common.errors import HarnessError
+from experiments.train.checkpoints import barrier
+from lra.diagnostics import IGNORED
 
 GENERATED_TASKS = ("listops", "pathfinder", "pathx")
 
@@ -126,7 +127,7 @@ def provenance(config) -> dict:
 def majority_accuracy(ds: lra.Dataset) -> float:
   """The accuracy of always answering the most frequent target of this split (over the asked
   positions of a token task)."""
-  asked = ds.targets[ds.targets != lra.mqar.IGNORED]
+  asked = ds.targets[ds.targets != IGNORED]
   return float(np.bincount(asked).max() / asked.size)
 
 

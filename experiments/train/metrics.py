@@ -1,14 +1,7 @@
-"""What a run records and where its results came from: the code (git commit), the software, the
-device, the date; the files it writes, each atomically; and its metrics.
+"""A run's metrics: `metrics.jsonl` (one JSON object per event, each with `step`) and
+TensorBoard event files (tensorboardX) under `tensorboard/`; only process 0 writes them.
 
-    environment() -> {"git_commit": ..., "versions": ..., "device": ..., ...}
-    write_text(path, text)    # the old file or the new one, never a torn one
-    with atomic_write(path, "wb") as f: ...   # the same for any writer (CSV, PNG; lra.fileio)
-    save_figure(fig, path)    # a matplotlib figure as PNG (legend_beside: its legend outside)
-
-A run's metrics go to `metrics.jsonl` (one JSON object per event, each with `step`) and to
-TensorBoard event files (tensorboardX) under `tensorboard/`; only process 0 writes them. A
-resumed run repeats the steps after its checkpoint, so `MetricsWriter.resume(step)` first
+A resumed run repeats the steps after its checkpoint, so `MetricsWriter.resume(step)` first
 forgets what came after that step: in metrics.jsonl (rewritten atomically) and in TensorBoard,
 whose events are written again from the kept metrics into a new event file before the old files
 are removed. So neither shows a step twice. A run that starts from step 0 over an earlier one's
@@ -17,95 +10,15 @@ deleting them.
 """
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
 import math
-import os
-import platform
-import subprocess
 import uuid
 from pathlib import Path
 
 import jax
 from absl import logging
 
-from lra.fileio import atomic_write
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
-
-
-def git_commit() -> str | None:
-  """The checkout's HEAD commit, with "+dirty" when tracked files differ from it; None outside
-  a git checkout."""
-  def git(*args):
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
-                          timeout=30)
-  try:
-    head = git("rev-parse", "HEAD")
-    if head.returncode:
-      return None
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return head.stdout.strip() + ("+dirty" if dirty else "")
-
-
-def _version(package: str) -> str | None:
-  try:
-    return importlib.metadata.version(package)
-  except importlib.metadata.PackageNotFoundError:
-    return None
-
-
-def environment() -> dict:
-  device = jax.devices()[0]
-  return {
-      "git_commit": git_commit(),
-      "versions": {p: _version(p) for p in PACKAGES},
-      "python": platform.python_version(),
-      "device": f"{jax.device_count()} x {getattr(device, 'device_kind', '') or device.platform}"
-                f" ({device.platform})",
-      "process_count": jax.process_count(),
-      "device_count": jax.device_count(),
-      "host": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-      "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-  }
-
-
-def write_text(path, text: str) -> None:
-  with atomic_write(path, "w", encoding="utf-8") as f:
-    f.write(text)
-
-
-def write_json(path, value) -> None:
-  write_text(path, json.dumps(value, indent=2) + "\n")
-
-
-def pyplot():
-  """matplotlib.pyplot on the Agg backend (no display needed)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
-
-
-def legend_beside(ax, *handles_and_labels, **options):
-  """The legend of `ax` to the right of it, top-aligned, where it covers no bar, curve or point
-  (save_figure's image grows to hold it); `handles_and_labels` and `options` as ax.legend's."""
-  return ax.legend(*handles_and_labels, loc="upper left", bbox_to_anchor=(1.01, 1), **options)
-
-
-def save_figure(fig, path) -> Path:
-  """Writes `fig` to the PNG `path` atomically (the old plot or the new one), then closes it;
-  the image grows to hold a legend placed outside the axes."""
-  fig.tight_layout()
-  with atomic_write(path, "wb") as f:
-    fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
-  pyplot().close(fig)
-  return Path(path)
-
+from experiments.common.records import write_text
 
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"

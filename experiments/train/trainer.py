@@ -2,18 +2,19 @@
 
     results = Trainer(config, workdir).run()     # config: configs/lra/<task>.py get_config(...)
 
-The model (experiments/build.py) is an NNX Classifier, a DualEncoderClassifier when the task has
-two inputs (Retrieval), or a causal DecoderLM for a next-token task (MQAR). It is split into a
-graph definition and its state so that one `jax.jit`-compiled step trains it; the step is
-compiled once per run, ahead of the first step, and a run whose compiled step needs more
-memory than the device has stops there (config.check_memory). Data parallel: a `Mesh` over
+The model (experiments/train/build.py) is an NNX Classifier, a DualEncoderClassifier when the
+task has two inputs (Retrieval), or a causal DecoderLM for a next-token task (MQAR). It is split
+into a graph definition and its state so that one `jax.jit`-compiled step trains it
+(experiments/train/steps.py); the step is compiled once per run, ahead of the first step, and a
+run whose compiled step needs more memory than the device has stops there
+(config.check_memory). Data parallel: a `Mesh` over
 every device of every process with one `data` axis; the batch is sharded along it and the
 training state is replicated. Several processes (one machine or many) each feed their own rows
 of every batch; process 0 writes the metrics and results.
 
 A run in `workdir` leaves:
   checkpoints/     orbax checkpoints (latest few; each also holds the best model so far and
-                   the checksums of its files; experiments/checkpoints.py)
+                   the checksums of its files; experiments/train/checkpoints.py)
   metrics.jsonl    one JSON object per event: train_loss, train_accuracy, lr, grad_norm,
                    steps_per_sec; eval_loss, eval_accuracy; test_{loss,accuracy}_{final,
                    best_validation}
@@ -24,7 +25,7 @@ A run in `workdir` leaves:
                    config file's values, where the data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
-(experiments/provenance.py). Checkpoints of another model (a model field changed, other than the
+(experiments/train/metrics.py). Checkpoints of another model (a model field changed, other than the
 compute-only `dtype` and `remat`) are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
 the earlier run's files and checkpoints renamed <name>.1.
@@ -35,28 +36,25 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 import lra
-from lra.mqar import IGNORED
 from attention_zoo.models import TransformerConfig, num_params
-from experiments import build
-from experiments import data as data_lib
-from experiments import measure, provenance
-from experiments.provenance import MetricsWriter
-from experiments.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
-from experiments.checkpoints import Checkpoints, barrier
-from experiments.cli import HarnessError
+from experiments.common import device, records
+from experiments.common.errors import HarnessError
+from experiments.train import build
+from experiments.train import data as data_lib
+from experiments.train.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
+from experiments.train.checkpoints import Checkpoints, barrier
+from experiments.train.metrics import MetricsWriter
+from experiments.train.steps import Steps, initial_state, make_steps
 
 
 class NaNLossError(HarnessError):
@@ -89,14 +87,6 @@ def model_differences(saved: dict, current: dict) -> list[str]:
 # What a run that starts from step 0 has seen.
 FRESH_RECORD = {"best_eval_accuracy": -1.0, "best_step": 0, "last_eval_accuracy": None,
                 "wall_seconds": 0.0}
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array          # int32 scalar: updates done
-  params: nnx.State        # nnx.Param variables
-  rest: nnx.State          # everything else in the model, e.g. its RNG state
-  opt_state: optax.OptState
 
 
 def initialize_distributed() -> None:
@@ -159,7 +149,7 @@ def plan_line(config, workdir, *, shapes: bool = False) -> str:
 
 
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
-  """The task's model (experiments.build) and its resolved TransformerConfig."""
+  """The task's model (build.model) and its resolved TransformerConfig."""
   try:
     return build.model(config, nnx.Rngs(params=config.seed, dropout=config.seed + 1))
   except (TypeError, ValueError) as e:
@@ -169,14 +159,15 @@ def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
 def check_memory(compiled, config) -> None:
   """HarnessError if the compiled train step needs more memory than the device has (XLA's
   memory_analysis: arguments + outputs - donated + temporaries, per device; see
-  experiments/measure.py), naming what would make it fit. CPU devices share the host's memory."""
-  memory = measure.compiled_memory(compiled)
+  experiments/common/device.py), naming what would make it fit. CPU devices share the host's
+  memory."""
+  memory = device.compiled_memory(compiled)
   if memory is None:   # a backend without the analysis: nothing to compare
     return
   temporary, buffers = memory.temp_bytes, memory.buffer_bytes
   on_cpu = jax.default_backend() == "cpu"
   sharing = jax.local_device_count() if on_cpu else 1
-  need, have = (temporary + buffers) * sharing, measure.device_memory_bytes()
+  need, have = (temporary + buffers) * sharing, device.device_memory_bytes()
   if need <= have:
     return
   size = lambda n: f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
@@ -191,111 +182,6 @@ def check_memory(compiled, config) -> None:
       f"{size(buffers * sharing)} parameters, optimiser state and batch) but {who} has "
       f"{size(have)}; to fit, use {', '.join(switches)}; or config.check_memory=False to try "
       "anyway")
-
-
-class Steps:
-  """The compiled functions of a run: train step, evaluation step, replication, finiteness.
-
-  They depend only on the model, optimiser and schedule (and the devices), so runs that differ
-  in seed, data or length share them (`Steps.for_config`): a seed grid compiles once. The train
-  step is compiled ahead of time per batch shape (`compiled_train`), so that its memory can be
-  read before the first step and the same executable runs every step.
-  """
-
-  _cache: dict[str, "Steps"] = {}
-  CACHE_SIZE = 4
-
-  def __init__(self, graphdef, tx, schedule, grad_accum_steps: int, replicated):
-    self.graphdef, self.tx, self.schedule = graphdef, tx, schedule
-    self.grad_accum_steps = grad_accum_steps
-    self.train = jax.jit(self._train_step, donate_argnums=0, out_shardings=(replicated, replicated))
-    self.eval = jax.jit(self._eval_step, out_shardings=replicated)
-    # A copy on every device: the initial state, and the best model (the training state's
-    # buffers are donated to the next step). jax.device_put cannot place a process's arrays
-    # on other processes' devices.
-    self.replicate = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=replicated)
-    self._compiled_train = {}
-    self.all_finite = jax.jit(lambda tree: jnp.all(jnp.array(
-        [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
-
-  @classmethod
-  def for_config(cls, config, make: "Callable[[], Steps]") -> "Steps":
-    key = json.dumps({"task": config.task, "model": config.model.to_dict(),
-                      "optimizer": config.optimizer.to_dict(),
-                      "schedule": config.schedule.to_dict(),
-                      "grad_accum_steps": config.grad_accum_steps,
-                      "devices": [d.id for d in jax.devices()]}, sort_keys=True)
-    if key not in cls._cache:
-      if len(cls._cache) >= cls.CACHE_SIZE:
-        cls._cache.pop(next(iter(cls._cache)))
-      cls._cache[key] = make()
-    return cls._cache[key]
-
-  def compiled_train(self, state: TrainState, batch_spec: dict):
-    """The train step compiled ahead of time for this state and batch shape (once per shape)."""
-    key = tuple((name, spec.shape, str(spec.dtype)) for name, spec in sorted(batch_spec.items()))
-    if key not in self._compiled_train:
-      self._compiled_train[key] = self.train.lower(state, batch_spec).compile()
-    return self._compiled_train[key]
-
-  def copy_model(self, state: TrainState):
-    return self.replicate((state.params, state.rest))
-
-  def _grads(self, params, rest, batch):
-    """Summed loss, correct count, target count and the gradient of the summed loss on one
-    batch; the advanced model state."""
-    model = nnx.merge(self.graphdef, params, rest)
-
-    def loss_fn(model):
-      losses, correct, weights = score(model, batch, deterministic=False)
-      return losses.sum(), (correct.sum(), weights.sum())
-
-    (loss, (correct, count)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-    _, _, rest = nnx.split(model, nnx.Param, ...)   # e.g. the dropout RNG has advanced
-    return loss, correct, count, grads, rest
-
-  def _train_step(self, state: TrainState, batch):
-    accum = self.grad_accum_steps
-    if accum == 1:
-      loss, correct, count, grads, rest = self._grads(state.params, state.rest, batch)
-    else:  # micro-batch i = rows i, i + accum, ...: every device holds a share of each
-      micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, accum, *x.shape[1:]), 0, 1), batch)
-
-      def add(carry, micro_batch):  # params ride in the carry: NNX needs them at the scan's level
-        params, *sums, rest = carry
-        *terms, rest = self._grads(params, rest, micro_batch)
-        return (params, *jax.tree.map(jnp.add, sums, terms), rest), None
-
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
-      carry = (state.params, 0.0, 0.0, 0.0, zeros, state.rest)
-      (_, loss, correct, count, grads, rest), _ = jax.lax.scan(add, carry, micro)
-    count = jnp.maximum(count, 1.0)
-    grads = jax.tree.map(lambda g: g / count, grads)   # the gradient of the mean loss
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    metrics = {"train_loss": loss / count, "train_accuracy": correct / count,
-               "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
-    return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                      rest=rest, opt_state=opt_state), metrics
-
-  def _eval_step(self, model_state, batch):
-    model = nnx.merge(self.graphdef, *model_state)
-    losses, correct, weights = score(model, batch, deterministic=True)
-    return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
-
-
-def make_steps(config, graphdef, replicated) -> Steps:
-  """The step functions of `config`'s model (`graphdef`) with its optimiser (config.optimizer)
-  under its learning-rate schedule (config.schedule). The trainer keeps them per config
-  (Steps.for_config); the efficiency benchmark compiles and times this same train step."""
-  tx, schedule = build.optimizer(config)
-  return Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated)
-
-
-def initial_state(steps: Steps, params, rest) -> TrainState:
-  """Step 0: the model's parameters and other state, and the optimiser's initial state (of
-  shapes alone under jax.eval_shape)."""
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, rest=rest,
-                    opt_state=steps.tx.init(params))
 
 
 class Trainer:
@@ -479,13 +365,13 @@ class Trainer:
         "num_examples": {split: len(ds) for split, ds in self.datasets.items()},
         "data": data_lib.provenance(config),
         "data_checks": self.data_checks,
-        "environment": provenance.environment(),
+        "environment": records.environment(),
         "model": build.describe(self.model_config),
         "overrides": self.overrides,
         "config": config.to_dict(),
     }
     if self.is_writer:
-      provenance.write_json(self.workdir / "results.json", results)
+      records.write_json(self.workdir / "results.json", results)
     logging.info("%s/%s: test accuracy %.4f at the final step %d, %.4f at the best validation "
                  "step %d", config.task, config.model.attention, final["accuracy"],
                  results["steps"], best["accuracy"], record["best_step"])
@@ -506,32 +392,3 @@ def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
   return Trainer(config, workdir, restart=restart).run()
 
 
-# -- what a task trains for ---------------------------------------------------------------------
-#
-# Classification (the LRA tasks): targets int [batch], one class per sequence. Token prediction
-# (the diagnostics, e.g. associative recall with a causal LM): targets int [batch, length], the
-# token expected at each position, IGNORED (-1) where nothing is asked. `score` gives
-# per-target losses, correctness and weights of one shape; a loss or an accuracy is the weighted
-# sum over the weight sum, so a masked token loss and a classification loss are the same
-# computation, and sums over micro-batches or devices stay exact.
-
-def logits(model, batch, deterministic: bool):
-  if "inputs2" in batch:
-    return model(batch["inputs"], batch["masks"], batch["inputs2"], batch["masks2"],
-                 deterministic=deterministic)
-  return model(batch["inputs"], batch["masks"], deterministic=deterministic)
-
-
-def score(model, batch, deterministic: bool):
-  """(losses, correct, weights), each f32 shaped like batch["targets"]: cross-entropy and
-  exact-match at every target, weight 0 where the target is IGNORED or the example is
-  filler (batch["weights"] = 0)."""
-  targets = batch["targets"]
-  out = logits(model, batch, deterministic).astype(jnp.float32)   # [b, classes] | [b, n, vocab]
-  weights = (targets != IGNORED).astype(jnp.float32)
-  if "weights" in batch:
-    weights = weights * batch["weights"].reshape((-1,) + (1,) * (targets.ndim - 1))
-  safe = jnp.where(targets == IGNORED, 0, targets)
-  losses = optax.softmax_cross_entropy_with_integer_labels(out, safe) * weights
-  correct = (jnp.argmax(out, -1) == targets).astype(jnp.float32) * weights
-  return losses, correct, weights

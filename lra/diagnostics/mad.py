@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from lra.mqar import IGNORED, SPLIT_SEEDS
+from lra.diagnostics.mqar import IGNORED, SPLIT_SEEDS
 
 RULES_VERSION = 1   # bump when a generator's output for given settings changes
 _MAY_BE_ZERO = ("seed", "map_seed", "noise_vocab_size")
@@ -262,7 +262,7 @@ class SelectiveCopying(_Settings):
 class Compression(_Settings):
   """L - 1 random tokens of [0, vocab_size - 1), then the compression token (vocab_size - 1).
   Target at position i is token i: a model whose logits at every position are read from the
-  compression token's representation alone (experiments/build.py picks such a model by the
+  compression token's representation alone (experiments/train/build.py picks such a model by the
   task spec's `readout`) must reconstruct the whole sequence from one vector."""
 
   task = "compression"

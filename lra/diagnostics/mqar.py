@@ -42,6 +42,8 @@ class Settings:
   num_test: int = 1_000
   seed: int = 0
 
+  task = "mqar"   # not a field: what every diagnostic's settings name (lra.diagnostics)
+
   def check(self, seq_len: int) -> None:
     queries = self.queries
     for name in ("vocab_size", "num_pairs", "num_train", "num_validation", "num_test"):
@@ -71,6 +73,10 @@ class Settings:
   def num_examples(self, split: str) -> int:
     return {"train": self.num_train, "validation": self.num_validation,
             "test": self.num_test}[split]
+
+  def generate(self, seq_len: int, split: str) -> dict[str, np.ndarray]:
+    """`generate(self, seq_len, split)`, as every diagnostic's settings generate a split."""
+    return generate(self, seq_len, split)
 
 
 def generate(settings: Settings, seq_len: int, split: str) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ import lra
 from configs.lra import common
 from experiments import fidelity
 
-DOC = Path(__file__).resolve().parents[1] / fidelity.OUT
+DOC = Path(__file__).resolve().parents[2] / fidelity.OUT
 
 
 def test_the_committed_table_is_the_one_the_configs_generate():

@@ -13,10 +13,13 @@ import pytest
 
 import lra
 from command_runner import run_commands
-from experiments import cli, reproduce, trainer
-from experiments.provenance import read_metrics
+from experiments import reproduce
+from experiments.common import task_configs
+from experiments.common.errors import HarnessError
+from experiments.train import trainer
+from experiments.train.metrics import read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL = {"model.num_layers": 1, "model.emb_dim": 16, "model.num_heads": 2, "model.mlp_dim": 32,
          "model.max_len": 32, "model.dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
          "batch_size": 4, "num_train_steps": 3, "eval_every": 3, "log_every": 1,
@@ -107,9 +110,9 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
 
 def test_batch_not_divisible_by_devices(listops_dir, tmp_path, monkeypatch):
   monkeypatch.setattr(trainer.jax, "device_count", lambda: 2)
-  config = cli.task_config("listops", "full", "tiny", 0,
+  config = task_configs.task_config("listops", "full", "tiny", 0,
                                  [f"data_dir={listops_dir}", "batch_size=3"])
-  with pytest.raises(trainer.HarnessError,
+  with pytest.raises(HarnessError,
                      match="batch_size / grad_accum_steps = 3 is not divisible "
                            "by the 2 devices.*use a multiple of 2"):
     trainer.Trainer(config, tmp_path)
@@ -128,7 +131,7 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
                    "--config.model.attention=sparse_transformer",
                    "--config.model.attention_options.num_summary=1",
                    f"--workdir={tmp_path / 'swapped'}", *overrides("--config.", settings)])
-  one = trainer.Trainer(cli.task_config(
+  one = trainer.Trainer(task_configs.task_config(
       "listops", "full", "tiny", 0, overrides("", settings)), tmp_path / "one").run()
   code, stdout, stderr = finish(process)
   assert code == 0, stderr
@@ -169,7 +172,7 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(listops_dir
                       f"--workdir={tmp_path / 'two'}", *overrides("--config.", settings)],
                      env={"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2",
                           "JAX_PROCESS_ID": str(i)}) for i in range(2)]
-  config = cli.task_config("listops", "full", "tiny", 0, overrides("", settings))
+  config = task_configs.task_config("listops", "full", "tiny", 0, overrides("", settings))
   one = trainer.Trainer(config, tmp_path / "one").run()
   for process in processes:
     code, _, stderr = finish(process)

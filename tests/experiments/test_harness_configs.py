@@ -20,13 +20,18 @@ import lra
 from attention_zoo.models import TransformerConfig
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
-from experiments import (benchmark_output, build, capacity_search, cli, provenance, report,
-                         reproduce, sweep)
-from experiments import data as data_lib
-from experiments.measure import ENVIRONMENT
-from experiments.workloads import Status
+from configs.task_values import TaskValues
+from experiments import report, reproduce, sweep
+from experiments.benchmark import capacity as capacity_search
+from experiments.benchmark import outputs as benchmark_output
+from experiments.benchmark.outputs import ENVIRONMENT
+from experiments.benchmark.settings import Status
+from experiments.common import command_line, overrides, plots, task_configs, variant_names
+from experiments.common.errors import HarnessError
+from experiments.train import build, optimizer
+from experiments.train import data as data_lib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASKS = lra.available_tasks()
 
 
@@ -156,18 +161,18 @@ def test_length_options_scale_with_the_built_max_len():
 
 
 def test_attention_override_resolves_that_attentions_settings():
-  config = cli.task_config("listops", "performer", "paper", 0, ["model.attention=local"])
+  config = task_configs.task_config("listops", "performer", "paper", 0, ["model.attention=local"])
   model = build.model_config(config)
   assert model.attention == "local" and model.attention_options == {"block_size": 50}
   assert not model.attention_ignores_padding
-  config = cli.task_config("listops", "performer", "paper", 0, [
+  config = task_configs.task_config("listops", "performer", "paper", 0, [
       "model.attention=local", "model.attention_options.nb_features=8"])
-  with pytest.raises(cli.HarnessError, match="local has no option 'nb_features'; its options: "
+  with pytest.raises(HarnessError, match="local has no option 'nb_features'; its options: "
                                              "block_size"):
     build.model_config(config)
   for fixed in ("preset=tiny", "task=text"):
-    with pytest.raises(cli.HarnessError, match="cannot be overridden"):
-      cli.task_config("listops", "full", "paper", 0, [fixed])
+    with pytest.raises(HarnessError, match="cannot be overridden"):
+      task_configs.task_config("listops", "full", "paper", 0, [fixed])
 
 
 def test_config_argument_errors_and_late_registered_names():
@@ -185,22 +190,39 @@ def test_config_argument_errors_and_late_registered_names():
 
 def test_unknown_field_names_the_valid_ones():
   config = get_config("listops", "full,tiny")
-  assert cli.unknown_field(config, "model.num_layers") is None
-  message = cli.unknown_field(config, "model.nope")
+  assert overrides.unknown_field(config, "model.num_layers") is None
+  message = overrides.unknown_field(config, "model.nope")
   assert "unknown config field 'model.nope'" in message and "num_layers" in message
-  assert "config has no field 'optimiser'" in cli.unknown_field(config, "optimiser.b1")
+  assert "config has no field 'optimiser'" in overrides.unknown_field(config, "optimiser.b1")
 
 
 def test_no_config_file_imports_the_project():
   """configs/ is data: it may import ml_collections, the standard library and other configs,
   never the library, the data package or the harness."""
   project = {"attention_zoo", "lra", "experiments"}
-  for path in sorted(REPO.joinpath("configs").rglob("*.py")):
+  paths = sorted(REPO.joinpath("configs").rglob("*.py"))
+  assert paths, "no config file found under configs/"
+  for path in paths:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
       names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
       for name in names:
         assert name.split(".")[0] not in project, f"{path.relative_to(REPO)} imports {name}"
+
+
+def test_every_task_config_file_declares_its_values():
+  """configs/task_values.py's protocol: each task's config file declares VALUES, the TaskValues
+  of that task, which the build step reads (an LRA task's released values, a diagnostic's
+  attention settings)."""
+  for task in TASKS + lra.diagnostic_tasks():
+    values = task_configs.task_values(task)
+    assert isinstance(values, TaskValues) and values.task == task, task
+    assert values.is_lra == (task in TASKS), task
+    assert values.is_lra or values.attention_settings, task
+  with pytest.raises(ValueError, match="under 'shared'"):
+    TaskValues("listops", released={"full": {}})
+  with pytest.raises(ValueError, match="not attention_settings"):
+    TaskValues("listops", released={"shared": {}}, attention_settings={"local": {}})
 
 
 def test_config_model_fields_are_the_transformer_config_fields():
@@ -217,19 +239,19 @@ def test_config_model_fields_are_the_transformer_config_fields():
 def test_the_chosen_variant_decides_its_settings_and_the_users_values_win():
   # The issue's command: an option of the variant the override names, not of the argument's.
   config = get_config("listops", "full,tiny")
-  cli.set_field(config, "model.attention", "local")
-  cli.set_field(config, "model.attention_options.block_size", "8")
+  overrides.set_field(config, "model.attention", "local")
+  overrides.set_field(config, "model.attention_options.block_size", "8")
   assert build.model_config(config).attention_options == {"block_size": 8}
   # Under paper, the dimensions that a variant's released file changes follow the variant.
   swapped = get_config("image", "full,paper")
   assert swapped.model.num_heads is None   # decided by the variant, when the model is built
-  cli.set_field(swapped, "model.attention", "local")
+  overrides.set_field(swapped, "model.attention", "local")
   assert build.resolve(swapped) == resolved("image", "local,paper")
   assert (build.resolve(swapped).model.num_heads, build.resolve(swapped).model.pooling) == (
       2, "mean")
   assert build.overrides(swapped) == {}   # the run is exactly image.py:local,paper
-  cli.set_field(swapped, "model.num_heads", "4")
-  cli.set_field(swapped, "model.attention_options.block_size", "16")
+  overrides.set_field(swapped, "model.num_heads", "4")
+  overrides.set_field(swapped, "model.attention_options.block_size", "16")
   assert build.resolve(swapped).model.num_heads == 4
   assert build.overrides(swapped) == {"model.num_heads": 4,
                                       "model.attention_options.block_size": 16}
@@ -240,19 +262,19 @@ def test_the_chosen_variant_decides_its_settings_and_the_users_values_win():
 
 def test_unknown_names_suggest_the_closest():
   config = get_config("listops", "full,tiny")
-  assert "(did you mean 'num_layers'?)" in cli.unknown_field(config, "model.num_layer")
-  assert "(did you mean 'schedule'?)" in cli.unknown_field(config, "schedul.factors")
-  assert cli.unknown_field(config, "model.attention_options.anything") is None
-  assert "(did you mean 'performer'?)" in cli.unknown_attention("perfomer")
-  cli.set_field(config, "model.attention", "performer")
-  cli.set_field(config, "model.attention_options.nb_feature", "16")
-  with pytest.raises(cli.HarnessError, match="performer has no option 'nb_feature' "
+  assert "(did you mean 'num_layers'?)" in overrides.unknown_field(config, "model.num_layer")
+  assert "(did you mean 'schedule'?)" in overrides.unknown_field(config, "schedul.factors")
+  assert overrides.unknown_field(config, "model.attention_options.anything") is None
+  assert "(did you mean 'performer'?)" in variant_names.unknown_attention("perfomer")
+  overrides.set_field(config, "model.attention", "performer")
+  overrides.set_field(config, "model.attention_options.nb_feature", "16")
+  with pytest.raises(HarnessError, match="performer has no option 'nb_feature' "
                                              "\\(did you mean 'nb_features'\\?\\)"):
     build.resolve(config)
 
 
 def test_the_names_read_from_source_are_the_registry():
-  assert cli.names_in_source() == list(az.available())
+  assert variant_names.names_in_source() == list(az.available())
 
 
 def test_an_option_override_applies_to_the_variants_that_have_it(caplog):
@@ -267,7 +289,7 @@ def test_an_option_override_applies_to_the_variants_that_have_it(caplog):
   misspelt = reproduce.grid_configs(preset="tiny", tasks=["listops"],
                                     attentions=["full", "performer"], seeds=[0],
                                     overrides=["model.attention_options.nb_feature=16"])
-  with pytest.raises(cli.HarnessError, match="no variant of the grid \\(full, performer\\) has an "
+  with pytest.raises(HarnessError, match="no variant of the grid \\(full, performer\\) has an "
                                              "option 'nb_feature' \\(did you mean 'nb_features'"):
     reproduce.drop_options_of_other_variants(misspelt)
 
@@ -319,7 +341,7 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
 
 
 def test_overrides_parse_as_the_field_type():
-  config = cli.task_config("listops", "performer", "tiny", 3, [
+  config = task_configs.task_config("listops", "performer", "tiny", 3, [
       "model.num_layers=3", "schedule.base_learning_rate=1e-3", "model.pre_ln=false",
       "model.attention_options.nb_features=32", "model.qkv_dim=16", "data_dir=/x",
       "model.attention_options.kernel=relu",
@@ -329,36 +351,36 @@ def test_overrides_parse_as_the_field_type():
   assert config.schedule.base_learning_rate == 1e-3 and config.model.qkv_dim == 16
   assert config.model.attention_options.nb_features == 32 and config.data_dir == "/x"
   assert config.model.attention_options.kernel == "relu"   # read as a literal, else text
-  with pytest.raises(cli.HarnessError, match="unknown config field 'model.layers'"):
-    cli.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
-  with pytest.raises(cli.HarnessError, match="takes field=value"):
-    cli.task_config("listops", "full", "tiny", 0, ["model.num_layers"])
-  with pytest.raises(cli.HarnessError, match="model.num_layers=two"):
-    cli.task_config("listops", "full", "tiny", 0, ["model.num_layers=two"])
-  with pytest.raises(cli.HarnessError, match="unknown attention 'nope'; registered: .*full"):
+  with pytest.raises(HarnessError, match="unknown config field 'model.layers'"):
+    task_configs.task_config("listops", "full", "tiny", 0, ["model.layers=2"])
+  with pytest.raises(HarnessError, match="takes field=value"):
+    task_configs.task_config("listops", "full", "tiny", 0, ["model.num_layers"])
+  with pytest.raises(HarnessError, match="model.num_layers=two"):
+    task_configs.task_config("listops", "full", "tiny", 0, ["model.num_layers=two"])
+  with pytest.raises(HarnessError, match="unknown attention 'nope'; registered: .*full"):
     reproduce.check_names(["listops"], ["nope"])
-  with pytest.raises(cli.HarnessError, match="unknown task 'cifar'; tasks: listops"):
+  with pytest.raises(HarnessError, match="unknown task 'cifar'; tasks: listops"):
     reproduce.check_names(["cifar"], ["full"])
 
 
 # ----------------------------------------------------------------------- schedules, optimiser
 
 def test_lra_schedules_follow_the_reference_formulas():
-  rsqrt = build.learning_rate_schedule(common.RSQRT, base_learning_rate=0.05, warmup_steps=100,
+  rsqrt = optimizer.learning_rate_schedule(common.RSQRT, base_learning_rate=0.05, warmup_steps=100,
                                        steps_per_cycle=1000)
   for count in (0, 49, 99, 100, 399, 9999):
     step = count + 1
     expected = 0.05 * min(1, step / 100) / math.sqrt(max(step, 100))
     assert float(rsqrt(count)) == pytest.approx(expected, rel=1e-6)
-  cosine = build.learning_rate_schedule(common.COSINE, base_learning_rate=1e-3, warmup_steps=10,
+  cosine = optimizer.learning_rate_schedule(common.COSINE, base_learning_rate=1e-3, warmup_steps=10,
                                         steps_per_cycle=100)
   for count in (0, 9, 10, 59, 109):
     step = count + 1
     progress = max(0.0, (step - 10) / 100)
     expected = 1e-3 * min(1, step / 10) * 0.5 * (1 + math.cos(math.pi * (progress % 1)))
     assert float(cosine(count)) == pytest.approx(expected, rel=1e-5, abs=1e-12)
-  with pytest.raises(cli.HarnessError, match="unknown schedule factor.*'exp_decay'.*rsqrt_decay"):
-    build.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
+  with pytest.raises(HarnessError, match="unknown schedule factor.*'exp_decay'.*rsqrt_decay"):
+    optimizer.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
                                  steps_per_cycle=1)
 
 
@@ -368,23 +390,23 @@ def test_optimizers_weight_decay_and_clipping():
   config = lambda **kw: type("O", (), {**dict(name="adamw", b1=0.9, b2=0.98, eps=1e-9,
                                               weight_decay=0.0, grad_clip_norm=0.0), **kw})
   constant = lambda count: 0.1
-  for name in build.OPTIMIZERS:
-    tx = build.make_optimizer(config(name=name, weight_decay=0.0), constant)
+  for name in optimizer.OPTIMIZERS:
+    tx = optimizer.make_optimizer(config(name=name, weight_decay=0.0), constant)
     update, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(update["w"], [-0.1, -0.1, 0.0], atol=1e-6)  # Adam's first step
-  decoupled = build.make_optimizer(config(weight_decay=0.5), constant)
+  decoupled = optimizer.make_optimizer(config(weight_decay=0.5), constant)
   update, _ = decoupled.update({"w": jnp.zeros(3)}, decoupled.init(params), params)
   np.testing.assert_allclose(update["w"], -0.1 * 0.5 * np.ones(3), atol=1e-6)  # lr * wd * w
-  clipped = build.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1),
+  clipped = optimizer.make_optimizer(config(grad_clip_norm=1.0, name="adam", weight_decay=0.1),
                                  constant)
   state = clipped.init(params)
   clipped.update(grads, state, params)  # runs with clipping and L2 decay
-  with pytest.raises(cli.HarnessError, match="unknown optimizer.name 'sgd'"):
-    build.make_optimizer(config(name="sgd"), constant)
+  with pytest.raises(HarnessError, match="unknown optimizer.name 'sgd'"):
+    optimizer.make_optimizer(config(name="sgd"), constant)
 
 
 
-@pytest.mark.parametrize("name", build.OPTIMIZERS)
+@pytest.mark.parametrize("name", optimizer.OPTIMIZERS)
 def test_decay_rate_parameters_of_the_mixers_are_not_weight_decayed(name):
   """Mamba2's and Gated DeltaNet's A_log, dt_bias (and Mamba2's D) keep their values under
   weight decay alone, as their authors train them; every other parameter decays."""
@@ -394,7 +416,7 @@ def test_decay_rate_parameters_of_the_mixers_are_not_weight_decayed(name):
   params = jax.tree.map(jnp.ones_like, params)   # zero-initialised biases would not show decay
   options = type("O", (), dict(name=name, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.5,
                                grad_clip_norm=0.0))
-  tx = build.make_optimizer(options, lambda count: 0.1)
+  tx = optimizer.make_optimizer(options, lambda count: 0.1)
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
   moved = {jax.tree_util.keystr(path): bool(jnp.any(u != 0)) for path, u in
@@ -408,8 +430,8 @@ def test_decay_rate_parameters_of_the_mixers_are_not_weight_decayed(name):
 def test_plugins_flag_items_split_into_module_names():
   """--plugins=a,b --plugins=c: each item may be a list; the modules load in cli.run (the
   library's az.load_plugins, tested in test_contract.py)."""
-  assert cli.split_names(["a,b", " c "]) == ["a", "b", "c"]
-  assert cli.split_names("x") == ["x"] and cli.split_names(None) == []
+  assert command_line.split_names(["a,b", " c "]) == ["a", "b", "c"]
+  assert command_line.split_names("x") == ["x"] and command_line.split_names(None) == []
 
 
 # ------------------------------------------------------------------------ tiny data generation
@@ -424,13 +446,13 @@ def test_tiny_data_is_generated_only_into_its_own_folder_unless_asked(tmp_path, 
 
   monkeypatch.setattr(data_lib, "generate", generate)
   monkeypatch.chdir(tmp_path)   # the preset's own folder, data/lra_tiny, is missing here
-  tiny = lambda *overrides: cli.task_config("listops", "full", "tiny", 0, overrides)
+  tiny = lambda *overrides: task_configs.task_config("listops", "full", "tiny", 0, overrides)
   with pytest.raises(Generating, match="data/lra_tiny"):
     data_lib.load_splits(tiny())
   with pytest.raises(Generating, match="data/lra_tiny"):
     data_lib.load_splits(tiny(f"data_dir={tmp_path}/data/../data/lra_tiny"))
   mistyped = tmp_path / "data" / "lra_tyni"
-  with pytest.raises(cli.HarnessError, match=(
+  with pytest.raises(HarnessError, match=(
       rf"listops data is missing from {mistyped} .*basic_train.tsv.*only into its own folder "
       r"data/lra_tiny.*--config.generate_data=True")):
     data_lib.load_splits(tiny(f"data_dir={mistyped}"))
@@ -518,9 +540,10 @@ def test_plot_legends_cover_no_bars_or_curves(write, tmp_path, monkeypatch):
       box = legend.get_window_extent()
       assert not any(box.overlaps(ax.get_window_extent()) for ax in fig.axes), Path(path).name
       checked.append(Path(path).name)
-    provenance.pyplot().close(fig)
+    plots.pyplot().close(fig)
 
-  monkeypatch.setattr(provenance, "save_figure", inspect)
+  for writer in (report, sweep, benchmark_output, capacity_search):   # each saves its figures
+    monkeypatch.setattr(writer, "save_figure", inspect)
   write(tmp_path)
   assert checked, "no legend drawn"
   if write is report_plots:
@@ -586,5 +609,5 @@ def test_report_table_csv_and_plots(tmp_path, capsys):
   for task in ("listops", "text", "pathx"):
     for kind in ("bars", "curves"):
       assert (out / f"{kind}_tiny_{task}.png").stat().st_size > 1000
-  with pytest.raises(cli.HarnessError, match="no results.json under"):
+  with pytest.raises(HarnessError, match="no results.json under"):
     report.write_report(tmp_path / "empty", tmp_path / "out2")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import provenance, report, sweep, tuning
-from experiments.provenance import MetricsWriter, read_metrics
+from experiments import report, sweep, tuning
+from experiments.common import records
+from experiments.train.metrics import MetricsWriter, read_metrics
 
 
 class _HalfThenCrash:
@@ -76,11 +77,11 @@ def test_the_crash_simulation_tears_a_plain_write(tmp_path):
 
 def _results(root: Path, accuracy: float):
   workdir = root / "listops" / "full" / "seed0"
-  provenance.write_json(workdir / "results.json", {
+  records.write_json(workdir / "results.json", {
       "task": "listops", "attention": "full", "preset": "tiny", "seed": 0,
       "test_accuracy_final": accuracy, "test_accuracy_best_validation": accuracy,
       "majority_accuracy": 0.17})
-  provenance.write_text(workdir / "metrics.jsonl", "".join(
+  records.write_text(workdir / "metrics.jsonl", "".join(
       json.dumps({"step": s, "train_loss": 2.0 - s * accuracy, "eval_accuracy": accuracy * s})
       + "\n" for s in (1, 2, 3)))
   return root
@@ -97,7 +98,7 @@ def _write_sweep(out: Path, accuracy: float):
 
 def _write_tuning(out: Path, accuracy: float):
   runs, tune = out.parent / f"tuned{accuracy}", {"schedule.base_learning_rate": [0.1]}
-  provenance.write_json(
+  records.write_json(
       runs / "tune" / "schedule.base_learning_rate=0.1" / "runs" / "listops" / "full" / "seed0"
       / "results.json", {"task": "listops", "attention": "full", "preset": "tiny", "seed": 0,
                          "best_eval_accuracy": accuracy, "test_accuracy_best_validation": accuracy})
@@ -106,12 +107,12 @@ def _write_tuning(out: Path, accuracy: float):
 
 
 def _write_results(out: Path, accuracy: float):
-  provenance.write_json(out / "results.json", {"test_accuracy_final": accuracy})
+  records.write_json(out / "results.json", {"test_accuracy_final": accuracy})
 
 
 def _rewrite_metrics(out: Path, accuracy: float):
   if accuracy == 0.3:   # the old file: five events
-    provenance.write_text(out / "metrics.jsonl", "".join(
+    records.write_text(out / "metrics.jsonl", "".join(
         json.dumps({"step": s, "train_loss": accuracy}) + "\n" for s in range(1, 6)))
   else:                 # a resume at step 3 rewrites it
     writer = MetricsWriter(out)
@@ -173,7 +174,7 @@ def test_a_fresh_start_renames_the_earlier_runs_files(tmp_path):
     kept = writer.start_fresh()
     writer.write(1, train_loss=float(run))
     writer.close()
-    provenance.write_json(tmp_path / "results.json", {"run": run})
+    records.write_json(tmp_path / "results.json", {"run": run})
     assert kept == (None if run == 1 else "metrics.jsonl.1, tensorboard.1, results.json.1")
   for suffix, run in (("", 3), (".1", 2), (".2", 1)):   # the newest earlier run is .1
     assert json.loads((tmp_path / f"results.json{suffix}").read_text()) == {"run": run}

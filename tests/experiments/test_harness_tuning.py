@@ -9,15 +9,18 @@ from pathlib import Path
 import pytest
 
 import lra
-from experiments import cli, reproduce, sweep, trainer, tuning
+from experiments import reproduce, sweep, tuning
+from experiments.common import task_configs
+from experiments.common.errors import HarnessError
+from experiments.train import trainer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LR = "schedule.base_learning_rate"
 WD = "optimizer.weight_decay"
 
 
 def mqar_config():
-  return cli.task_config("mqar", "full", "tiny")
+  return task_configs.task_config("mqar", "full", "tiny")
 
 
 def test_values_parse_as_the_field_type_into_a_grid_first_field_slowest():
@@ -36,7 +39,7 @@ def test_values_parse_as_the_field_type_into_a_grid_first_field_slowest():
   point = {LR: 1e-4, "model.pre_ln": False}
   assert tuning.point_dir("out", point) == Path(
       "out/tune/schedule.base_learning_rate=0.0001,model.pre_ln=false")
-  config = cli.task_config("mqar", "full", "tiny", overrides=tuning.overrides(point))
+  config = task_configs.task_config("mqar", "full", "tiny", overrides=tuning.overrides(point))
   assert config.schedule.base_learning_rate == 1e-4 and config.model.pre_ln is False
   assert tuning.point_dir("out", {}) == Path("out")
   grids = tuning.grids({"tasks": ["mqar"], "out": "out", "overrides": ["model.num_layers=1"]},
@@ -65,14 +68,14 @@ def test_values_parse_as_the_field_type_into_a_grid_first_field_slowest():
     ([f"{LR}=1"], tuning.overridden([f"{LR}=0.1"]), f"--override sets it ({LR}=0.1)"),
 ])
 def test_grid_errors_name_the_field(specs, taken, message):
-  with pytest.raises(cli.HarnessError) as error:
+  with pytest.raises(HarnessError) as error:
     tuning.parse(specs, mqar_config(), taken)
   assert message in str(error.value)
 
 
 def test_an_empty_grid_cannot_be_tuned():
   assert tuning.parse([], None) == {}
-  with pytest.raises(cli.HarnessError, match="--tune: the grid is empty"):
+  with pytest.raises(HarnessError, match="--tune: the grid is empty"):
     tuning.parse([f"{LR}=1"], None)
 
 
@@ -154,7 +157,7 @@ def test_the_choice_follows_validation_not_test(planted):
 
 def test_a_run_without_the_validation_accuracy_is_named(tmp_path):
   plant(tmp_path, f"{LR}=0.1", "listops", "full", 0, 0.5, 0.5)
-  with pytest.raises(cli.HarnessError, match="seed0/results.json records no "
+  with pytest.raises(HarnessError, match="seed0/results.json records no "
                                              "validation_accuracy_final.*delete it"):
     tuning.records(tmp_path, {LR: [0.1]}, {**ASKED, "seed": [0]}, "test_accuracy_final")
 

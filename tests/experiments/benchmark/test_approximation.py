@@ -1,7 +1,7 @@
 """experiments.benchmark --mode=approximation measures against the right exact attention."""
 import pytest
 
-from experiments.kernels import relative_error
+from experiments.benchmark.approximation import relative_error
 
 SMALL = dict(length=24, num_heads=2, head_dim=8, std=1.0, seed=0)
 

@@ -18,11 +18,16 @@ import pytest
 from PIL import Image
 
 import attention_zoo as az
-from experiments import benchmark, build, kernels, measure, provenance, trainer, workloads
-from experiments import benchmark_output as output
-from experiments.workloads import JAX_BASELINE, Settings, Status
+from experiments.benchmark import attention, flash, measuring, programs
+from experiments.benchmark import outputs as output
+from experiments.benchmark import settings as settings_lib
+from experiments.benchmark.settings import JAX_BASELINE, Settings, Status
+from experiments.common import device
+from experiments.common.errors import HarnessError
+from experiments.train import build
+from experiments.train import steps as train_steps
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TINY_MODEL = dict(num_layers=1, emb_dim=32, num_heads=2, mlp_dim=64)
 TINY_FLAGS = ["--num_layers=1", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64"]
 
@@ -104,11 +109,12 @@ def test_attention_mode_markdown_and_plots(attention_run):
 
 def test_train_mode_times_the_trainers_step(tmp_path, monkeypatch):
   made = []
-  real_make_steps = trainer.make_steps
-  monkeypatch.setattr(trainer, "make_steps", lambda *a: made.append(a[0]) or real_make_steps(*a))
+  real_make_steps = train_steps.make_steps
+  monkeypatch.setattr(train_steps, "make_steps",
+                      lambda *a: made.append(a[0]) or real_make_steps(*a))
   settings = tiny_settings(mode="train", attentions=("local",), lengths=(16,), repeats=2,
                            attention_options={"local": {"block_size": "8"}})
-  rows = benchmark.run_and_write(settings, str(tmp_path), command="test")
+  rows = measuring.run_and_write(settings, str(tmp_path), command="test")
   assert [(r["attention"], r["length"], r["status"]) for r in rows] == [
       ("full", 16, Status.OK), ("local", 16, Status.OK)]
   # the Text config (fair preset) with the run's overrides, through the trainer's make_steps
@@ -136,7 +142,7 @@ def test_jax_baseline_computes_masked_softmax_attention():
   q, k, v = np.random.default_rng(0).normal(size=(3, b, n, h, d)).astype(np.float32)
   mask = np.ones((b, n), bool)
   mask[1, 7:] = False
-  out = workloads.JaxDotProductAttention()(q, k, v, q_mask=jnp.asarray(mask),
+  out = attention.JaxDotProductAttention()(q, k, v, q_mask=jnp.asarray(mask),
                                            kv_mask=jnp.asarray(mask))
   scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)             # [b, h, q, k]
   scores = np.where(mask[:, None, None, :], scores, -np.inf)
@@ -154,15 +160,15 @@ def test_jax_baseline_only_in_attention_mode():
 # -- every Status ------------------------------------------------------------------------------
 
 def test_runtime_oom_stops_the_longer_lengths(monkeypatch):
-  real_call = workloads.call
+  real_call = programs.call
 
   def call(compiled, *args):
     if args[2].shape[1] == 24:                 # q [b, 24, h, d]: pretend 24 does not fit
       raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes")
     return real_call(compiled, *args)
 
-  monkeypatch.setattr(workloads, "call", call)
-  rows = measure.run(tiny_settings(attentions=("full",), lengths=(16, 24, 32)))
+  monkeypatch.setattr(programs, "call", call)
+  rows = measuring.run(tiny_settings(attentions=("full",), lengths=(16, 24, 32)))
   full = by(rows, "full")
   assert [r["status"] for r in full] == [Status.OK, Status.OOM_RUNTIME, Status.NOT_TRIED]
   assert "RESOURCE_EXHAUSTED" in full[1]["note"] and full[1]["temp_bytes"] > 0
@@ -171,7 +177,7 @@ def test_runtime_oom_stops_the_longer_lengths(monkeypatch):
 
 
 def test_memory_limit_refuses_before_running_and_longer_lengths_still_compile():
-  rows = by(measure.run(tiny_settings(lengths=(16, 32), memory_limit_bytes=1024)), "full")
+  rows = by(measuring.run(tiny_settings(lengths=(16, 32), memory_limit_bytes=1024)), "full")
   assert [r["status"] for r in rows] == [Status.OVER_MEMORY_LIMIT] * 2
   assert all("memory limit" in r["note"] and r.get("step_ms") is None for r in rows)
   assert rows[1]["temp_bytes"] > rows[0]["temp_bytes"] > 0      # known from compiling alone
@@ -179,29 +185,29 @@ def test_memory_limit_refuses_before_running_and_longer_lengths_still_compile():
 
 
 def test_more_than_the_device_has_is_oom_compiled(monkeypatch):
-  monkeypatch.setattr(measure, "device_memory_bytes", lambda: 1024.0)
-  rows = by(measure.run(tiny_settings(lengths=(16, 32))), "full")
+  monkeypatch.setattr(device, "device_memory_bytes", lambda: 1024.0)
+  rows = by(measuring.run(tiny_settings(lengths=(16, 32))), "full")
   assert [r["status"] for r in rows] == [Status.OOM_COMPILED] * 2
   assert all("the device's" in r["note"] for r in rows)
 
 
 def test_parameters_over_the_limit_are_refused_before_compiling():
   settings = tiny_settings(attentions=("synthesizer",), lengths=(16, 512), mode="train")
-  resident = [workloads.build_workload("synthesizer", n, settings).resident_bytes
+  resident = [measuring.workload("synthesizer", n, settings).resident_bytes
               for n in (16, 512)]
   assert resident[1] > 10 * resident[0] > 0     # max_len² parameters per head
-  row, _ = measure.measure("synthesizer", 512, settings, memory_limit=resident[1] / 2)
+  row, _ = measuring.measure("synthesizer", 512, settings, memory_limit=resident[1] / 2)
   assert row["status"] is Status.OVER_MEMORY_LIMIT
   assert "parameters and optimizer state" in row["note"] and row.get("flops") is None
 
 
 def test_time_budget_stops_the_variant(tmp_path):
   settings = tiny_settings(lengths=(16, 32), time_budget_s=1e-9)
-  rows = by(measure.run(settings), "full")
+  rows = by(measuring.run(settings), "full")
   assert [r["status"] for r in rows] == [Status.OVER_TIME_BUDGET, Status.NOT_TRIED]
   assert rows[0]["note"].startswith("first call")
   assert rows[1]["note"] == "length 16 exceeded the time budget"
-  paths = output.write_outputs(measure.run(settings), settings, str(tmp_path), plots=False)
+  paths = output.write_outputs(measuring.run(settings), settings, str(tmp_path), plots=False)
   assert "| full | skipped |" in open(paths["markdown"]).read()
   assert [r["status"] for r in read_csv(paths["csv"])][:2] == ["over_time_budget", "not_tried"]
 
@@ -209,20 +215,20 @@ def test_time_budget_stops_the_variant(tmp_path):
 def test_a_prediction_over_the_budget_is_not_run():
   settings = tiny_settings(lengths=(16, 32), time_budget_s=1.0)
   previous = {"length": 16, "timings": {"fwd": (1e4, None, False), "fwd_bwd": (1e4, None, False)}}
-  row, _ = measure.measure("full", 32, settings, memory_limit=1e12, previous=previous)
+  row, _ = measuring.measure("full", 32, settings, memory_limit=1e12, previous=previous)
   assert row["status"] is Status.OVER_TIME_BUDGET and row["note"].endswith("(not run)")
 
 
 def test_an_unexpected_failure_is_error_and_does_not_stop_the_variant(monkeypatch):
-  real_call = workloads.call
+  real_call = programs.call
 
   def call(compiled, *args):
     if args[2].shape[1] == 16:
       raise ValueError("boom")
     return real_call(compiled, *args)
 
-  monkeypatch.setattr(workloads, "call", call)
-  rows = by(measure.run(tiny_settings(lengths=(16, 24))), "full")
+  monkeypatch.setattr(programs, "call", call)
+  rows = by(measuring.run(tiny_settings(lengths=(16, 24))), "full")
   assert [r["status"] for r in rows] == [Status.ERROR, Status.OK]
   assert rows[0]["note"] == "ValueError: boom"
 
@@ -238,12 +244,12 @@ def test_status_decides_what_follows():
 
 def test_outputs_are_rewritten_after_every_measurement():
   seen = []
-  rows = measure.run(tiny_settings(lengths=(16, 24)), on_row=lambda rows: seen.append(len(rows)))
+  rows = measuring.run(tiny_settings(lengths=(16, 24)), on_row=lambda rows: seen.append(len(rows)))
   assert seen == [1, 2, 3, 4] and rows[0]["device"] and rows[0]["speedup_vs_full"] == 1.0
 
 
 def test_a_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
-  rows = measure.run(tiny_settings())
+  rows = measuring.run(tiny_settings())
   settings = tiny_settings()
   paths = output.write_outputs(rows, settings, str(tmp_path), plots=False)
   before = {kind: open(path).read() for kind, path in paths.items()}
@@ -260,18 +266,18 @@ def test_a_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
 
 def test_flash_mode_writes_its_table_atomically(tmp_path, monkeypatch):
   written = []
-  monkeypatch.setattr(provenance, "write_text", lambda path, text: written.append((path, text)))
-  kernels.write(str(tmp_path / "fb.md"), "# header", [], ["| row |"])
+  monkeypatch.setattr(flash, "write_text", lambda path, text: written.append((path, text)))
+  flash.write(str(tmp_path / "fb.md"), "# header", [], ["| row |"])
   ((path, text),) = written
   assert path.endswith("fb.md") and text.startswith("# header") and "| row |" in text
 
 
 def test_fit_exponent_recovers_power_laws():
   lengths = [1024, 2048, 4096]
-  assert measure.fit_exponent(lengths, [3 * n ** 2 for n in lengths]) == pytest.approx(2.0)
-  assert measure.fit_exponent(lengths, [5 * n for n in lengths]) == pytest.approx(1.0)
-  assert measure.fit_exponent([1024], [1.0]) is None
-  assert measure.fit_exponent(lengths, [None, 2.0, None]) is None
+  assert output.fit_exponent(lengths, [3 * n ** 2 for n in lengths]) == pytest.approx(2.0)
+  assert output.fit_exponent(lengths, [5 * n for n in lengths]) == pytest.approx(1.0)
+  assert output.fit_exponent([1024], [1.0]) is None
+  assert output.fit_exponent(lengths, [None, 2.0, None]) is None
 
 
 def test_speedups_are_against_the_faster_baseline():
@@ -279,7 +285,7 @@ def test_speedups_are_against_the_faster_baseline():
           {"attention": JAX_BASELINE, "length": 8, "step_ms": 2.0},
           {"attention": "local", "length": 8, "step_ms": 1.0},
           {"attention": "local", "length": 16, "step_ms": 1.0}]
-  measure.add_speedups(rows)
+  measuring.add_speedups(rows)
   assert rows[2]["speedup_vs_full"] == 4.0 and rows[2]["speedup_vs_jax"] == 2.0
   assert rows[2]["speedup_vs_best"] == 2.0 and rows[0]["speedup_vs_jax"] == 0.5
   assert rows[3]["speedup_vs_best"] is None     # no baseline at 16
@@ -288,14 +294,14 @@ def test_speedups_are_against_the_faster_baseline():
 # -- settings and flags ------------------------------------------------------------------------
 
 def test_attention_options_parsing():
-  parsed = workloads.parse_attention_options(
+  parsed = settings_lib.parse_attention_options(
       ["performer:nb_features=128,redraw=false", "local:block_size=64", "performer:kernel=relu"])
   assert parsed == {"performer": {"nb_features": "128", "redraw": "false", "kernel": "relu"},
                     "local": {"block_size": "64"}}
   with pytest.raises(ValueError, match="name:key=value"):
-    workloads.parse_attention_options(["nb_features=128"])
+    settings_lib.parse_attention_options(["nb_features=128"])
   with pytest.raises(ValueError, match="not key=value"):
-    workloads.parse_attention_options(["performer:nb_features"])
+    settings_lib.parse_attention_options(["performer:nb_features"])
 
 
 def test_bad_settings_are_refused_clearly():
@@ -315,14 +321,14 @@ def test_settings_from_flags_defaults_to_every_variant_and_the_text_config():
       batch_size=None, repeats=5, warmup=1, time_budget_s=60.0, memory_limit_gb=None,
       num_layers=None, emb_dim=None, num_heads=None, mlp_dim=None, attention_options=[],
       seed=0, matmul_size=0)
-  settings = benchmark.settings_from_flags(values)
+  settings = settings_lib.settings_from_flags(values)
   assert settings.attentions == az.available()
-  assert settings.batch_size == workloads.default_batch_size()
+  assert settings.batch_size == settings_lib.default_batch_size()
   model = build.model_config(settings.config("local", 1024))
   assert (model.num_layers, model.emb_dim, model.max_len) == (4, 256, 1024)
   assert model.attention_options["block_size"] == 50   # the fair preset's Text options
-  with pytest.raises(benchmark.cli.HarnessError, match="--lengths must be integers"):
-    benchmark.settings_from_flags(types.SimpleNamespace(**{**vars(values), "lengths": ["1k"]}))
+  with pytest.raises(HarnessError, match="--lengths must be integers"):
+    settings_lib.settings_from_flags(types.SimpleNamespace(**{**vars(values), "lengths": ["1k"]}))
 
 
 def test_flops_are_flagged_as_a_lower_bound_only_when_a_loop_runs_products():
@@ -330,6 +336,6 @@ def test_flops_are_flagged_as_a_lower_bound_only_when_a_loop_runs_products():
   scan_products = lambda x: jax.lax.scan(lambda c, m: (c @ m, None), x[0], x)[0]
   scan_adds = lambda x: jax.lax.scan(lambda c, m: (c + m, None), x[0], x)[0]
   one_product = lambda x: x[0] @ x[1]
-  flagged = {fn: measure.loops_over_products(jax.jit(fn).lower(x).compile())
+  flagged = {fn: device.loops_over_products(jax.jit(fn).lower(x).compile())
              for fn in (scan_products, scan_adds, one_product)}
   assert flagged == {scan_products: True, scan_adds: False, one_product: False}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from experiments import capacity_search as capacity
+from experiments.benchmark import capacity
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 LENGTHS = capacity.candidates(1024, 131072)   # 1K .. 128K, 8 candidates
 
 

@@ -13,15 +13,17 @@ import pytest
 
 import lra
 from attention_zoo.models import DualEncoderClassifier, num_params
-from experiments import checkpoints as checkpoints_lib
-from experiments import data as data_lib
-from experiments import cli, trainer
-from experiments.cli import HarnessError
-from experiments.provenance import read_metrics
+from experiments.common import task_configs
+from experiments.common.errors import HarnessError
+from experiments.train import checkpoints as checkpoints_lib
+from experiments.train import data as data_lib
+from experiments.train import trainer
+from experiments.train.metrics import read_metrics
 from lra_fixtures import write_cifar, write_imdb, write_pathfinder, write_retrieval
 
 # Compilation dominates: runs whose model, optimiser and schedule match share compiled steps
-# (trainer.Steps), so most tests below use the same settings; dropout off halves compile time.
+# (experiments/train/steps.py, Steps), so most tests below use the same settings; dropout off
+# halves compile time.
 SMALL = ["model.num_layers=1", "model.emb_dim=16", "model.num_heads=2", "model.mlp_dim=32",
          "model.max_len=32", "batch_size=4", "log_every=1", "keep_checkpoints=10",
          "schedule.steps_per_cycle=100"]
@@ -32,7 +34,7 @@ LISTOPS_SIZES = ["generate.num_train=48", "generate.num_val=8", "generate.num_te
 
 def config_for(task, data_dir, *overrides, attention="full", seed=0):
   """The tiny preset's config over data_dir, where missing ListOps / Pathfinder are generated."""
-  return cli.task_config(task, attention, "tiny", seed,
+  return task_configs.task_config(task, attention, "tiny", seed,
                                SMALL + [f"data_dir={data_dir}", "generate_data=True", *overrides])
 
 
@@ -118,8 +120,9 @@ def tensorboard_scalars(folder) -> list[tuple[int, str, float]]:
   8-byte length, its 4-byte CRC, the Event, the Event's 4-byte CRC)."""
   from tensorboardX.proto import event_pb2
 
-  scalars = []
-  for path in sorted(folder.glob("events.out.tfevents.*")):
+  scalars, paths = [], sorted(folder.glob("events.out.tfevents.*"))
+  assert paths, f"no TensorBoard event file in {folder}"
+  for path in paths:
     data, at = path.read_bytes(), 0
     while at < len(data):
       (length,) = struct.unpack("<Q", data[at:at + 8])
@@ -141,6 +144,7 @@ def flip_bytes_in_largest_array_file(checkpoint):
   """Overwrites 64 bytes in the middle of the checkpoint's largest array-data file in place
   (same size): orbax alone restores such a file without noticing."""
   data = [p for p in checkpoint.rglob("*") if p.is_file() and p.parent.name == "d"]
+  assert data, f"no array file in {checkpoint}"
   path = max(data, key=lambda p: p.stat().st_size)
   content = bytearray(path.read_bytes())
   middle = len(content) // 2
@@ -200,9 +204,11 @@ def test_no_usable_checkpoint_keeps_the_earlier_files_and_starts_afresh(run_a, d
   trainer.Trainer(config, tmp_path).run()
   for step in (2, 4, 6):   # unreadable for orbax, and no checksums to catch it first
     (tmp_path / "checkpoints" / str(step) / "checksums.json").unlink()
-    for path in (tmp_path / "checkpoints" / str(step) / "state").rglob("*"):
-      if path.is_file() and path.parent.name == "d":
-        path.write_bytes(b"corrupt")
+    arrays = [path for path in (tmp_path / "checkpoints" / str(step) / "state").rglob("*")
+              if path.is_file() and path.parent.name == "d"]
+    assert arrays, f"no array file in checkpoint {step}"
+    for path in arrays:
+      path.write_bytes(b"corrupt")
   with batches_spy() as starts, caplog.at_level("WARNING"):
     results = trainer.Trainer(config, tmp_path).run()
   assert starts == [0]
@@ -288,8 +294,8 @@ def test_a_run_that_cannot_fit_stops_before_the_first_step(data_root, tmp_path, 
   model, _ = trainer.build_model(config)
   assert need > 3 * 4 * num_params(model)   # at least the parameters and Adam's two moments
   config.check_memory = True
-  monkeypatch.setattr(trainer.measure, "device_memory_bytes", lambda: need - 1.0)
-  with pytest.raises(trainer.HarnessError) as info:
+  monkeypatch.setattr(trainer.device, "device_memory_bytes", lambda: need - 1.0)
+  with pytest.raises(HarnessError) as info:
     trainer.Trainer(config, tmp_path)
   message = str(info.value)
   megabytes = lambda n: f"{n / 1e6:.1f} MB"
@@ -302,7 +308,7 @@ def test_a_run_that_cannot_fit_stops_before_the_first_step(data_root, tmp_path, 
       "config.model.remat=block (recompute each block in the backward pass), a smaller "
       "config.batch_size (now 4); or config.check_memory=False to try anyway")
   assert not (tmp_path / "checkpoints").exists()
-  monkeypatch.setattr(trainer.measure, "device_memory_bytes", lambda: need)
+  monkeypatch.setattr(trainer.device, "device_memory_bytes", lambda: need)
   trainer.Trainer(config, tmp_path)   # just fits
 
 
@@ -434,7 +440,7 @@ def test_bad_config_values_are_clear_errors(data_root, tmp_path):
            ("model.pooling=max", "cannot build the full model: .*pooling='max'")]
   for override, message in cases:
     extra = ["grad_accum_steps=2"] if override == "batch_size=3" and jax.device_count() == 1 else []
-    with pytest.raises(trainer.HarnessError, match=message):
+    with pytest.raises(HarnessError, match=message):
       trainer.Trainer(config_for("listops", data_root, override, *extra, *LISTOPS_SIZES), tmp_path)
-  with pytest.raises(trainer.HarnessError, match="aclImdb"):
+  with pytest.raises(HarnessError, match="aclImdb"):
     trainer.Trainer(config_for("text", tmp_path / "empty"), tmp_path)

@@ -10,7 +10,7 @@ from flax import nnx
 import lra
 from attention_zoo.models import BottleneckLM, TransformerConfig
 from helpers import tiny_run_overrides
-from lra.mad import IGNORED
+from lra.diagnostics import IGNORED
 
 SIZES = dict(num_train=40, num_validation=8, num_test=40)
 
@@ -26,7 +26,7 @@ def asked(targets):
 @pytest.mark.parametrize("task", ["in_context_recall", "noisy_in_context_recall"])
 def test_recall_asks_exactly_the_values_of_keys_seen_before(task):
   ds = load(task)
-  settings = lra.mad.SETTINGS[task]()
+  settings = lra.diagnostics.SETTINGS[task]()
   num_keys = settings.num_keys
   noise_from = settings.vocab_size - settings.noise_vocab_size
   for tokens, targets in zip(ds.inputs, ds.targets):
@@ -56,7 +56,7 @@ def test_noisy_recall_replaces_about_a_fifth_of_the_pairs_with_noise():
 
 
 def test_fuzzy_recall_keys_and_values_are_runs_of_their_own_ids():
-  settings = lra.mad.FuzzyInContextRecall()
+  settings = lra.diagnostics.mad.FuzzyInContextRecall()
   pad, num_keys = settings.vocab_size - 1, settings.num_keys
   for split in ("train", "test"):
     ds = load("fuzzy_in_context_recall", split, max_len=64)
@@ -174,11 +174,12 @@ def test_bottleneck_reads_every_position_from_the_last_real_one():
 
 
 def test_configs_build_for_both_presets_and_refuse_fair():
-  from experiments import build, cli
+  from experiments.common import task_configs
+  from experiments.train import build
 
   for task in lra.mad_tasks():
     for preset in ("tiny", "paper"):
-      config = cli.task_module(task).get_config(f"linear_transformer,{preset}")
+      config = task_configs.task_module(task).get_config(f"linear_transformer,{preset}")
       ds = lra.load(task, "validation", max_len=config.model.max_len,
                     **{**config.data, "num_validation": 2})
       assert config.model.vocab_size == ds.spec.vocab_size
@@ -187,14 +188,15 @@ def test_configs_build_for_both_presets_and_refuse_fair():
       expected = BottleneckLM if task == "compression" else build.DecoderLM
       assert build.model_class(task) is expected
   with pytest.raises(ValueError, match="presets tiny, paper, not 'fair'"):
-    cli.task_module("compression").get_config("full,fair")
+    task_configs.task_module("compression").get_config("full,fair")
 
 
 def test_mad_group_expands_and_unknown_tasks_list_the_names():
-  from experiments import cli, reproduce
+  from experiments import reproduce
+  from experiments.common.errors import HarnessError
 
   assert reproduce.expand_tasks(["mqar", "mad", "compression"]) == ["mqar", *lra.mad_tasks()]
-  with pytest.raises(cli.HarnessError, match="unknown task 'copying'; tasks: .*selective_copying"
+  with pytest.raises(HarnessError, match="unknown task 'copying'; tasks: .*selective_copying"
                                              ".*groups: mad \\(compression, "):
     reproduce.check_names(["copying"], ["full"])
 
@@ -232,7 +234,7 @@ def test_every_mad_task_trains_through_the_harness_and_reports(tmp_path):
   assert set(trained) == set(lra.mad_tasks())
   for task, run in trained.items():
     assert 0 <= run["test_accuracy_final"] <= 1 and run["steps"] == 2
-    assert run["data"]["generator"]["generator"] == "lra.mad"
+    assert run["data"]["generator"]["generator"] == "lra.diagnostics.mad"
   assert trained["compression"]["model"]["max_len"] == 32
   text = report.write_report(tmp_path / "runs", tmp_path)
   assert "### MAD, preset `tiny`, final step" in text and "| linformer | n/a |" in text
@@ -246,7 +248,7 @@ def test_every_mad_task_trains_through_the_harness_and_reports(tmp_path):
 def test_the_worked_examples_in_the_docs_are_the_generators_output(task, max_len, options):
   from pathlib import Path
 
-  docs = (Path(__file__).resolve().parents[1] / "docs" / "mad.md").read_text(encoding="utf-8")
+  docs = (Path(__file__).resolve().parents[3] / "docs" / "mad.md").read_text(encoding="utf-8")
   ds = lra.load(task, "test", max_len=max_len, num_train=2, num_validation=2, num_test=2,
                 **options)
   assert "tokens : " + " ".join(f"{t:>2}" for t in ds.inputs[0]) in docs

@@ -8,9 +8,9 @@ from flax import nnx
 
 import lra
 from attention_zoo.models import DecoderLM, TransformerConfig
-from experiments import trainer
+from experiments.train import steps
 from helpers import tiny_run_overrides
-from lra import mqar
+from lra.diagnostics import mqar
 
 SMALL = dict(vocab_size=64, num_pairs=4, min_gap=6, num_train=200, num_validation=20,
              num_test=20)
@@ -72,13 +72,13 @@ def test_bad_settings_name_what_is_wrong():
 
 
 def test_the_loss_counts_only_the_asked_positions():
-  """trainer.score against a hand computation over the target positions."""
+  """steps.score against a hand computation over the target positions."""
   logits = jax.random.normal(jax.random.key(0), (2, 5, 7))
   targets = jnp.array([[-1, 3, -1, -1, 6], [-1, -1, -1, 0, -1]])
   model = lambda inputs, masks, deterministic: logits
   batch = {"inputs": jnp.zeros((2, 5), jnp.int32), "masks": jnp.ones((2, 5), bool),
            "targets": targets, "weights": jnp.array([1.0, 0.0])}   # row 1 is filler
-  losses, correct, weights = trainer.score(model, batch, deterministic=True)
+  losses, correct, weights = steps.score(model, batch, deterministic=True)
   log_p = jax.nn.log_softmax(logits)
   expected = -(log_p[0, 1, 3] + log_p[0, 4, 6])
   assert float(losses.sum()) == pytest.approx(float(expected), rel=1e-6)
@@ -97,7 +97,7 @@ def test_one_decoder_step_on_fake_data_lowers_the_loss():
 
   @nnx.jit   # compiled: op by op, the two evaluations cost more than the steps
   def mean_loss(model):
-    losses, _, weights = trainer.score(model, batch, deterministic=True)
+    losses, _, weights = steps.score(model, batch, deterministic=True)
     return losses.sum() / weights.sum()
 
   @nnx.jit   # one compiled step, not five op-by-op ones

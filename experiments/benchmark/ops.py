@@ -1,0 +1,146 @@
+"""The ops mode: the linear-recurrence ops of attention_zoo.ops alone, forward+backward, against
+causal `full` attention and against the gated delta rule's token-by-token form.
+
+At each length: batch 1, 4 heads, K = V = 64, float32, the gradients of Σ o with respect to
+every input (q, k, v, and g and beta where the op takes them), in one process so that the
+ratios share the machine's state. Each program is compiled first (its temporary memory from
+XLA), then timed by programs.time_calls (median of --repeats calls after --warmup) under
+--time_budget_s. Writes benchmark_ops.csv and .md.
+"""
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from flax import nnx
+
+import attention_zoo as az
+from attention_zoo import ops
+from experiments.benchmark.outputs import output_paths, run_environment, table_row, write_csv
+from experiments.benchmark.programs import OverBudget, time_calls
+from experiments.benchmark.settings import Status, length_label, lengths_text
+from experiments.common import dry_run
+from experiments.common.command_line import integers
+from experiments.common.records import write_text
+
+BATCH, HEADS, HEAD_DIM = 1, 4, 64
+BASELINE = "full (causal)"
+# name -> (function, its inputs after q, k, v)
+OPS = {"chunk_gated_delta_rule": (ops.chunk_gated_delta_rule, ("g", "beta")),
+       "recurrent_gated_delta_rule": (ops.recurrent_gated_delta_rule, ("g", "beta")),
+       "chunk_delta_rule": (ops.chunk_delta_rule, ("beta",)),
+       "chunk_simple_gla": (ops.chunk_simple_gla, ("g",)),
+       "chunk_gla": (ops.chunk_gla, ("g_channel",))}
+COLUMNS = ("op", "length", "status", "note", "fwd_bwd_ms", "speedup_vs_full",
+           "speedup_vs_recurrent", "first_call_ms", "temp_bytes", "device", "jax_version",
+           "xla_flags", "date")
+
+
+def inputs(length: int) -> dict[str, jax.Array]:
+  """Random inputs as a layer would give them: unit-norm keys, log-sigmoid gates, beta in
+  (0, 1)."""
+  keys = jax.random.split(jax.random.key(0), 6)
+  shape = (BATCH, length, HEADS, HEAD_DIM)
+  k = jax.random.normal(keys[1], shape)
+  return {"q": jax.random.normal(keys[0], shape),
+          "k": k / jnp.linalg.norm(k, axis=-1, keepdims=True),
+          "v": jax.random.normal(keys[2], shape),
+          "g": jax.nn.log_sigmoid(jax.random.normal(keys[3], shape[:3]) + 2),
+          "g_channel": jax.nn.log_sigmoid(jax.random.normal(keys[4], shape) + 2),
+          "beta": jax.nn.sigmoid(jax.random.normal(keys[5], shape[:3]))}
+
+
+def program(name: str):
+  """-> (forward+backward of `name` as a function of the inputs dict, the input names)."""
+  if name == BASELINE:
+    attention = az.create("full", num_heads=HEADS, head_dim=HEAD_DIM, causal=True,
+                          rngs=nnx.Rngs(0))
+    return lambda q, k, v: attention(q, k, v), ("q", "k", "v")
+  fn, extra = OPS[name]
+  return lambda *args: fn(*args)[0], ("q", "k", "v", *extra)
+
+
+def measure_one(name: str, length: int, *, warmup: int, repeats: int, budget_s: float) -> dict:
+  row = {"op": name, "length": length, "status": Status.OK, "note": ""}
+  fn, names = program(name)
+  loss = lambda *args: jnp.sum(fn(*args))
+  fwd_bwd = jax.jit(jax.grad(loss, argnums=tuple(range(len(names)))))
+  args = [inputs(length)[key] for key in names]
+  try:
+    compiled = fwd_bwd.lower(*args).compile()
+    row["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+    calls = types.SimpleNamespace(step=lambda _, compiled, args: (compiled(*args), args))
+    row["fwd_bwd_ms"], row["first_call_ms"], _ = time_calls(
+        calls, "fwd_bwd", compiled, args, warmup=warmup, repeats=repeats, budget_s=budget_s)
+  except OverBudget as error:
+    row.update(status=Status.OVER_TIME_BUDGET, note=str(error))
+  return row
+
+
+def run(lengths, *, warmup: int, repeats: int, budget_s: float, progress=None) -> list[dict]:
+  """Every op (and the baseline) at every length, with speed-ups against full attention and
+  against recurrent_gated_delta_rule at the same length."""
+  env = run_environment()
+  rows = []
+  for length in sorted(lengths):
+    for name in (BASELINE, *OPS):
+      rows.append({**measure_one(name, length, warmup=warmup, repeats=repeats,
+                                 budget_s=budget_s), **env})
+      if progress:
+        progress(rows[-1])
+  for row in rows:
+    same = {r["op"]: r.get("fwd_bwd_ms") for r in rows if r["length"] == row["length"]}
+    mine = row.get("fwd_bwd_ms")
+    for key, base in (("speedup_vs_full", BASELINE),
+                      ("speedup_vs_recurrent", "recurrent_gated_delta_rule")):
+      row[key] = same[base] / mine if mine and same.get(base) else None
+  return rows
+
+
+def markdown(rows: list[dict], *, command: str, warmup: int, repeats: int) -> str:
+  env = rows[0]
+  lengths = sorted({r["length"] for r in rows})
+  by_key = {(r["op"], r["length"]): r for r in rows}
+  cell = lambda r: (f"{r['fwd_bwd_ms']:.1f} ms ({r['speedup_vs_full']:.2f}x)"
+                    if r.get("fwd_bwd_ms") else r["status"].label)
+  header = ["op"] + [length_label(n) for n in lengths]
+  lines = ["# Linear-recurrence ops: forward+backward", "",
+           f"- Device: {env['device']}; jax {env['jax_version']}; {env['date']}",
+           f"- Batch {BATCH}, {HEADS} heads, K = V = {HEAD_DIM}, float32; gradients of Σ o "
+           "with respect to every input.",
+           f"- Times: median of {repeats} calls after {warmup} warm-up call(s); (Nx) = speed-up "
+           f"vs `{BASELINE}` (az.create('full', causal=True)) in the same process.",
+           f"- Command: `{command}`", "",
+           table_row(header), table_row(["---"] * len(header))]
+  names = list(dict.fromkeys(r["op"] for r in rows))
+  lines += [table_row([name] + [cell(by_key[(name, n)]) for n in lengths])
+            for name in names]
+  lines += ["", "chunk_gated_delta_rule vs recurrent_gated_delta_rule: " + ", ".join(
+      f"{length_label(n)} {by_key[('chunk_gated_delta_rule', n)]['speedup_vs_recurrent']:.2f}x"
+      for n in lengths if by_key[("chunk_gated_delta_rule", n)].get("speedup_vs_recurrent"))]
+  return "\n".join(lines) + "\n"
+
+
+def run_and_write(lengths, out: str, *, warmup: int, repeats: int, budget_s: float,
+                  command: str, progress=None) -> list[dict]:
+  rows = run(lengths, warmup=warmup, repeats=repeats, budget_s=budget_s, progress=progress)
+  paths = output_paths(out, "ops")
+  write_csv(rows, paths["csv"], COLUMNS)
+  write_text(paths["markdown"], markdown(rows, command=command, warmup=warmup, repeats=repeats))
+  return rows
+
+
+def run_mode(values, command: str) -> int:
+  """`--mode=ops` from the parsed flags (the mode's defaults filled in)."""
+  lengths = integers(values.lengths, "lengths")
+  dry_run.plan(lambda: [f"ops {name}: lengths {lengths_text(lengths)}, {values.repeats} repeats"
+                        for name in (BASELINE, *OPS)]
+               + [f"then {values.out}/benchmark_ops.csv and .md (budget "
+                  f"{values.time_budget_s:g} s each)"])
+  run_and_write(lengths, values.out, warmup=values.warmup, repeats=values.repeats,
+                budget_s=values.time_budget_s, command=command,
+                progress=lambda row: logging.info("%-27s %6d %s %s ms", row["op"], row["length"],
+                                                  row["status"].value, row.get("fwd_bwd_ms")))
+  return 0

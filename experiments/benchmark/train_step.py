@@ -1,0 +1,64 @@
+"""The train mode: a train step of the LRA Text model exactly as the trainer compiles and runs it
+(experiments/train/steps.py make_steps: forward, backward, the config's optimiser and
+learning-rate schedule, dropout on) on a batch of random tokens, every one real.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import attention_zoo as az
+from experiments.benchmark import programs
+from experiments.benchmark.programs import Program, Workload
+from experiments.benchmark.settings import Settings
+from experiments.train import build, trainer
+from experiments.train import steps as train_steps
+
+
+def text_batch(config) -> dict[str, jax.Array]:
+  """A batch as lra.iterate hands it to the trainer: random tokens (1.. vocab - 1; 0 is
+  padding), every position real."""
+  b, n = config.batch_size, config.model.max_len
+  token_key, label_key = jax.random.split(jax.random.key(config.seed))
+  return {"inputs": jax.random.randint(token_key, (b, n), 1, config.model.vocab_size, jnp.int32),
+          "masks": jnp.ones((b, n), bool),
+          "targets": jax.random.randint(label_key, (b,), 0, config.model.num_classes, jnp.int32),
+          "weights": jnp.ones((b,), jnp.float32)}
+
+
+def _with_sharding(shapes, sharding):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
+
+
+def train_workload(name: str, length: int, settings: Settings) -> Workload:
+  """The trainer's compiled train step of the Text model, on one device."""
+  config = settings.config(name, length)
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  batch_sharding = NamedSharding(mesh, PartitionSpec("data"))
+  make_model = lambda: trainer.build_model(config)[0]
+  graphdef, params, rest = nnx.split(nnx.eval_shape(make_model), nnx.Param, ...)
+  steps = train_steps.make_steps(config, graphdef, replicated)
+  state = jax.eval_shape(functools.partial(train_steps.initial_state, steps), params, rest)
+  batch = jax.eval_shape(lambda: text_batch(config))
+
+  def create():
+    _, params, rest = nnx.split(make_model(), nnx.Param, ...)
+    state = steps.replicate(train_steps.initial_state(steps, params, rest))
+    return state, jax.device_put(text_batch(config), batch_sharding)
+
+  def step(program, compiled, inputs):
+    state, batch = inputs
+    state, metrics = programs.call(compiled, state, batch)   # the state's buffers are donated
+    return metrics, (state, batch)
+
+  shapes = (_with_sharding(state, replicated), _with_sharding(batch, batch_sharding))
+  return Workload(programs={"step": Program(steps.train, shapes)},
+                  resident_bytes=programs.nbytes((state.params, state.opt_state)), create=create,
+                  step=step, options=build.model_config(config).attention_options,
+                  exact=az.spec(name).exact, nominal_flops=None)

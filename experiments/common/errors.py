@@ -1,0 +1,29 @@
+"""One-line errors: a mistake on the command line (an unknown attention, task, preset or config
+field, a plug-in that does not import, missing data) prints one line `error: ...` naming it and
+the valid choices, and the command exits with status 1. Bugs still raise with a traceback."""
+from __future__ import annotations
+
+import difflib
+import sys
+
+
+class HarnessError(Exception):
+  """An error the user can fix; entry points print its message as one line."""
+
+
+def fail(message: str) -> None:
+  print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+  sys.exit(1)
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  """The first line of an error's message (at most `limit` characters), or its type's name
+  when it has none."""
+  text = str(error).strip()
+  return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+def did_you_mean(word: str, choices) -> str:
+  """" (did you mean 'x'?)" for the closest of `choices`, or "" when none is close."""
+  close = difflib.get_close_matches(word, list(choices), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""

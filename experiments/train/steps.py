@@ -1,0 +1,164 @@
+"""The compiled steps of a run: the train step (forward, backward, the optimiser's update;
+micro-batches summed in a scan), the evaluation step, and what a task trains for (`score`).
+
+The model is split into a graph definition and its state so that one `jax.jit`-compiled step
+trains it; the training state is replicated on every device and the batch sharded along the
+mesh's `data` axis (experiments/train/trainer.py).
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from experiments.train import optimizer
+from lra.diagnostics import IGNORED
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array          # int32 scalar: updates done
+  params: nnx.State        # nnx.Param variables
+  rest: nnx.State          # everything else in the model, e.g. its RNG state
+  opt_state: optax.OptState
+
+
+class Steps:
+  """The compiled functions of a run: train step, evaluation step, replication, finiteness.
+
+  They depend only on the model, optimiser and schedule (and the devices), so runs that differ
+  in seed, data or length share them (`Steps.for_config`): a seed grid compiles once. The train
+  step is compiled ahead of time per batch shape (`compiled_train`), so that its memory can be
+  read before the first step and the same executable runs every step.
+  """
+
+  _cache: dict[str, "Steps"] = {}
+  CACHE_SIZE = 4
+
+  def __init__(self, graphdef, tx, schedule, grad_accum_steps: int, replicated):
+    self.graphdef, self.tx, self.schedule = graphdef, tx, schedule
+    self.grad_accum_steps = grad_accum_steps
+    self.train = jax.jit(self._train_step, donate_argnums=0, out_shardings=(replicated, replicated))
+    self.eval = jax.jit(self._eval_step, out_shardings=replicated)
+    # A copy on every device: the initial state, and the best model (the training state's
+    # buffers are donated to the next step). jax.device_put cannot place a process's arrays
+    # on other processes' devices.
+    self.replicate = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=replicated)
+    self._compiled_train = {}
+    self.all_finite = jax.jit(lambda tree: jnp.all(jnp.array(
+        [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
+
+  @classmethod
+  def for_config(cls, config, make: "Callable[[], Steps]") -> "Steps":
+    key = json.dumps({"task": config.task, "model": config.model.to_dict(),
+                      "optimizer": config.optimizer.to_dict(),
+                      "schedule": config.schedule.to_dict(),
+                      "grad_accum_steps": config.grad_accum_steps,
+                      "devices": [d.id for d in jax.devices()]}, sort_keys=True)
+    if key not in cls._cache:
+      if len(cls._cache) >= cls.CACHE_SIZE:
+        cls._cache.pop(next(iter(cls._cache)))
+      cls._cache[key] = make()
+    return cls._cache[key]
+
+  def compiled_train(self, state: TrainState, batch_spec: dict):
+    """The train step compiled ahead of time for this state and batch shape (once per shape)."""
+    key = tuple((name, spec.shape, str(spec.dtype)) for name, spec in sorted(batch_spec.items()))
+    if key not in self._compiled_train:
+      self._compiled_train[key] = self.train.lower(state, batch_spec).compile()
+    return self._compiled_train[key]
+
+  def copy_model(self, state: TrainState):
+    return self.replicate((state.params, state.rest))
+
+  def _grads(self, params, rest, batch):
+    """Summed loss, correct count, target count and the gradient of the summed loss on one
+    batch; the advanced model state."""
+    model = nnx.merge(self.graphdef, params, rest)
+
+    def loss_fn(model):
+      losses, correct, weights = score(model, batch, deterministic=False)
+      return losses.sum(), (correct.sum(), weights.sum())
+
+    (loss, (correct, count)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    _, _, rest = nnx.split(model, nnx.Param, ...)   # e.g. the dropout RNG has advanced
+    return loss, correct, count, grads, rest
+
+  def _train_step(self, state: TrainState, batch):
+    accum = self.grad_accum_steps
+    if accum == 1:
+      loss, correct, count, grads, rest = self._grads(state.params, state.rest, batch)
+    else:  # micro-batch i = rows i, i + accum, ...: every device holds a share of each
+      micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, accum, *x.shape[1:]), 0, 1), batch)
+
+      def add(carry, micro_batch):  # params ride in the carry: NNX needs them at the scan's level
+        params, *sums, rest = carry
+        *terms, rest = self._grads(params, rest, micro_batch)
+        return (params, *jax.tree.map(jnp.add, sums, terms), rest), None
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      carry = (state.params, 0.0, 0.0, 0.0, zeros, state.rest)
+      (_, loss, correct, count, grads, rest), _ = jax.lax.scan(add, carry, micro)
+    count = jnp.maximum(count, 1.0)
+    grads = jax.tree.map(lambda g: g / count, grads)   # the gradient of the mean loss
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    metrics = {"train_loss": loss / count, "train_accuracy": correct / count,
+               "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
+    return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                      rest=rest, opt_state=opt_state), metrics
+
+  def _eval_step(self, model_state, batch):
+    model = nnx.merge(self.graphdef, *model_state)
+    losses, correct, weights = score(model, batch, deterministic=True)
+    return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
+
+
+def make_steps(config, graphdef, replicated) -> Steps:
+  """The step functions of `config`'s model (`graphdef`) with its optimiser (config.optimizer)
+  under its learning-rate schedule (config.schedule). The trainer keeps them per config
+  (Steps.for_config); the efficiency benchmark compiles and times this same train step."""
+  tx, schedule = optimizer.from_config(config)
+  return Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated)
+
+
+def initial_state(steps: Steps, params, rest) -> TrainState:
+  """Step 0: the model's parameters and other state, and the optimiser's initial state (of
+  shapes alone under jax.eval_shape)."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, rest=rest,
+                    opt_state=steps.tx.init(params))
+
+
+# -- what a task trains for ---------------------------------------------------------------------
+#
+# Classification (the LRA tasks): targets int [batch], one class per sequence. Token prediction
+# (the diagnostics, e.g. associative recall with a causal LM): targets int [batch, length], the
+# token expected at each position, IGNORED (-1) where nothing is asked. `score` gives
+# per-target losses, correctness and weights of one shape; a loss or an accuracy is the weighted
+# sum over the weight sum, so a masked token loss and a classification loss are the same
+# computation, and sums over micro-batches or devices stay exact.
+
+def logits(model, batch, deterministic: bool):
+  if "inputs2" in batch:
+    return model(batch["inputs"], batch["masks"], batch["inputs2"], batch["masks2"],
+                 deterministic=deterministic)
+  return model(batch["inputs"], batch["masks"], deterministic=deterministic)
+
+
+def score(model, batch, deterministic: bool):
+  """(losses, correct, weights), each f32 shaped like batch["targets"]: cross-entropy and
+  exact-match at every target, weight 0 where the target is IGNORED or the example is
+  filler (batch["weights"] = 0)."""
+  targets = batch["targets"]
+  out = logits(model, batch, deterministic).astype(jnp.float32)   # [b, classes] | [b, n, vocab]
+  weights = (targets != IGNORED).astype(jnp.float32)
+  if "weights" in batch:
+    weights = weights * batch["weights"].reshape((-1,) + (1,) * (targets.ndim - 1))
+  safe = jnp.where(targets == IGNORED, 0, targets)
+  losses = optax.softmax_cross_entropy_with_integer_labels(out, safe) * weights
+  correct = (jnp.argmax(out, -1) == targets).astype(jnp.float32) * weights
+  return losses, correct, weights
