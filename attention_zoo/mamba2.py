@@ -10,7 +10,8 @@ B and C shared by the heads of a group); a kernel-4 causal conv (with bias) and 
 [x, B, C] (Δ is not convolved); A ~ U(1, 16), dt_bias = softplus⁻¹(dt) with dt log-uniform in
 [1e-3, 0.1] (`mixer_parts.DecayGate`), so at init α = exp(ΔA) lies in about [0.2, 0.999]; a
 D skip per head (init 1); y ⊙ SiLU(z) RMS-normalised over each group's d_inner / groups
-channels (the gate before the norm, unlike GLA's), then the output projection. Scale 1.
+channels with one scale per channel (the gate before the norm, unlike GLA's), then the output
+projection. Scale 1.
 Chunkwise by `attention_zoo.ops.chunk_simple_gla` (chunks of 256, the authors').
 
 Where ours differs: the head dimension P = expand · qkv_dim / num_heads follows the model's
@@ -55,8 +56,9 @@ class Mamba2(Mixer):
     self.conv = ShortConv(conv_channels, self.options["conv_size"], dtype=dtype, rngs=rngs)
     self.decay = parts.DecayGate(h, a_range=(1.0, 16.0), rngs=rngs)
     self.D = nnx.Param(jnp.ones((h,)), weight_decay=False)   # the authors': no decay
-    self.norm = parts.GatedRMSNorm(self.d_inner // groups, eps=self.options["norm_eps"],
-                                   norm_before_gate=False)
+    # one scale per channel, RMS over each group's channels (RMSNormGated(d_inner, group_size))
+    self.norm = parts.GatedRMSNorm(self.d_inner, group_size=self.d_inner // groups,
+                                   eps=self.options["norm_eps"], norm_before_gate=False)
     self.out = parts.linear(self.d_inner, self.emb_dim, dtype=dtype, rngs=rngs)
 
   def forward(self, x, mask, state):
@@ -75,9 +77,8 @@ class Mamba2(Mixer):
                                 mask=mask, state=state, chunk_size=self.options["chunk_size"],
                                 scale=1.0)
     y = y + self.D[...][:, None] * xs.astype(jnp.float32)                        # [b, n, h, P]
-    per_group = lambda a: a.reshape(b, n, groups, self.d_inner // groups)
-    y = self.norm(per_group(y), per_group(z))                                    # [b, n, G, ·]
-    return self.out(y.reshape(b, n, self.d_inner).astype(self.dtype)), state
+    y = self.norm(y.reshape(b, n, self.d_inner), z)                              # [b, n, h·P]
+    return self.out(y.astype(self.dtype)), state
 
   def empty_state(self, batch_size, max_len, dtype):
     return jnp.zeros((batch_size, self.num_heads, self.n, self.p), jnp.float32)

@@ -84,7 +84,8 @@ def repeat_kv(x, num_heads: int):
 
 
 class GatedRMSNorm(nnx.Module):
-  """RMSNorm over the last axis with a learned scale, optionally gated by SiLU(gate):
+  """RMSNorm over groups of `group_size` channels of the last axis (default: all of them) with
+  a learned scale per channel, optionally gated by SiLU(gate):
 
       norm_before_gate=True  (fla's FusedRMSNormGated: GLA, DeltaNet, GDN, RetNet)
                              y = x / rms(x) ⊙ w ⊙ silu(gate)
@@ -92,7 +93,11 @@ class GatedRMSNorm(nnx.Module):
 
   Computed in float32 whatever the compute dtype."""
 
-  def __init__(self, features: int, *, eps: float = 1e-5, norm_before_gate: bool = True):
+  def __init__(self, features: int, *, group_size: int | None = None, eps: float = 1e-5,
+               norm_before_gate: bool = True):
+    self.group_size = features if group_size is None else group_size
+    if features % self.group_size:
+      raise ValueError(f"GatedRMSNorm: group_size {group_size} must divide features {features}")
     self.eps, self.norm_before_gate = eps, norm_before_gate
     self.scale = nnx.Param(jnp.ones((features,)))
 
@@ -101,7 +106,9 @@ class GatedRMSNorm(nnx.Module):
     gate = None if gate is None else jax.nn.silu(gate.astype(jnp.float32))
     if gate is not None and not self.norm_before_gate:
       x = x * gate
-    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.scale[...]
+    groups = x.reshape(*x.shape[:-1], -1, self.group_size)                 # [..., G, group]
+    rms = jax.lax.rsqrt(jnp.mean(groups * groups, axis=-1, keepdims=True) + self.eps)
+    y = (groups * rms).reshape(x.shape) * self.scale[...]
     return y * gate if gate is not None and self.norm_before_gate else y
 
 
