@@ -21,8 +21,8 @@ other block is *empty* and never visited, forward or backward. Its memory grows 
 of blocks, never with q_len · kv_len. A mask_mod that closes over no traced array is evaluated
 while tracing, so a jitted call does not recompute it.
 
-`flex_attention` runs FlashAttention's online softmax (attention_zoo.flash.common's tile math)
-over those lists: `lax.map` over query blocks, a loop over each block's listed key blocks; the
+`flex_attention` runs FlashAttention's online softmax (the tile maths of tiles.py) over those
+lists: `lax.map` over query blocks, a loop over each block's listed key blocks; the
 backward (custom VJP) recomputes every tile from the saved log-sum-exp, key block by key block
 over the query blocks that visit it (FlashAttention-2's order), so memory is linear in length
 both ways. Arrays that score_mod (or a `tile_score`) closes over get gradients; those of
@@ -31,8 +31,8 @@ not multiples of the blocks are padded, and the padding masked.
 
 For the variants: `causal_mask`, `softcap` and `alibi` build the zoo's causal rule, soft-capping
 and ALiBi, `score_function` composes the last two (cap first, then the bias), `with_segments`
-ANDs a block mask with "same segment" (packed sequences), `attend` is a whole `attend()` over a
-mask_mod, `dense_mask` its `pattern()`.
+ANDs a block mask with "same segment" (packed sequences), `pattern_attention` is flex_attention
+over a mask_mod with all of them, `dense_mask` evaluates a mask_mod densely (for `pattern()`).
 
 Segment ids are data, so `with_segments` builds its block metadata from them inside jit: a tile
 is empty when its queries' and keys' id ranges do not meet, full when all of them hold one id
@@ -57,9 +57,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import reference
-from attention_zoo.base import ceil_div, pad_to_multiple
-from attention_zoo.flash import common
+from attention_zoo.ops import softmax, tiles
+from attention_zoo.ops.blocks import ceil_div, pad_to_multiple
 
 EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is under a mask
 DEFAULT_BLOCK = 128
@@ -187,12 +186,12 @@ def full_block_mask(q_len: int, kv_len: int, *, block_q: int = DEFAULT_BLOCK,
 
 def causal_mask(q_len: int, kv_len: int) -> Callable:
   """mask_mod of the zoo's causal rule: query i sees key j iff j <= i + (kv_len - q_len)."""
-  return lambda b, h, q, kv: reference.causal_allowed(q, kv, q_len, kv_len)
+  return lambda b, h, q, kv: softmax.causal_allowed(q, kv, q_len, kv_len)
 
 
 def alibi(slopes, q_len: int, kv_len: int, *, query_positions=None,
           key_positions=None) -> Callable:
-  """score_mod adding ALiBi (reference.alibi_bias): -slope_h · |i + (kv_len - q_len) - j|.
+  """score_mod adding ALiBi (softmax.alibi_bias): -slope_h · |i + (kv_len - q_len) - j|.
   query_positions / key_positions (int arrays, default the identity) map a query / key index to
   its sequence position, for variants that reorder or repeat keys."""
   slopes = jnp.asarray(slopes, jnp.float32)
@@ -277,15 +276,17 @@ def dense_mask(mask_mod: Callable, heads: int | None, q_len: int, kv_len: int) -
   return np.broadcast_to(np.asarray(mask_mod(0, h, q, kv)), (len(h), q_len, kv_len))
 
 
-def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool, alibi_slopes,
-           segment_ids=None, heads: int | None = None, block_q: int = DEFAULT_BLOCK,
-           block_k: int = DEFAULT_BLOCK, sequence_lengths: tuple[int, int] | None = None,
-           query_positions=None, key_positions=None):
-  """An exact variant's `attend` on the engine: flex_attention over mask_mod (per head when
-  `heads`), with the variant's scale, soft-capping (variant.softcap) and dropout, ALiBi, and the
-  segment mask of packed sequences (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by
-  sequence position, or None). A variant that reorders or repeats queries or keys passes their
-  sequence positions and the sequence's (q_len, kv_len)."""
+def pattern_attention(q, k, v, mask_mod: Callable, *, kv_mask, scale: float, softcap=None,
+                      alibi_slopes=None, dropout_rate: float = 0.0, dropout_rng=None,
+                      segment_ids=None, heads: int | None = None, block_q: int = DEFAULT_BLOCK,
+                      block_k: int = DEFAULT_BLOCK,
+                      sequence_lengths: tuple[int, int] | None = None, query_positions=None,
+                      key_positions=None):
+  """flex_attention over mask_mod (per head when `heads`) with the zoo's soft-capping (softcap:
+  None or the cap), ALiBi, attention dropout, and the segment mask of packed sequences
+  (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by sequence position, or None). A
+  pattern that reorders or repeats queries or keys passes their sequence positions and the
+  sequence's (q_len, kv_len). A variant's `attend()` on it is `attention_zoo.flex.attend`."""
   q_len, kv_len = q.shape[1], k.shape[1]
   block_mask = create_block_mask(mask_mod, None, heads, q_len, kv_len, block_q=block_q,
                                  block_k=block_k)
@@ -294,12 +295,11 @@ def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool
     block_mask = with_segments(block_mask, in_order(segment_ids[0], query_positions),
                                in_order(segment_ids[1], key_positions))
   sequence_q_len, sequence_kv_len = sequence_lengths or (q_len, kv_len)
-  score_mod = score_function(softcap_value=variant.softcap, alibi_slopes=alibi_slopes,
+  score_mod = score_function(softcap_value=softcap, alibi_slopes=alibi_slopes,
                              q_len=sequence_q_len, kv_len=sequence_kv_len,
                              query_positions=query_positions, key_positions=key_positions)
-  return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=variant.scale,
-                        kv_mask=kv_mask, dropout_rate=variant.dropout_rate,
-                        dropout_rng=variant.dropout_rng(deterministic))
+  return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=scale,
+                        kv_mask=kv_mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
 
 
 def kernel_lists(mask_mod: Callable | None, q_len: int, kv_len: int, *, block_q: int,
@@ -359,7 +359,7 @@ class _Plan:
   def raw_scores(self, q_i, k_j, head, tile_consts):
     """[b, kvh, rows, bk] natural-unit scores before score_mod."""
     if self.tile_score is None:
-      return common.dot_nt(q_i, k_j) * self.scale
+      return tiles.dot_nt(q_i, k_j) * self.scale
     return self.tile_score(q_i, k_j, head, *tile_consts).astype(jnp.float32)
 
   def modified(self, scores, index, mod_consts):
@@ -379,7 +379,7 @@ class _Plan:
     if self.mask is not None:
       evaluate = lambda: jnp.broadcast_to(self.mask(*index, *mask_consts), shape)
       allowed &= jax.lax.cond(is_full, lambda: jnp.ones(shape, bool), evaluate)
-    return jnp.where(allowed, scores * common.LOG2E, common.MASK_VALUE)
+    return jnp.where(allowed, scores * tiles.LOG2E, tiles.MASK_VALUE)
 
   def kept(self, rng, i, j, shape):
     """Attention dropout of tile (i, j): keep / (1 - rate) (the same in the backward), or None."""
@@ -398,7 +398,7 @@ def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, ti
   _, batch, kv_heads, rows, _ = q_blocks.shape
   bk = plan.block_k
   init = jax.tree.map(lambda x: jnp.broadcast_to(x, (batch, kv_heads) + x.shape),
-                      common.softmax_init(rows, v.shape[-1]))
+                      tiles.softmax_init(rows, v.shape[-1]))
 
   def query_block(args):
     i, q_i = args
@@ -409,10 +409,10 @@ def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, ti
       scores = plan.raw_scores(q_i, _slice(k, j, bk), index[1], tile_consts)  # [b, kvh, rows, bk]
       scores = plan.modified(scores, index, mod_consts)
       scores = plan.masked(scores, index, full[i, t], _slice(kv_valid, j, bk, 3), mask_consts)
-      return common.softmax_update(state, scores, _slice(v, j, bk),
+      return tiles.softmax_update(state, scores, _slice(v, j, bk),
                                    plan.kept(rng, i, j, scores.shape))
 
-    out, lse = common.softmax_finish(jax.lax.fori_loop(0, counts[i], key_block, init))
+    out, lse = tiles.softmax_finish(jax.lax.fori_loop(0, counts[i], key_block, init))
     return out.astype(q_blocks.dtype), lse
 
   return jax.lax.map(query_block, (jnp.arange(q_blocks.shape[0]), q_blocks))
@@ -451,14 +451,14 @@ def _backward(plan: _Plan, residuals, d_out):
                               *tile_consts)
     scores, pull_mod = jax.vjp(lambda s, *c: plan.modified(s, index, c), raw, *mod_consts)
     scores = plan.masked(scores, index, full[j, t], kv_valid_j, mask_consts)
-    p, ds = common.tile_probs_and_dscores(scores, lse[i], delta[i], do_i, v_j,
+    p, ds = tiles.tile_probs_and_dscores(scores, lse[i], delta[i], do_i, v_j,
                                           plan.kept(rng, i, j, scores.shape))
     ds, *d_mod = pull_mod(ds)
-    dv_t = common.dot_tn(do_i, p.astype(do_i.dtype))                         # [b, kvh, dv, bk]
+    dv_t = tiles.dot_tn(do_i, p.astype(do_i.dtype))                         # [b, kvh, dv, bk]
     if plan.tile_score is None:
       ds = ds.astype(q_i.dtype)
       # dq, dkᵀ without the scale: applied once per key block (dK) and at the end (dQ)
-      return common.dot_nn(ds, k_j), common.dot_tn(q_i, ds), dv_t, d_mod   # [b, kvh, ·, ·]
+      return tiles.dot_nn(ds, k_j), tiles.dot_tn(q_i, ds), dv_t, d_mod   # [b, kvh, ·, ·]
     dq, dk, *d_tile = pull_raw(ds)
     return dq, jnp.swapaxes(dk, -1, -2), dv_t, [*d_tile, *d_mod]
 
@@ -534,7 +534,7 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   k, v = (pad_to_multiple(x, bk) for x in (k, v))
   kv_valid = jnp.ones((batch, kv_len), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
   kv_valid = pad_to_multiple(kv_valid, bk, value=False)[:, None, None, :]      # [b, 1, 1, kv]
-  q_blocks = jnp.moveaxis(reference.group_heads(q, kv_heads), 1, 3)            # [b, kvh, g, q, d']
+  q_blocks = jnp.moveaxis(softmax.group_heads(q, kv_heads), 1, 3)            # [b, kvh, g, q, d']
   q_blocks = q_blocks.reshape(batch, kv_heads, group, -1, bq, head_dim)
   q_blocks = jnp.moveaxis(q_blocks, 3, 0).reshape(-1, batch, kv_heads, group * bq, head_dim)
   k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))                             # [b, kvh, kv, ·]

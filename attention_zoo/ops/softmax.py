@@ -1,5 +1,6 @@
-"""Dense softmax attention: the oracle every exact variant is tested against, and the shared
-numerics (masked softmax, causal alignment, ALiBi bias) the variants build on.
+"""The softmax numerics the variants share: the causal rule, the ALiBi bias, the masked softmax,
+query heads grouped by their K/V head, attention dropout, and the plain dense path
+`masked_softmax_attention` (the oracle the variants are tested against is `oracle.py`'s).
 
     Attention(Q, K, V) = softmax(Q Kᵀ · scale + bias, over the allowed keys) V
 
@@ -14,9 +15,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-HIGHEST = jax.lax.Precision.HIGHEST
-
 
 def causal_allowed(q_positions, k_positions, q_len: int, kv_len: int):
   """Bottom-right causal rule: query i sees key j iff j <= i + (kv_len - q_len).
@@ -53,29 +51,6 @@ def masked_softmax(scores, allowed, axis=-1):
   unnormalised = jnp.where(allowed, jnp.exp(scores - row_max), 0.0)
   total = jnp.sum(unnormalised, axis=axis, keepdims=True)
   return unnormalised / jnp.where(total > 0, total, 1.0)
-
-
-def dense_attention(q, k, v, allowed, *, scale=None, bias=None):
-  """The oracle: plain f32 softmax attention over `allowed` (bool, broadcastable to [b, h, q, k]).
-
-  Written independently of the variants' helpers: K/V heads are repeated, not grouped.
-  """
-  num_heads, num_kv_heads = q.shape[2], k.shape[2]
-  scale = q.shape[-1] ** -0.5 if scale is None else scale
-  q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-  k = jnp.repeat(k, num_heads // num_kv_heads, axis=2)
-  v = jnp.repeat(v, num_heads // num_kv_heads, axis=2)
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=HIGHEST) * scale  # [b, h, q, k]
-  if bias is not None:
-    scores = scores + bias
-  allowed = jnp.broadcast_to(allowed, scores.shape)
-  scores = jnp.where(allowed, scores, -jnp.inf)
-  row_max = jnp.max(scores, axis=-1, keepdims=True)
-  row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
-  weights = jnp.where(allowed, jnp.exp(scores - row_max), 0.0)
-  total = weights.sum(-1, keepdims=True)
-  weights = weights / jnp.where(total > 0, total, 1.0)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=HIGHEST)  # [b, q, h, d]
 
 
 def group_heads(q, num_kv_heads: int):

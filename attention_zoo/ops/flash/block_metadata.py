@@ -4,15 +4,15 @@ Per query block, the key blocks to visit (ascending) and whether each is full (m
 the whole tile: nothing evaluated) or partial (mask_mod evaluated on the tile); per key block the
 query blocks that visit it, for the dK/dV kernel. Empty tiles are never visited, forward or
 backward. Causal flash is the causal block mask; no mask is the full one. The lists are the
-union over heads (attention_zoo.flex._visits), each tile evaluating mask_mod at its own head.
+union over heads (attention_zoo.ops.flex._visits), each tile evaluating mask_mod at its own head.
 """
 from __future__ import annotations
 
 import functools
 from typing import Callable
 
-from attention_zoo import flex
-from attention_zoo.flash import common
+from attention_zoo.ops import flex
+from attention_zoo.ops.flash import common
 
 
 def kernel_plan(mask_mod: Callable | None, causal: bool, *, q_len: int, kv_len: int,

@@ -1,4 +1,4 @@
-"""FlashAttention in plain JAX: `attention_zoo.flex.flex_attention` with no mask, or the causal
+"""FlashAttention in plain JAX: `attention_zoo.ops.flex.flex_attention` with no mask, or the causal
 block mask.
 
 Flash is not a second engine: the online softmax over tiles, the query-block map, the loop over
@@ -16,7 +16,7 @@ kernels' backward, must be None or equal to block_q / block_k here.
 """
 from __future__ import annotations
 
-from attention_zoo import flex
+from attention_zoo.ops import flex
 
 # Picked on the 2-core CPU at 4K tokens (batch 1, 4 heads, head_dim 64, f32, forward+backward):
 # 512 x 512 reached 0.81 of the f32 matmul rate (experiments/measure.py), against 0.78 for

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from attention_zoo.flash import block_metadata, common
+from attention_zoo.ops import tiles
+from attention_zoo.ops.flash import block_metadata, common
 
 MIN_COMPILED_BLOCK = 16      # tl.dot needs every matmul dimension >= 16
 MAX_COMPILED_HEAD_DIM = 256  # larger tiles do not fit the shared memory of one SM
@@ -172,10 +173,10 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
     scores, _ = common.tile_scores(q, k_ref[keys, :], q_block * bq, j * bk,
                                    kv_valid_ref[:, keys], slope, geo, allowed,
                                    (q_ids, kv_ids_ref[:, keys]))
-    return common.softmax_update(state, scores, v_ref[keys, :])
+    return tiles.softmax_update(state, scores, v_ref[keys, :])
 
-  out, lse = common.softmax_finish(jax.lax.fori_loop(
-      0, counts_ref[q_block], key_block, common.softmax_init(bq, q.shape[1])))
+  out, lse = tiles.softmax_finish(jax.lax.fori_loop(
+      0, counts_ref[q_block], key_block, tiles.softmax_init(bq, q.shape[1])))
   out_ref[...] = out.astype(out_ref.dtype)
   lse_ref[...] = lse
 
@@ -198,9 +199,9 @@ def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_
                                   consts)
     scores, cap_grad = common.tile_scores(q, k, q_block * bq, j * bk, kv_valid_ref[:, keys],
                                           slope, geo, allowed, (q_ids, kv_ids_ref[:, keys]))
-    _, ds = common.tile_probs_and_dscores(scores, lse, delta, do, v_ref[keys, :],
+    _, ds = tiles.tile_probs_and_dscores(scores, lse, delta, do, v_ref[keys, :],
                                           cap_grad=cap_grad)
-    return dq + common.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
+    return dq + tiles.dot_nn(ds.astype(k.dtype), k)                       # [bq, d]
 
   dq = jax.lax.fori_loop(0, counts_ref[q_block], key_block, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = (dq * geo.scale).astype(dq_ref.dtype)
@@ -231,9 +232,9 @@ def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_vali
                                     kv_block * bk, consts)
       scores, cap_grad = common.tile_scores(q, k, i * bq, kv_block * bk, kv_valid, slope, geo,
                                             allowed, (q_ids_ref[rows, :], kv_ids))
-      p, ds = common.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :],
+      p, ds = tiles.tile_probs_and_dscores(scores, lse_ref[g, rows, :], delta_ref[g, rows, :],
                                             do, v, cap_grad=cap_grad)
-      return dk + common.dot_tn(ds.astype(q.dtype), q), dv + common.dot_tn(p.astype(do.dtype), do)
+      return dk + tiles.dot_tn(ds.astype(q.dtype), q), dv + tiles.dot_tn(p.astype(do.dtype), do)
 
     return jax.lax.fori_loop(0, counts_ref[kv_block], query_block, grads)
 

@@ -1,6 +1,6 @@
 """FlashAttention-2 as Pallas kernels for TPUs (the Mosaic lowering of `pl.pallas_call`).
 
-The same tile math as the GPU kernels (attention_zoo.flash.common), arranged the TPU way: the
+The same tile math as the GPU kernels (attention_zoo.ops.tiles), arranged the TPU way: the
 reduction over key (or query) blocks is the last, sequential ("arbitrary") grid axis, so every
 grid step sees one [block, head_dim] tile in VMEM and the running statistics live in VMEM scratch.
 Layout [batch, heads, len, head_dim] so the blocked dims are the last two (Mosaic tiles them
@@ -32,8 +32,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from attention_zoo.base import ceil_div
-from attention_zoo.flash import block_metadata, common
+from attention_zoo.ops import tiles
+from attention_zoo.ops.blocks import ceil_div
+from attention_zoo.ops.flash import block_metadata, common
 
 LANES, SUBLANES = 128, 8
 # Untuned starting points (no TPU was available to tune them): tiles well inside VMEM.
@@ -170,7 +171,7 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
 
   @pl.when(t == 0)
   def _start():
-    acc_ref[...], m_ref[...], l_ref[...] = common.softmax_init(*acc_ref.shape)
+    acc_ref[...], m_ref[...], l_ref[...] = tiles.softmax_init(*acc_ref.shape)
 
   @pl.when(t < counts_ref[q_block])
   def _step():
@@ -180,12 +181,12 @@ def _forward_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_v
     scores, _ = common.tile_scores(q_ref[...], k_ref[...], q_start, k_start, kv_valid_ref[...],
                                    slopes_ref[head], geo, allowed,
                                    (q_ids_ref[...], kv_ids_ref[...]))
-    acc_ref[...], m_ref[...], l_ref[...] = common.softmax_update(
+    acc_ref[...], m_ref[...], l_ref[...] = tiles.softmax_update(
         (acc_ref[...], m_ref[...], l_ref[...]), scores, v_ref[...])
 
   @pl.when(t == pl.num_programs(3) - 1)
   def _finish():
-    out, lse = common.softmax_finish((acc_ref[...], m_ref[...], l_ref[...]))
+    out, lse = tiles.softmax_finish((acc_ref[...], m_ref[...], l_ref[...]))
     out_ref[...] = out.astype(out_ref.dtype)
     lse_ref[...] = lse
 
@@ -210,9 +211,9 @@ def _dq_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_valid_
     scores, cap_grad = common.tile_scores(q_ref[...], k, q_start, k_start, kv_valid_ref[...],
                                           slopes_ref[head], geo, allowed,
                                           (q_ids_ref[...], kv_ids_ref[...]))
-    _, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...],
+    _, ds = tiles.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do_ref[...],
                                           v_ref[...], cap_grad=cap_grad)
-    dq_acc_ref[...] += common.dot_nn(ds.astype(k.dtype), k)
+    dq_acc_ref[...] += tiles.dot_nn(ds.astype(k.dtype), k)
 
   @pl.when(t == pl.num_programs(3) - 1)
   def _finish():
@@ -246,10 +247,10 @@ def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_vali
     scores, cap_grad = common.tile_scores(q, k_ref[...], q_start, k_start, kv_valid_ref[...],
                                           slopes_ref[head], geo, allowed,
                                           (q_ids_ref[...], kv_ids_ref[...]))
-    p, ds = common.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...],
+    p, ds = tiles.tile_probs_and_dscores(scores, lse_ref[...], delta_ref[...], do, v_ref[...],
                                           cap_grad=cap_grad)
-    dk_acc_ref[...] += common.dot_tn(ds.astype(q.dtype), q)
-    dv_acc_ref[...] += common.dot_tn(p.astype(do.dtype), do)
+    dk_acc_ref[...] += tiles.dot_tn(ds.astype(q.dtype), q)
+    dv_acc_ref[...] += tiles.dot_tn(p.astype(do.dtype), do)
 
   @pl.when(step == pl.num_programs(3) - 1)
   def _finish():
