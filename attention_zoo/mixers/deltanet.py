@@ -23,11 +23,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import mixer_parts as parts
-from attention_zoo import ops
-from attention_zoo.mixer import Mixer
+from attention_zoo import norms, ops
+from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.mixers import parts
 from attention_zoo.options import Bool, Float, Int
-from attention_zoo.registry import register_mixer
 
 DELTA_OPTIONS = {"expand_v": Float(1.0, above=0), "use_gate": Bool(False),
                  "use_short_conv": Bool(True), "conv_size": Int(4, minimum=1),
@@ -40,6 +39,8 @@ DELTA_OPTIONS = {"expand_v": Float(1.0, above=0), "use_gate": Bool(False),
                       "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021")
 class DeltaNet(Mixer):
   OPTIONS = {"expand_k": Float(1.0, above=0), **DELTA_OPTIONS}
+  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
+  TEST_OPTIONS = dict(chunk_size=8)
   # the chunk and token forms of the rule (Gated DeltaNet: the gated rule)
   CHUNK_OP, STEP_OP = staticmethod(ops.chunk_delta_rule), staticmethod(ops.recurrent_delta_rule)
 
@@ -63,8 +64,8 @@ class DeltaNet(Mixer):
     if self.conv is None:
       qkv = jax.nn.silu(qkv)                           # fla: SiLU with or without the conv
     q, k, v = jnp.split(qkv, [h * d_k, (h + kvh) * d_k], axis=-1)
-    q = parts.l2_normalise(q.reshape(b, n, h, d_k))                              # [b, n, h, dk]
-    k = parts.repeat_kv(parts.l2_normalise(k.reshape(b, n, kvh, d_k)), h)        # [b, n, h, dk]
+    q = norms.l2_normalise(q.reshape(b, n, h, d_k))                              # [b, n, h, dk]
+    k = parts.repeat_kv(norms.l2_normalise(k.reshape(b, n, kvh, d_k)), h)        # [b, n, h, dk]
     v = parts.repeat_kv(v.reshape(b, n, kvh, d_v), h)                            # [b, n, h, dv]
     beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))                 # [b, n, h]
     if self.options["allow_neg_eigval"]:

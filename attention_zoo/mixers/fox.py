@@ -21,11 +21,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import mixer_parts as parts
-from attention_zoo import ops
-from attention_zoo.mixer import Mixer
+from attention_zoo import norms, ops
+from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.mixers import parts
 from attention_zoo.options import Bool, Float, Int
-from attention_zoo.registry import register_mixer
 
 
 @register_mixer("fox", complexity="O(n²) time, O(n) memory",
@@ -34,6 +33,8 @@ from attention_zoo.registry import register_mixer
 class FoX(Mixer):
   OPTIONS = {"qk_norm": Bool(False), "use_output_gate": Bool(False),
              "block_size": Int(None, minimum=1, optional=True), "norm_eps": Float(1e-5, above=0)}
+  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
+  TEST_OPTIONS = dict(block_size=8, qk_norm=True, use_output_gate=True)
 
   @classmethod
   def state_size(cls, *, num_heads, num_kv_heads, head_dim, seq_len, **dims) -> int:
@@ -47,7 +48,7 @@ class FoX(Mixer):
     linear = lambda i, o, bias=False: parts.linear(i, o, dtype=dtype, rngs=rngs, bias=bias)
     self.qkv = linear(emb, (h + 2 * kvh) * d)                  # q | k | v
     self.forget_proj = linear(emb, h, bias=True)
-    norm = lambda: parts.GatedRMSNorm(d, eps=self.options["norm_eps"])
+    norm = lambda: norms.GatedRMSNorm(d, eps=self.options["norm_eps"])
     self.q_norm, self.k_norm = (norm(), norm()) if self.options["qk_norm"] else (None, None)
     self.gate_proj = linear(emb, h * d) if self.options["use_output_gate"] else None
     self.out = linear(h * d, emb)

@@ -7,7 +7,7 @@ data-dependent decay per head, Mamba2's gate.
 The layer as flash-linear-attention defines it (fla/layers/gated_deltanet.py): everything of
 DeltaNet's (`attention_zoo.deltanet`: q, k, v projections through a kernel-4 causal conv and
 SiLU, L2-normalised q and k, β = σ(w_βᵀ x)), plus the decay gate with A ~ U(0, 16) and
-dt_bias = softplus⁻¹(dt), dt log-uniform in [1e-3, 0.1] (`mixer_parts.DecayGate`; unlike
+dt_bias = softplus⁻¹(dt), dt log-uniform in [1e-3, 0.1] (`parts.DecayGate`; unlike
 Mamba2, v is not scaled by Δ: β carries the write strength), and by default the output gate:
 RMSNorm per head times SiLU(W_g x), then the output projection. d_v = expand_v · d_k (2).
 
@@ -19,10 +19,11 @@ The rest as DeltaNet's "where ours differs".
 """
 from __future__ import annotations
 
-from attention_zoo import deltanet, ops
-from attention_zoo.mixer_parts import DecayGate, linear
+from attention_zoo import ops
+from attention_zoo.contract import register_mixer
+from attention_zoo.mixers import deltanet
+from attention_zoo.mixers.parts import DecayGate, linear
 from attention_zoo.options import Bool, Float
-from attention_zoo.registry import register_mixer
 
 
 @register_mixer("gated_deltanet", complexity="O(n·C·d + n·d²)",
@@ -30,6 +31,8 @@ from attention_zoo.registry import register_mixer
                       "with Delta Rule (arXiv:2412.06464)")
 class GatedDeltaNet(deltanet.DeltaNet):
   OPTIONS = {**deltanet.DELTA_OPTIONS, "expand_v": Float(2.0, above=0), "use_gate": Bool(True)}
+  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
+  TEST_OPTIONS = dict(chunk_size=8)
   CHUNK_OP = staticmethod(ops.chunk_gated_delta_rule)
   STEP_OP = staticmethod(ops.recurrent_gated_delta_rule)
 

@@ -8,7 +8,7 @@ The layer as its authors define it (mamba_ssm Mamba2, fla/layers/mamba2.py): one
 projection to [z | x | B | C | Δ] (d_inner = expand · d = 2d, P = head dim, N = d_state = 128;
 B and C shared by the heads of a group); a kernel-4 causal conv (with bias) and SiLU over
 [x, B, C] (Δ is not convolved); A ~ U(1, 16), dt_bias = softplus⁻¹(dt) with dt log-uniform in
-[1e-3, 0.1] (`mixer_parts.DecayGate`), so at init α = exp(ΔA) lies in about [0.2, 0.999]; a
+[1e-3, 0.1] (`parts.DecayGate`), so at init α = exp(ΔA) lies in about [0.2, 0.999]; a
 D skip per head (init 1); y ⊙ SiLU(z) RMS-normalised over each group's d_inner / groups
 channels (the gate before the norm, unlike GLA's), then the output projection. Scale 1.
 Chunkwise by `attention_zoo.ops.chunk_simple_gla` (chunks of 256, the authors').
@@ -23,12 +23,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import mixer_parts as parts
-from attention_zoo import ops
-from attention_zoo.layers import ShortConv
-from attention_zoo.mixer import Mixer
+from attention_zoo import norms, ops
+from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.convolution import ShortConv
+from attention_zoo.mixers import parts
 from attention_zoo.options import Float, Int
-from attention_zoo.registry import register_mixer
 
 
 @register_mixer("mamba2", complexity="O(n·C·(N + P) + n·N·P)",
@@ -38,6 +37,8 @@ class Mamba2(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(128, minimum=1),
              "conv_size": Int(4, minimum=1), "chunk_size": Int(256, minimum=1),
              "norm_eps": Float(1e-5, above=0)}
+  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
+  TEST_OPTIONS = dict(chunk_size=8, d_state=8)
 
   @classmethod
   def state_size(cls, *, num_heads, head_dim, options, **dims) -> int:
@@ -55,7 +56,7 @@ class Mamba2(Mixer):
     self.conv = ShortConv(conv_channels, self.options["conv_size"], dtype=dtype, rngs=rngs)
     self.decay = parts.DecayGate(h, a_range=(1.0, 16.0), rngs=rngs)
     self.D = nnx.Param(jnp.ones((h,)), weight_decay=False)   # the authors': no decay
-    self.norm = parts.GatedRMSNorm(self.d_inner // groups, eps=self.options["norm_eps"],
+    self.norm = norms.GatedRMSNorm(self.d_inner // groups, eps=self.options["norm_eps"],
                                    norm_before_gate=False)
     self.out = parts.linear(self.d_inner, self.emb_dim, dtype=dtype, rngs=rngs)
 

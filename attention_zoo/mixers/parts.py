@@ -1,5 +1,5 @@
 """Pieces the sequence mixers share: projections, the short convolution on masked inputs, the
-(gated) RMSNorm, L2 normalisation, Mamba2's decay gate (also Gated DeltaNet's), GQA head
+gated output (norms.GatedRMSNorm), Mamba2's decay gate (also Gated DeltaNet's), GQA head
 repetition, and the choice between an op's chunk and token forms."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo.layers import ShortConv
+from attention_zoo.convolution import ShortConv
+from attention_zoo.norms import GatedRMSNorm
 
 
 def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):
@@ -72,37 +73,9 @@ def short_conv(conv, x, mask, decode: bool):
   return jax.nn.silu(conv(jnp.where(mask[..., None], x, 0), decode=decode))
 
 
-def l2_normalise(x, eps: float = 1e-6):
-  """x / sqrt(Σ x² + eps) over the last axis, in float32 (an all-zero vector stays zero)."""
-  x = x.astype(jnp.float32)
-  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
-
-
 def repeat_kv(x, num_heads: int):
   """[b, n, kvh, d] -> [b, n, num_heads, d]: query head i reads kv head i // (num_heads / kvh)."""
   return jnp.repeat(x, num_heads // x.shape[2], axis=2)
-
-
-class GatedRMSNorm(nnx.Module):
-  """RMSNorm over the last axis with a learned scale, optionally gated by SiLU(gate):
-
-      norm_before_gate=True  (fla's FusedRMSNormGated: GLA, DeltaNet, GDN, RetNet)
-                             y = x / rms(x) ⊙ w ⊙ silu(gate)
-      norm_before_gate=False (Mamba2's RMSNormGated)   y = (x ⊙ silu(gate)) / rms(..) ⊙ w
-
-  Computed in float32 whatever the compute dtype."""
-
-  def __init__(self, features: int, *, eps: float = 1e-5, norm_before_gate: bool = True):
-    self.eps, self.norm_before_gate = eps, norm_before_gate
-    self.scale = nnx.Param(jnp.ones((features,)))
-
-  def __call__(self, x, gate=None):
-    x = x.astype(jnp.float32)
-    gate = None if gate is None else jax.nn.silu(gate.astype(jnp.float32))
-    if gate is not None and not self.norm_before_gate:
-      x = x * gate
-    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.scale[...]
-    return y * gate if gate is not None and self.norm_before_gate else y
 
 
 class DecayGate(nnx.Module):

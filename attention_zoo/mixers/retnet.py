@@ -22,11 +22,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import mixer_parts as parts
 from attention_zoo import ops, positions
-from attention_zoo.mixer import Mixer
+from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.mixers import parts
 from attention_zoo.options import Bool, Float, Int
-from attention_zoo.registry import register_mixer
 
 
 @register_mixer("retnet", complexity="O(n·C·d + n·d²)",
@@ -37,6 +36,8 @@ class RetNet(Mixer):
              "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
              "use_output_gate": Bool(True), "chunk_size": Int(64, minimum=1),
              "norm_eps": Float(1e-5, above=0)}
+  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
+  TEST_OPTIONS = dict(chunk_size=8)
   state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, **kwargs):

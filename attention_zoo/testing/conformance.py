@@ -9,9 +9,10 @@ names), prints a pass/fail report with the measured error, and exits non-zero on
 The pytest suite (tests/test_conformance.py) runs the same checks over `attention_zoo.available()`.
 
 The suite builds every module at small shapes (length 20, cross q_len 12, 4 heads, 2 kv heads,
-head_dim 8). `configure(name, options=..., content_routing=...)` says how to build and check a
-variant there (e.g. a block size below 20, so several blocks exist); a plug-in calls it next
-to its class, and the built-in variants' settings are below.
+head_dim 8). Each class says how to build it there in its class attributes: `TEST_OPTIONS`
+(e.g. a block size below 20, so several blocks exist) and, for attention, `CONTENT_ROUTING`
+(which keys a query sees is chosen from token contents: causality is checked by changing future
+values only). `settings(name)` reads them.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
 dropout, exact (spec.exact: output and gradients of a freshly built module equal
@@ -32,15 +33,16 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_zoo import options as options_lib
-from attention_zoo import plugins, reference, registry
+from attention_zoo import plugins, registry
+from attention_zoo.layers import create_mixer
+from attention_zoo.ops import softmax
+from attention_zoo.ops.oracle import dense_attention
 
 BATCH, LEN, CROSS_Q_LEN, APPEND = 2, 20, 12, 5
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, MAX_LEN = 4, 2, 8, 32
@@ -120,55 +122,11 @@ class Settings:
   content_routing: bool = False
 
 
-# Keyed by the registered class: a name registered again (a plug-in reloaded) starts afresh.
-_SETTINGS: weakref.WeakKeyDictionary[type, Settings] = weakref.WeakKeyDictionary()
-
-
-def configure(name: str, *, options: dict | None = None, content_routing: bool = False):
-  """How the suite builds and checks the registered variant `name`; call it after registering.
-
-  The options are validated now (ValueError naming the bad one).
-  """
-  cls = registry.get(name)
-  options = dict(options or {})
-  options_lib.validate(name, cls.spec.option_specs, options)
-  _SETTINGS[cls] = Settings(options, bool(content_routing))
-
-
 def settings(name: str) -> Settings:
-  """What `configure` declared for `name`; no options and no content routing otherwise."""
-  return _SETTINGS.get(registry.get(name), Settings({}))
-
-
-_BUILTIN_OPTIONS = {
-    "bigbird": dict(block_size=2, num_window_blocks=3, num_random_blocks=2),
-    # The Pallas kernels (interpreted on CPU) with tiles smaller than the lengths: several tiles,
-    # padding to the block and causal tile skipping happen.
-    "flash": dict(impl="pallas", block_q=8, block_k=8, block_q_bwd=8, block_k_bwd=4),
-    "linear_transformer": dict(chunk_size=4),
-    "linformer": dict(k=8),
-    "local": dict(block_size=6),
-    "longformer": dict(window=2, dilation=2, num_global_tokens=2),
-    # 6 landmarks at length 20: uneven segments; with padding some rows have fewer real tokens.
-    "nystromformer": dict(num_landmarks=6, conv_kernel_size=5),
-    "performer": dict(nb_features=64, chunk_size=4),
-    # A fixed n_buckets, so lengths 20 and 25 (appended padding) hash the same way.
-    "reformer": dict(chunk_len=4, n_buckets=4),
-    "sinkhorn": dict(block_size=4),
-    "sliding_window": dict(window=3),
-    "sparse_transformer": dict(block_size=6, num_summary=2, query_chunk=12),
-    "synthesizer": dict(k=4),
-    # Mixers: chunks of 8 at length 20, so several chunks and a partial last one.
-    "deltanet": dict(chunk_size=8),
-    "fox": dict(block_size=8, qk_norm=True, use_output_gate=True),
-    "gated_deltanet": dict(chunk_size=8),
-    "gla": dict(chunk_size=8),
-    "mamba2": dict(chunk_size=8, d_state=8),
-    "retnet": dict(chunk_size=8),
-}
-for _name, _options in _BUILTIN_OPTIONS.items():
-  if _name in registry.available():
-    configure(_name, options=_options, content_routing=_name == "reformer")
+  """How the suite builds and checks `name`: its class's TEST_OPTIONS and CONTENT_ROUTING
+  (validated when the class was registered)."""
+  cls = registry.get(name)
+  return Settings(dict(cls.TEST_OPTIONS), getattr(cls, "CONTENT_ROUTING", False))
 
 
 # -- building blocks ------------------------------------------------------------------------
@@ -456,12 +414,12 @@ def check_exact(name):
            f"pattern() gave {pattern.dtype} {pattern.shape}")
     q_pos, k_pos = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     if case["causal"]:
-      future = ~np.asarray(reference.causal_allowed(q_pos, k_pos, q_len, kv_len))
+      future = ~np.asarray(softmax.causal_allowed(q_pos, k_pos, q_len, kv_len))
       expect(not (pattern & future).any(), f"causal pattern() lets a query see the future ({case})")
     slopes = jnp.linspace(0.5, 0.0625, NUM_HEADS) if spec.supports_alibi else None
     bias = None
     if slopes is not None:
-      bias = reference.alibi_bias(slopes, q_pos, k_pos, q_len, kv_len)[None]
+      bias = softmax.alibi_bias(slopes, q_pos, k_pos, q_len, kv_len)[None]
     allowed = (pattern[None] & np.asarray(q_mask)[:, None, :, None]
                & np.asarray(kv_mask)[:, None, None, :])
     ct = jax.random.normal(jax.random.key(40 + i), q.shape)
@@ -470,7 +428,7 @@ def check_exact(name):
       return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes)
 
     def oracle(q, k, v):
-      out = reference.dense_attention(q, k, v, allowed, scale=attn.scale, bias=bias)
+      out = dense_attention(q, k, v, allowed, scale=attn.scale, bias=bias)
       return jnp.where(q_mask[:, :, None, None], out, 0)
 
     out, vjp = jax.vjp(variant, q, k, v)
@@ -508,7 +466,7 @@ EMB_DIM = NUM_HEADS * HEAD_DIM
 def build_mixer(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, dtype=jnp.float32,
                 **options):
   options = {**settings(name).options, **options}
-  return registry.create_mixer(name, emb_dim=EMB_DIM, num_heads=NUM_HEADS,
+  return create_mixer(name, emb_dim=EMB_DIM, num_heads=NUM_HEADS,
                                num_kv_heads=num_kv_heads, causal=causal, max_len=MAX_LEN,
                                dtype=dtype, rngs=nnx.Rngs(seed), **options)
 
@@ -739,7 +697,7 @@ USAGE = """usage: python -m attention_zoo.conformance MODULE [MODULE ...] [--che
        [--dry_run]
 
 MODULE: a dotted module name importable from the current directory (my_attention,
-examples.cosine_attention, attention_zoo.full) or a path to a .py file. Every variant the
+examples.cosine_attention, attention_zoo.variants.full) or a path to a .py file. Every variant the
 modules register is checked (--dry_run: listed with the checks it would get). Exit status:
 0 all checked properties pass (or do not apply), 1 a property failed, 2 bad usage or a module
 that cannot be imported or registers nothing.
@@ -788,9 +746,3 @@ def main(argv=None) -> int:
   print(f"{counts['pass']} passed, {counts['n/a']} not applicable, {counts['fail']} failed"
         + (f": {', '.join(failed)}" if failed else ""))
   return 1 if failed else 0
-
-
-if __name__ == "__main__":
-  # Run the imported module, not this __main__ copy: plug-ins call `configure` on the former.
-  from attention_zoo import conformance
-  sys.exit(conformance.main())

@@ -21,9 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo import flex
-from attention_zoo.base import Attention
+from attention_zoo.contract import Attention, register
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 @register("additive", exact=False, supports_causal=True, supports_cross=True,

@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import flex, reference
-from attention_zoo.base import Attention, ceil_div
+from attention_zoo import flex
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
+from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 @functools.lru_cache(maxsize=64)
@@ -73,6 +74,7 @@ class BigBirdAttention(Attention):
                  "odd (the own block and as many on each side)", lambda n: n % 2 == 1)),
              "num_random_blocks": Int(3, minimum=0),
              "seed": Int(None, minimum=0, optional=True)}
+  TEST_OPTIONS = dict(block_size=2, num_window_blocks=3, num_random_blocks=2)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -102,7 +104,7 @@ class BigBirdAttention(Attention):
       qb, kb = q // block, kv // block
       keep = (jnp.abs(qb - kb) <= self.half_window) | (kb == 0) | jnp.asarray(random)[h, qb, kb]
       if self.causal:
-        return keep & reference.causal_allowed(q, kv, length, length)
+        return keep & softmax.causal_allowed(q, kv, length, length)
       return keep | (kb == last) | (qb == 0) | (qb == last)
     return allowed
 

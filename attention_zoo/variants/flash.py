@@ -14,10 +14,11 @@ Option `impl`:
   "pallas"  our `pl.pallas_call` kernels (custom_vjp: forward saving lse, dq and dk/dv kernels;
             reading flex's block metadata, so causal tiles above the diagonal are skipped;
             GQA/MQA inside the kernel):
-            on a GPU the Triton lowering (pallas_gpu.py), on a TPU the Mosaic lowering
-            (pallas_tpu.py); on a CPU the GPU kernels run with `interpret=True` (for testing:
-            correct but not fast).
-  "chunked" attention_zoo.flex.flex_attention with no mask or the causal block mask (chunked.py):
+            on a GPU the Triton lowering (ops/flash/pallas_gpu.py), on a TPU the Mosaic
+            lowering (ops/flash/pallas_tpu.py); on a CPU the GPU kernels run with
+            `interpret=True` (for testing: correct but not fast).
+  "chunked" attention_zoo.ops.flex.flex_attention with no mask or the causal block mask
+            (ops/flash/chunked.py):
             the engine under every exact variant, pure JAX, linear memory forward and backward.
   "auto"    "pallas" on GPU/TPU, "chunked" on CPU.
 Options block_q, block_k (forward tiles) and block_q_bwd, block_k_bwd (backward tiles): None
@@ -32,23 +33,15 @@ jax.experimental.pallas) are imported only when a module that uses them is built
 """
 from __future__ import annotations
 
-import importlib
-
 import jax
 
-from attention_zoo import reference
-from attention_zoo.base import Attention
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
+from attention_zoo.ops.flash import kernel_module
 from attention_zoo.options import Choice, Int
-from attention_zoo.registry import register
 
 IMPLS = ("auto", "pallas", "chunked")
 BLOCK_OPTIONS = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
-
-
-def kernel_module(name: str):
-  """The module holding `flash_attention` for "chunked", "pallas_gpu" or "pallas_tpu", imported
-  on first use: only a Pallas path imports jax.experimental.pallas."""
-  return importlib.import_module(f"{__name__}.{name}")
 
 
 @register("flash", exact=True, supports_causal=True, supports_cross=True,
@@ -61,6 +54,9 @@ class FlashAttention(Attention):
   # Block sizes None: the backend's default.
   OPTIONS = {"impl": Choice("auto", IMPLS),
              **{name: Int(None, minimum=1, optional=True) for name in BLOCK_OPTIONS}}
+  # The Pallas kernels (interpreted on CPU) with tiles smaller than the suite's lengths: several
+  # tiles, padding to the block and causal tile skipping happen.
+  TEST_OPTIONS = dict(impl="pallas", block_q=8, block_k=8, block_q_bwd=8, block_k_bwd=4)
   WHY_NO_DROPOUT = "the flash kernels never materialise the attention weights to drop"
 
   def __init__(self, **kwargs):
@@ -90,7 +86,7 @@ class FlashAttention(Attention):
         raise self.option_error(name, f"{expected}, or None, for impl='pallas'")
 
   def pattern(self, q_len: int, kv_len: int):
-    return reference.causal_pattern(q_len, kv_len, self.causal)
+    return softmax.causal_pattern(q_len, kv_len, self.causal)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):

@@ -3,7 +3,7 @@
     Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d) + B) V
 
 with B = -inf outside the allowed keys (padding, causal) and B = ALiBi when slopes are given.
-`impl="xla"` is reference.masked_softmax_attention: the dense path with grouped heads (no K/V
+`impl="xla"` is softmax.masked_softmax_attention: the dense path with grouped heads (no K/V
 copy for GQA/MQA) and a hand-written backward that saves only the weights;
 `impl="cudnn"` calls `jax.nn.dot_product_attention(implementation="cudnn")` and runs only on
 an NVIDIA GPU (f32 inputs are rounded to bf16 for it); `impl="auto"` (the default) takes cuDNN
@@ -18,10 +18,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import reference
-from attention_zoo.base import Attention
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Choice
-from attention_zoo.registry import register
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128
@@ -60,7 +59,7 @@ class FullAttention(Attention):
                                       f"backend (impl='cudnn' needs an NVIDIA GPU)")
 
   def pattern(self, q_len: int, kv_len: int):
-    return reference.causal_pattern(q_len, kv_len, self.causal)
+    return softmax.causal_pattern(q_len, kv_len, self.causal)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
@@ -76,7 +75,7 @@ class FullAttention(Attention):
         raise ValueError(f"full: {refusal}")
       return self._cudnn(q, k, v, kv_mask, alibi_slopes, segment_ids)
     # Masked query rows are zeroed by the base class, so only the keys are masked here.
-    return reference.masked_softmax_attention(
+    return softmax.masked_softmax_attention(
         q, k, v, kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
         dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, softcap=self.softcap,
         segment_ids=segment_ids)
@@ -86,7 +85,7 @@ class FullAttention(Attention):
     dtype = q.dtype if q.dtype in CUDNN_DTYPES else jnp.bfloat16
     bias = None
     if alibi_slopes is not None:
-      bias = reference.alibi_bias(alibi_slopes, jnp.arange(q_len)[:, None],
+      bias = softmax.alibi_bias(alibi_slopes, jnp.arange(q_len)[:, None],
                                   jnp.arange(kv_len)[None, :], q_len, kv_len)[None]  # [1, h, q, k]
       bias = bias.astype(dtype)
     mask = kv_mask[:, None, None, :]                                        # [b, 1, 1|q, kv]

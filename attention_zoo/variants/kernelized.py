@@ -32,8 +32,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import reference
-from attention_zoo.base import Attention, ceil_div
+from attention_zoo.contract import Attention
+from attention_zoo.ops import softmax
+from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.options import Int
 
 # Log scale of "no key yet" and log φ of a padded key: finite, so differences never give
@@ -151,7 +152,7 @@ class KernelizedAttention(Attention):
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
     f32 = lambda x: x.astype(jnp.float32)   # feature maps and sums in f32, even for bf16 inputs
     q_log, k_log = self.feature_maps(
-        reference.group_heads(f32(q), self.num_kv_heads), f32(k), deterministic=deterministic)
+        softmax.group_heads(f32(q), self.num_kv_heads), f32(k), deterministic=deterministic)
     out = linear_attention(q_log, k_log, f32(v), kv_mask, causal=self.causal,
                            chunk_size=self.options["chunk_size"])
     return out.reshape(q.shape)
@@ -171,7 +172,7 @@ class KernelizedAttention(Attention):
                        f"scores")
     f32 = lambda x: x.astype(jnp.float32)
     q_log, k_log = self.feature_maps(
-        reference.group_heads(f32(q), self.num_kv_heads), f32(k), deterministic=True)
+        softmax.group_heads(f32(q), self.num_kv_heads), f32(k), deterministic=True)
     cache = _absorb(cache, k_log, f32(v), jnp.ones(k.shape[:2], bool))
     num, den, _ = _read(cache, q_log)
     out = _normalise(num, den)

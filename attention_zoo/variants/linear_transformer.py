@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import kernelized
-from attention_zoo.registry import register
+from attention_zoo.contract import register
+from attention_zoo.variants import kernelized
 
 
 @register("linear_transformer", exact=False, supports_causal=True, supports_cross=True,
@@ -22,6 +22,8 @@ from attention_zoo.registry import register
                 "Transformers with Linear Attention (arXiv:2006.16236)",
           can_decode=True, supports_dropout=False)
 class LinearTransformerAttention(kernelized.KernelizedAttention):
+  TEST_OPTIONS = dict(chunk_size=4)
+
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
     if self.options["scale"] is not None:

@@ -23,10 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import reference
-from attention_zoo.base import Attention
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Choice, Int
-from attention_zoo.registry import register
 
 SHARING = ("none", "headwise", "kv")
 
@@ -40,6 +39,7 @@ class LinformerAttention(Attention):
   # k: the projected length; share: "none" (E_i, F_i per head), "headwise" (one E, one F) or
   # "kv" (one E = F).
   OPTIONS = {"k": Int(256, minimum=1), "share": Choice("none", SHARING)}
+  TEST_OPTIONS = dict(k=8)
   WHY_NOT_CAUSAL = ("each of its k projected keys is a weighted sum over all positions, "
                     "so every query would see future tokens")
 
@@ -66,7 +66,7 @@ class LinformerAttention(Attention):
     v = jnp.where(real, v.astype(jnp.float32), 0.0)
     k_proj = jnp.einsum("bnhd,hnr->brhd", k, e)                             # [b, k, kvh, d]
     v_proj = jnp.einsum("bnhd,hnr->brhd", v, f)                             # [b, k, kvh, d]
-    grouped = reference.group_heads(q.astype(jnp.float32), kvh)            # [b, q, kvh, g, d]
+    grouped = softmax.group_heads(q.astype(jnp.float32), kvh)            # [b, q, kvh, g, d]
     scores = jnp.einsum("bqhgd,brhd->bhgqr", grouped, k_proj) * self.scale  # [b, kvh, g, q, k]
     weights = self.dropout(jax.nn.softmax(scores, axis=-1), deterministic)
     out = jnp.einsum("bhgqr,brhd->bqhgd", weights, v_proj)                 # [b, q, kvh, g, d]

@@ -9,10 +9,10 @@ diagonal tiles (full ones: no mask is evaluated), so time and memory are O(n·B)
 """
 from __future__ import annotations
 
-from attention_zoo import flex, reference
-from attention_zoo.base import Attention
+from attention_zoo import flex
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 @register("local", exact=True, supports_causal=True, supports_cross=True, complexity="O(n·b)",
@@ -21,6 +21,7 @@ from attention_zoo.registry import register
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class LocalAttention(Attention):
   OPTIONS = {"block_size": Int(50, minimum=1)}
+  TEST_OPTIONS = dict(block_size=6)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -32,7 +33,7 @@ class LocalAttention(Attention):
 
     def allowed(b, h, q, kv):
       keep = (q + offset) // block == kv // block
-      return keep & reference.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
+      return keep & softmax.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
     return allowed
 
   def pattern(self, q_len: int, kv_len: int):

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_zoo import flex, reference
-from attention_zoo.base import Attention
+from attention_zoo import flex
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Bool, Int
-from attention_zoo.registry import register
 
 
 @register("longformer", exact=True, supports_causal=True, supports_cross=False,
@@ -42,6 +42,7 @@ from attention_zoo.registry import register
 class LongformerAttention(Attention):
   OPTIONS = {"window": Int(256, minimum=0), "dilation": Int(1, minimum=1),
              "num_global_tokens": Int(1, minimum=0), "global_projections": Bool(True)}
+  TEST_OPTIONS = dict(window=2, dilation=2, num_global_tokens=2)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -62,7 +63,7 @@ class LongformerAttention(Attention):
     window = (np.abs(i - j) <= self.window * self.dilation) & ((i - j) % self.dilation == 0)
     allowed = window | (j < self.num_global) | (i < self.num_global)
     if self.causal:
-      allowed &= reference.causal_allowed(i, j, 0, 0)
+      allowed &= softmax.causal_allowed(i, j, 0, 0)
     return allowed[None]
 
   def global_inputs(self, q_rows, k, v):
@@ -87,7 +88,7 @@ class LongformerAttention(Attention):
       in_window = ((jnp.abs(i - j) <= window * dilation) & ((i - j) % dilation == 0)
                    & (j >= num_global))
       keep = in_window | (kv >= n)
-      return keep & reference.causal_allowed(i, j, n, n) if self.causal else keep
+      return keep & softmax.causal_allowed(i, j, n, n) if self.causal else keep
 
     out = flex.attend(self, regroup(q), with_copies(k), with_copies(v), allowed,
                       kv_mask=with_copies(kv_mask), deterministic=deterministic,

@@ -38,10 +38,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import reference
-from attention_zoo.base import Attention
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 @register("nystromformer", exact=False, supports_causal=False, supports_cross=False,
@@ -53,6 +52,8 @@ class NystromformerAttention(Attention):
              "conv_kernel_size": Int(0, minimum=0, where=(
                  "0 (no skip convolution) or odd (a window centred on each token; the paper's "
                  "LRA code uses 35)", lambda n: n == 0 or n % 2 == 1))}
+  # 6 landmarks at length 20: uneven segments; with padding some rows have fewer real tokens.
+  TEST_OPTIONS = dict(num_landmarks=6, conv_kernel_size=5)
   WHY_NOT_CAUSAL = ("each landmark is the mean of a whole segment and every landmark query sees "
                     "every key, so each output depends on later tokens")
 
@@ -70,7 +71,7 @@ class NystromformerAttention(Attention):
     # Padded values zeroed: not even a NaN pad can reach B V.
     v = jnp.where(kv_mask[:, :, None, None], v.astype(jnp.float32), 0.0)
     # l indexes the query landmarks, m the key landmarks (as many of each: num_landmarks).
-    grouped = reference.group_heads(q, self.num_kv_heads)                  # [b, n, kvh, g, d]
+    grouped = softmax.group_heads(q, self.num_kv_heads)                  # [b, n, kvh, g, d]
     q_segments, q_landmark_real = segments(q_mask, num_landmarks)          # [b, n, l], [b, l]
     k_segments, k_landmark_real = segments(kv_mask, num_landmarks)         # [b, n, m], [b, m]
     q_landmarks = segment_means(q_segments, grouped)                       # [b, l, kvh, g, d]
@@ -78,13 +79,13 @@ class NystromformerAttention(Attention):
     q_real = q_landmark_real[:, None, None, :, None]                       # [b, 1, 1, l, 1]
     k_real = k_landmark_real[:, None, None, None, :]                       # [b, 1, 1, 1, m]
 
-    kernel_f = reference.masked_softmax(
+    kernel_f = softmax.masked_softmax(
         jnp.einsum("bnhgd,bmhd->bhgnm", grouped, k_landmarks) * self.scale,
         k_real)                                                            # F [b, kvh, g, n, m]
-    kernel_a = reference.masked_softmax(
+    kernel_a = softmax.masked_softmax(
         jnp.einsum("blhgd,bmhd->bhglm", q_landmarks, k_landmarks) * self.scale,
         q_real & k_real)                                                   # A [b, kvh, g, l, m]
-    kernel_b = reference.masked_softmax(
+    kernel_b = softmax.masked_softmax(
         jnp.einsum("blhgd,bnhd->bhgln", q_landmarks, k) * self.scale,
         q_real & kv_mask[:, None, None, None, :])                          # B [b, kvh, g, l, n]
     kernel_f = self.dropout(kernel_f, deterministic)

@@ -34,10 +34,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import kernelized
-from attention_zoo.base import ceil_div
+from attention_zoo.contract import register
+from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.options import Bool, Choice, Int
-from attention_zoo.registry import register
+from attention_zoo.variants import kernelized
 
 RELU_EPSILON = 1e-3   # keeps generalized-attention denominators positive
 
@@ -74,6 +74,7 @@ class PerformerAttention(kernelized.KernelizedAttention):
              "features": Choice("random", ("random", "deterministic")),
              "nb_features": Int(256, minimum=1), "redraw": Bool(True),
              **kernelized.KernelizedAttention.OPTIONS}
+  TEST_OPTIONS = dict(nb_features=64, chunk_size=4)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)

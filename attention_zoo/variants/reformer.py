@@ -41,10 +41,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import reference
-from attention_zoo.base import Attention, pad_to_multiple
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
+from attention_zoo.ops.blocks import pad_to_multiple
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 _HASH_BLOCK = 1024  # positions hashed at once (rounded to whole chunks)
@@ -66,6 +66,9 @@ class ReformerAttention(Attention):
                  "1 or even (random-rotation hashing splits buckets into ± pairs)",
                  lambda n: n == 1 or n % 2 == 0)),
              "n_hashes": Int(1, minimum=1)}
+  # A fixed n_buckets, so lengths 20 and 25 (appended padding) hash the same way.
+  TEST_OPTIONS = dict(chunk_len=4, n_buckets=4)
+  CONTENT_ROUTING = True   # LSH buckets: which keys a query sees depends on content
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -150,12 +153,12 @@ class ReformerAttention(Attention):
     allowed = (k_real[..., None, :]
                & (k_pos[..., None, :] != q_pos[..., :, None]))     # [b, h, r, c, cl, 2cl]
     if self.causal:
-      allowed &= reference.causal_allowed(q_pos[..., :, None], k_pos[..., None, :], n, n)
+      allowed &= softmax.causal_allowed(q_pos[..., :, None], k_pos[..., None, :], n, n)
     scores = jnp.einsum("bhrcqd,bhrckd->bhrcqk", cq, ck,
                         preferred_element_type=jnp.float32) * self.scale
     if rounds > 1:
       scores = scores - jnp.log(_duplicate_counts(undo, order, cl).astype(jnp.float32))
-    weights = self.dropout(reference.masked_softmax(scores, allowed), deterministic)
+    weights = self.dropout(softmax.masked_softmax(scores, allowed), deterministic)
     out = jnp.einsum("bhrcqk,bhrckd->bhrcqd", weights.astype(cv.dtype), cv,
                      preferred_element_type=jnp.float32)           # [b, h, r, c, cl, d]
     lse, sees = _masked_logsumexp(scores, allowed)                 # [b, h, r, c, cl]
@@ -164,7 +167,7 @@ class ReformerAttention(Attention):
     unsort = lambda x: jnp.take_along_axis(x.reshape(b, h, rounds, n, *x.shape[5:]),
                                            undo.reshape(undo.shape + (1,) * (x.ndim - 5)), axis=3)
     out, lse, sees = unsort(out), unsort(lse), unsort(sees)       # [b, h, r, n, (d)]
-    round_weights = reference.masked_softmax(lse, sees, axis=2)   # [b, h, r, n]
+    round_weights = softmax.masked_softmax(lse, sees, axis=2)   # [b, h, r, n]
     out = jnp.sum(round_weights[..., None] * out, axis=2)         # [b, h, n, d]
 
     # A query that sees nothing but itself attends to itself (when it is a real key).

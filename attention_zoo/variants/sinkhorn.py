@@ -34,10 +34,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import reference
-from attention_zoo.base import Attention, pad_to_multiple
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
+from attention_zoo.ops.blocks import pad_to_multiple
 from attention_zoo.options import Bool, Float, Int
-from attention_zoo.registry import register
 
 _MASKED = -1e30  # log-weight of a block pair outside the sort (finite: keeps gradients finite)
 
@@ -49,6 +49,7 @@ _MASKED = -1e30  # log-weight of a block pair outside the sort (finite: keeps gr
 class SinkhornAttention(Attention):
   OPTIONS = {"block_size": Int(50, minimum=1), "sinkhorn_iters": Int(5, minimum=1),
              "temperature": Float(0.75, above=0), "gumbel_noise": Bool(True)}
+  TEST_OPTIONS = dict(block_size=4)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -76,7 +77,7 @@ class SinkhornAttention(Attention):
     b, n, h, d = q.shape
     kvh, bs, nb = self.num_kv_heads, self.block_size, n // self.block_size
     q_in, k_in = q_mask.reshape(b, nb, bs), kv_mask.reshape(b, nb, bs)
-    qb = reference.group_heads(q, kvh).reshape(b, nb, bs, kvh, h // kvh, d)
+    qb = softmax.group_heads(q, kvh).reshape(b, nb, bs, kvh, h // kvh, d)
     kb = k.reshape(b, nb, bs, kvh, d)
     q_sum = jnp.einsum("bnt,bntkgd->bnkgd", q_in.astype(jnp.float32), qb,
                        preferred_element_type=jnp.float32)         # [b, nb, kvh, g, d]
@@ -113,7 +114,7 @@ class SinkhornAttention(Attention):
     """
     b, n, h, d = q.shape
     kvh, bs, nb = self.num_kv_heads, self.block_size, n // self.block_size
-    qb = reference.group_heads(q, kvh).reshape(b, nb, bs, kvh, h // kvh, d)
+    qb = softmax.group_heads(q, kvh).reshape(b, nb, bs, kvh, h // kvh, d)
     k_in = kv_mask.reshape(b, nb, bs)
     kb, vb = (jnp.where(k_in[..., None, None], x.reshape(b, nb, bs, kvh, d), 0) for x in (k, v))
 
@@ -132,12 +133,12 @@ class SinkhornAttention(Attention):
     scores = jnp.concatenate([own, other], axis=-1) * self.scale   # [b, kvh, g, nb, bs, 2bs]
     own_allowed = k_in[:, None, None, :, None, :]                  # [b, 1, 1, nb, 1, bs]
     if self.causal:
-      own_allowed = own_allowed & reference.causal_allowed(
+      own_allowed = own_allowed & softmax.causal_allowed(
           jnp.arange(bs)[:, None], jnp.arange(bs)[None, :], bs, bs)
     own_allowed = jnp.broadcast_to(own_allowed, own.shape)
     allowed = jnp.concatenate(
         [own_allowed, jnp.broadcast_to(sorted_real[..., None, :], other.shape)], -1)
-    weights = self.dropout(reference.masked_softmax(scores, allowed), deterministic)
+    weights = self.dropout(softmax.masked_softmax(scores, allowed), deterministic)
     weights = weights.astype(v.dtype)
     out = (jnp.einsum("bkgits,biskd->bitkgd", weights[..., :bs], vb,
                       preferred_element_type=jnp.float32)

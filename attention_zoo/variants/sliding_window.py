@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from attention_zoo import flex, reference
-from attention_zoo.base import Attention
+from attention_zoo import flex
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 @register("sliding_window", exact=True, supports_causal=True, supports_cross=True,
@@ -26,6 +26,7 @@ from attention_zoo.registry import register
           can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
 class SlidingWindowAttention(Attention):
   OPTIONS = {"window": Int(128, minimum=0)}
+  TEST_OPTIONS = dict(window=3)
 
   @classmethod
   def state_size(cls, *, num_kv_heads, head_dim, seq_len, options, **dims) -> int:
@@ -41,7 +42,7 @@ class SlidingWindowAttention(Attention):
 
     def allowed(b, h, q, kv):
       keep = jnp.abs(q + offset - kv) <= window
-      return keep & reference.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
+      return keep & softmax.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
     return allowed
 
   def pattern(self, q_len: int, kv_len: int):

@@ -20,10 +20,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import flex, reference
-from attention_zoo.base import Attention
+from attention_zoo import flex
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Int
-from attention_zoo.registry import register
 
 
 @register("sparse_transformer", exact=True, supports_causal=True, supports_cross=True,
@@ -35,6 +35,7 @@ class SparseTransformerAttention(Attention):
   # query_chunk: query rows per tile of the engine.
   OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),
              "query_chunk": Int(512, minimum=1)}
+  TEST_OPTIONS = dict(block_size=6, num_summary=2, query_chunk=12)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -49,7 +50,7 @@ class SparseTransformerAttention(Attention):
     block = self.block_size
     allowed = (q_pos // block == k_pos // block) | (k_pos % block >= block - self.num_summary)
     if self.causal:
-      allowed &= reference.causal_allowed(q_pos, k_pos, 0, 0)
+      allowed &= softmax.causal_allowed(q_pos, k_pos, 0, 0)
     return allowed[None]
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
@@ -63,7 +64,7 @@ class SparseTransformerAttention(Attention):
       i, j = q + (kv_len - q_len), jnp.asarray(key_positions)[kv]
       # originals inside the query's block, copies of summaries outside it
       keep = (kv < kv_len) == (i // block == j // block)
-      return keep & reference.causal_allowed(i, j, kv_len, kv_len) if self.causal else keep
+      return keep & softmax.causal_allowed(i, j, kv_len, kv_len) if self.causal else keep
 
     return flex.attend(self, q, with_copies(k), with_copies(v), allowed,
                        kv_mask=with_copies(kv_mask), deterministic=deterministic,

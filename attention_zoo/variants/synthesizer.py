@@ -23,10 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import reference
-from attention_zoo.base import Attention
+from attention_zoo.contract import Attention, register
+from attention_zoo.ops import softmax
 from attention_zoo.options import Bool, Choice, Int
-from attention_zoo.registry import register
 
 MODES = ("dense", "random", "factorized_random")
 MIXTURES = ("learned", "sum")
@@ -42,6 +41,7 @@ class SynthesizerAttention(Attention):
   # factorized_random.
   OPTIONS = {"mode": Choice("random", MODES), "mix_dot_product": Bool(True),
              "mixture": Choice("learned", MIXTURES), "k": Int(32, minimum=1)}
+  TEST_OPTIONS = dict(k=4)
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -87,7 +87,7 @@ class SynthesizerAttention(Attention):
     logits = self.synthesized_logits(q)
     scores = logits.reshape(logits.shape[0], kvh, h // kvh, n, n)      # [b, kvh, g, q, k]
     if self.mix_dot_product:
-      dot = jnp.einsum("bqkgd,bskd->bkgqs", reference.group_heads(q, kvh), k,
+      dot = jnp.einsum("bqkgd,bskd->bkgqs", softmax.group_heads(q, kvh), k,
                        preferred_element_type=jnp.float32) * self.scale  # [b, kvh, g, q, k]
       if self.mixture_logits is None:
         scores = scores + dot
@@ -96,9 +96,9 @@ class SynthesizerAttention(Attention):
         scores = alpha[0] * scores + alpha[1] * dot
     allowed = kv_mask[:, None, None, None, :]
     if self.causal:
-      allowed = allowed & reference.causal_allowed(jnp.arange(n)[:, None],
+      allowed = allowed & softmax.causal_allowed(jnp.arange(n)[:, None],
                                                    jnp.arange(n)[None, :], n, n)
-    weights = self.dropout(reference.masked_softmax(scores, allowed), deterministic)
+    weights = self.dropout(softmax.masked_softmax(scores, allowed), deterministic)
     out = jnp.einsum("bkgqs,bskd->bqkgd", weights.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)                # [b, q, kvh, g, d]
     return out.reshape(b, n, h, d)
