@@ -98,7 +98,8 @@ INVALID = {
     "benchmark mode": (["experiments.benchmark", "--mode=approximation", "--out=x",
                         "--attentions=nosuch"], "unknown attention 'nosuch'"),
     "generate": (["lra.generate", "pathfinder", "--out=x"], "pathfinder needs --num"),
-    "conformance": (["attention_zoo.conformance", "--checks=nosuch", "attention_zoo.full"],
+    "conformance": (["attention_zoo.conformance", "--checks=nosuch",
+                     "attention_zoo.variants.full"],
                     "unknown check(s) nosuch"),
 }
 
@@ -188,23 +189,29 @@ def test_anchors_follow_githubs_rule(tmp_path):
                            "the-variants-impl-choices"}
 
 
-def layout(page: str) -> str:
-  text = (REPO / page).read_text(encoding="utf-8")
-  return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def section(page: str, heading: str) -> str:
+  """The text of `page` under `## heading`, up to the next heading of that level."""
+  return (REPO / page).read_text(encoding="utf-8").split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
 
 
-def test_layout_names_every_entry_point_and_harness_module():
-  """README's Layout names every command of experiments/ and its folders; docs/harness.md's
-  names every module of experiments/."""
+def test_layout_names_every_entry_point_and_harness_module_and_points_to_the_layers():
+  """README's Layout names every command of experiments/, its modules beside them and its
+  folders, and points to docs/architecture.md, whose harness section names every module of
+  experiments/."""
+  layout = section("README.md", "Layout")
   commands = [name.rpartition(".")[2] for name in entry_points("experiments")]
+  beside = [p.stem for p in (REPO / "experiments").glob("*.py") if p.stem != "__init__"]
   folders = sorted({p.parent.name for p in (REPO / "experiments").rglob("*.py")} - {"experiments"})
-  missing = [name for name in commands + [f"{f}/" for f in folders]
-             if not re.search(rf"\b{re.escape(name)}", layout("README.md"))]
-  assert commands and folders and not missing, f"README's Layout does not name {missing}"
+  assert commands and beside and folders, "the globs found nothing"
+  missing = [name for name in commands + beside + [f"{f}/" for f in folders]
+             if not re.search(rf"\b{re.escape(name)}", layout)]
+  assert not missing, f"README's Layout does not name {missing}"
+  assert "docs/architecture.md" in layout and (REPO / "docs" / "architecture.md").is_file()
   modules = [p.stem for p in (REPO / "experiments").rglob("*.py")
              if p.stem not in ("__init__", "__main__")]
-  missing = [name for name in modules if not re.search(rf"\b{name}\b", layout("docs/harness.md"))]
-  assert modules and not missing, f"docs/harness.md's Layout does not name {missing}"
+  harness = section("docs/architecture.md", "The harness")
+  missing = [name for name in modules if not re.search(rf"\b{name}\b", harness)]
+  assert not missing, f"docs/architecture.md's harness section does not name {missing}"
 
 
 def test_ci_runs_the_readme_install_and_test_commands():

@@ -1,12 +1,12 @@
-"""The flash mode: the FlashAttention kernels (attention_zoo.flash: Pallas on a GPU or TPU, the
-chunked pure-JAX path) against cuDNN and XLA, after a correctness check.
+"""The flash mode: the FlashAttention kernels (attention_zoo.ops.flash: Pallas on a GPU or TPU,
+the chunked pure-JAX path) against cuDNN and XLA, after a correctness check.
 
 Implementations (--impls):
-  pallas   attention_zoo.flash's kernels: Triton on a GPU, Mosaic on a TPU; on a CPU only with
+  pallas   attention_zoo.ops.flash's kernels: Triton on a GPU, Mosaic on a TPU; on a CPU only with
            --interpret (the GPU kernels interpreted: a correctness run, its times mean nothing)
   cudnn    jax.nn.dot_product_attention(implementation="cudnn", is_causal=...) (GPU only)
   xla      the `full` variant's dense XLA path (reference.masked_softmax_attention)
-  chunked  attention_zoo.flash's pure-JAX path
+  chunked  attention_zoo.ops.flash's pure-JAX path
 Shapes follow the FlashAttention papers: batch = --tokens / length, heads = --hidden / head_dim
 (16k tokens, hidden 2048), unless --batch_size / --num_heads are given. FLOPs = 4·b·h·n²·d,
 halved for causal; backward = 2.5 × forward, so forward+backward = 3.5 × forward. Times are
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_zoo import reference
-from attention_zoo.flash import chunked, pallas_gpu, pallas_tpu
+from attention_zoo.ops.flash import chunked, pallas_gpu, pallas_tpu
 from experiments.benchmark.attention import attention_flops
 from experiments.benchmark.settings import lengths_text
 from experiments.common import device, dry_run

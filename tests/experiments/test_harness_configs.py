@@ -22,8 +22,7 @@ from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from configs.task_values import TaskValues
 from experiments import report, reproduce, sweep
-from experiments.benchmark import capacity as capacity_search
-from experiments.benchmark import outputs as benchmark_output
+from experiments.benchmark import capacity, outputs
 from experiments.benchmark.outputs import ENVIRONMENT
 from experiments.benchmark.settings import Status
 from experiments.common import command_line, overrides, plots, task_configs, variant_names
@@ -517,15 +516,15 @@ def benchmark_plots(tmp_path):
   rows = [{**env, "attention": name, "length": length, "step_ms": length * k, "temp_bytes": 1e6,
            "status": Status.OK} for k, name in enumerate(("full", "local"), 1)
           for length in (1024, 2048, 4096)]
-  benchmark_output.plot_lengths(rows, "step_ms", "ms", tmp_path / "time.png", "train")
+  outputs.plot_lengths(rows, "step_ms", "ms", tmp_path / "time.png", "train")
 
 
 def capacity_plot(tmp_path):
-  results = [capacity_search.Capacity(name, remat, "float32", longest=length)
+  results = [capacity.Capacity(name, remat, "float32", longest=length)
              for name, length in (("full", 4096), ("local", 65536)) for remat in ("none", "block")]
   facts = {"lengths": [1024, 4096, 65536], "device_memory_bytes": 8e9, "device": "cpu",
            "jax_version": "0"}
-  capacity_search.plot(results, tmp_path / "capacity.png", facts)
+  capacity.plot(results, tmp_path / "capacity.png", facts)
 
 
 @pytest.mark.parametrize("write", [report_plots, sweep_plot, benchmark_plots, capacity_plot],
@@ -542,7 +541,7 @@ def test_plot_legends_cover_no_bars_or_curves(write, tmp_path, monkeypatch):
       checked.append(Path(path).name)
     plots.pyplot().close(fig)
 
-  for writer in (report, sweep, benchmark_output, capacity_search):   # each saves its figures
+  for writer in (report, sweep, outputs, capacity):   # each saves its figures
     monkeypatch.setattr(writer, "save_figure", inspect)
   write(tmp_path)
   assert checked, "no legend drawn"
