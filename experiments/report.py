@@ -23,9 +23,10 @@ from absl import flags
 
 import lra
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
-from experiments.common import command_line, dry_run, records
+from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
+from experiments.common.records import write_text
 from experiments.train.metrics import read_metrics
 from lra.fileio import atomic_write
 
@@ -287,7 +288,7 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)
   text = markdown(tables)
-  records.write_text(out / "table.md", text)
+  write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
   plot(tables, runs, out)
   return text

@@ -170,7 +170,7 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   """Trains every missing run of the grid; returns a line per failed run."""
   configs = checked_grid(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
                          overrides=overrides)
-  from experiments.common import records
+  from experiments.common.records import write_json
   from experiments.train import trainer
 
   grid = list(configs)
@@ -184,7 +184,7 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
     if reason:   # recorded, so that the report lists it with the reason
       logging.info("[%d/%d] %s / %s: not applicable (%s)", number, len(grid), task, attention,
                    reason)
-      records.write_json(workdir / "results.json", {
+      write_json(workdir / "results.json", {
           "task": task, "attention": attention, "preset": preset, "seed": seed,
           "not_applicable": reason})
       continue

@@ -43,9 +43,10 @@ from absl import flags
 import attention_zoo as az
 from configs.lra.common import PRESETS
 from experiments import report, reproduce, tuning
-from experiments.common import command_line, dry_run, records
+from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
+from experiments.common.records import write_text
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -148,7 +149,7 @@ def write(table: dict, states: dict, out, field: str, values: list[str], task: s
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join([a] + [cell(a, v) for v in values]) + " |" for a in table]
   text = "\n".join(lines) + "\n"
-  records.write_text(out / "sweep.md", text)
+  write_text(out / "sweep.md", text)
   with atomic_write(out / "sweep.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.writer(f)
     writer.writerow(["attention", field, "accuracy", "state_size"])

@@ -205,16 +205,16 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
 
 
 def write_records(records: list[dict], out) -> None:
-  from experiments.common import records   # imports JAX, so not before the checks
+  from experiments.common.records import write_json   # imports JAX, so not before the checks
 
-  records.write_json(Path(out) / "tuning.json", records)
+  write_json(Path(out) / "tuning.json", records)
 
 
 def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
   """OUT/tuning.json and OUT/tuning.md (reproduce's records, tested on TESTED); the markdown."""
-  from experiments.common import records
+  from experiments.common.records import write_text
 
   text = markdown(records, tune, preset=preset, tested=TESTED)
   write_records(records, out)
-  records.write_text(Path(out) / "tuning.md", text)
+  write_text(Path(out) / "tuning.md", text)
   return text

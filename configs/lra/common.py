@@ -145,8 +145,8 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.max_skipped_fraction = 0.01              # more unreadable source examples: refuse to start
   config.check_memory = True                      # step larger than the device: refuse to start
 
-  # attention_models.TransformerConfig, field by field (tests/test_harness_configs.py checks
-  # that the two agree).
+  # attention_models.TransformerConfig, field by field (tests/experiments/test_harness_configs.py
+  # checks that the two agree).
   config.model = ml_collections.ConfigDict()
   config.model.attention = attention
   # The variant's options by name, e.g. block_size. Empty here: the preset's settings for the

@@ -3,5 +3,5 @@ dry run, flag parsing and config overrides, task configs looked up by name, the 
 variants' names, XLA flags, device facts, run records and plot helpers.
 
 It imports no job (experiments/train/, experiments/benchmark/, the commands beside them):
-tests/experiments/test_experiments_layers.py checks.
+tests/test_lint.py checks.
 """
