@@ -1,6 +1,6 @@
 """Dropout on activations, with the cheap counter-based mask the attention weights use
 (`ops.softmax.keep_mask`): `nnx.Dropout` draws a threefry bit per entry, a large share of a
-small model's CPU train step at long lengths (docs/benchmark_train.md#dropout)."""
+small model's CPU train step at long lengths (docs/results.md#dropout-masks)."""
 from __future__ import annotations
 
 from flax import nnx
