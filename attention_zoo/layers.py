@@ -12,6 +12,7 @@ from flax import nnx
 import attention_zoo.mixers  # noqa: F401  (registers the built-in mixers)
 import attention_zoo.variants  # noqa: F401  (registers the built-in attention variants)
 from attention_zoo import positions, registry
+from attention_zoo.dropout import Dropout
 
 
 class MultiHeadAttention(nnx.Module):
@@ -108,7 +109,7 @@ class MLP(nnx.Module):
                rngs: nnx.Rngs):
     self.up = nnx.Linear(emb_dim, mlp_dim, dtype=dtype, rngs=rngs)
     self.down = nnx.Linear(mlp_dim, emb_dim, dtype=dtype, rngs=rngs)
-    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+    self.dropout = Dropout(dropout_rate, rngs=rngs)
 
   def __call__(self, x, *, deterministic: bool = True):
     return self.down(self.dropout(nnx.gelu(self.up(x)), deterministic=deterministic))

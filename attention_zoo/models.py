@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo import positions, registry
+from attention_zoo.dropout import Dropout
 from attention_zoo.convolution import ShortConv
 from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
 
@@ -121,7 +122,7 @@ class Block(nnx.Module):
     self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype,
                    rngs=rngs)
     self.mlp_norm = norm()
-    self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+    self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
   def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False,
                packing=None):
@@ -171,7 +172,7 @@ class Stack(nnx.Module):
                 if cls_token else None)
     self.learned_positions = (positions.LearnedPositions(max_len, config.emb_dim, rngs=rngs)
                               if config.positions == "learned" else None)
-    self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+    self.dropout = Dropout(config.dropout_rate, rngs=rngs)
     self.blocks = nnx.List([Block(config, causal=causal, cross=cross, max_len=max_len, rngs=rngs)
                             for _ in range(config.num_layers)])
     self.final_norm = (nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs) if config.pre_ln

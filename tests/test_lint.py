@@ -67,7 +67,7 @@ LAYERS = [
     ("name table", ["attention_zoo.options", "attention_zoo.registry", "attention_zoo.plugins"]),
     ("contract", ["attention_zoo.contract"]),
     ("parts", ["attention_zoo.flex", "attention_zoo.reference", "attention_zoo.positions",
-               "attention_zoo.convolution", "attention_zoo.norms"]),
+               "attention_zoo.convolution", "attention_zoo.norms", "attention_zoo.dropout"]),
     ("variants and mixers", ["attention_zoo.variants", "attention_zoo.mixers"]),
     ("layers", ["attention_zoo.layers"]),
     ("models", ["attention_zoo.models"]),

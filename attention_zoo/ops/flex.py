@@ -385,8 +385,8 @@ class _Plan:
     """Attention dropout of tile (i, j): keep / (1 - rate) (the same in the backward), or None."""
     if rng is None:
       return None
-    keep = jax.random.bernoulli(jax.random.fold_in(jax.random.fold_in(rng, i), j),
-                                1.0 - self.dropout_rate, shape)
+    keep = softmax.keep_mask(jax.random.fold_in(jax.random.fold_in(rng, i), j), shape,
+                             self.dropout_rate)
     return keep.astype(jnp.float32) / (1.0 - self.dropout_rate)
 
 

@@ -193,5 +193,34 @@ _dense_attention.defvjp(_dense_forward, _dense_backward)
 
 def dropout(weights, rate: float, rng):
   """Inverted dropout on attention weights."""
-  keep = jax.random.bernoulli(rng, 1.0 - rate, weights.shape)
+  keep = keep_mask(rng, weights.shape, rate)
   return jnp.where(keep, weights / (1.0 - rate), 0.0).astype(weights.dtype)
+
+
+def _mix32(x):
+  """A bijective avalanche of uint32 words (the "lowbias32" xorshift-multiply finaliser)."""
+  x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
+  x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def keep_mask(rng, shape, rate: float):
+  """bool `shape`, each entry True with probability 1 - rate (to 2^-32), independently across
+  entries and keys for dropout's purposes: a counter-based hash of (key, row, column). Drawing
+  one threefry bit per entry of a [b, h, q, k] weight array cost ~20x more than the attention
+  itself on CPU (5 s against 0.25 s for 8 x 2 x 2048² entries): here a key costs one threefry
+  call for two words, then each entry one multiply-xorshift round over its row's word and its
+  column index. Rows are every axis but the last."""
+  shape = tuple(shape)
+  k0, k1 = jax.random.bits(rng, (2,), jnp.uint32)
+  row_shape = (*shape[:-1], 1)
+  row = jnp.zeros(row_shape, jnp.uint32)
+  stride = 1
+  for axis in reversed(range(len(shape) - 1)):   # the row's flat index
+    row = row + jax.lax.broadcasted_iota(jnp.uint32, row_shape, axis) * jnp.uint32(stride)
+    stride *= shape[axis]
+  row_word = _mix32(row * jnp.uint32(0x9E3779B9) ^ k0)                       # [..., 1]
+  column = jax.lax.broadcasted_iota(jnp.uint32, (1,) * len(row_shape[:-1]) + tuple(shape[-1:]),
+                                    len(shape) - 1)
+  bits = _mix32(row_word ^ (column * jnp.uint32(0x85EBCA6B)) ^ k1)           # shape
+  return bits >= jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
