@@ -142,7 +142,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
       if "config" in flags.FLAGS:
         dict(flags.FLAGS.config)  # a config file that failed to load raises here
     except Exception as e:  # noqa: BLE001 - turned into one line below
-      raise HarnessError(_explain_config_error(argv) or first_line(e)) from None
+      raise HarnessError(_explain_config_error(argv) or _explain_choice_error(argv)
+                         or first_line(e)) from None
     config = flags.FLAGS.config if "config" in flags.FLAGS else None
     for item in option_flags:
       field, sep, value = item[len("--config."):].partition("=")
@@ -189,8 +190,9 @@ def _explain_config_error(argv: list[str]) -> str | None:
   if not Path(path).is_file():
     import lra
 
-    return (f"config file {path!r} not found; the LRA task configs are {TASK_CONFIGS} for "
-            f"task in: {', '.join(lra.available_tasks())}")
+    existing = [p.as_posix() for p in sorted(Path("configs").rglob("*.py"))]
+    return (f"config file {path!r} not found{did_you_mean(path, existing)}; the LRA task configs "
+            f"are {TASK_CONFIGS} for task in: {', '.join(lra.available_tasks())}")
   try:
     spec = importlib.util.spec_from_file_location("_config_under_test", path)
     module = importlib.util.module_from_spec(spec)
@@ -204,6 +206,19 @@ def _explain_config_error(argv: list[str]) -> str | None:
       problem = unknown_field(config, field)
       if problem:
         return problem
+  return None
+
+
+def _explain_choice_error(argv: list[str]) -> str | None:
+  """absl's error for a value outside an enum flag's choices (--preset=tnyi), in one line with
+  the closest choice."""
+  for item in argv:
+    name, sep, value = item.lstrip("-").partition("=")
+    choices = getattr(flags.FLAGS[name].parser, "enum_values", None) if (
+        sep and name in flags.FLAGS) else None
+    if choices and value not in choices:
+      return (f"--{name}={value}: not one of {', '.join(choices)}"
+              f"{did_you_mean(value, choices)}")
   return None
 
 

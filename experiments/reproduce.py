@@ -82,8 +82,9 @@ def check_names(tasks: list[str], attentions: list[str]) -> None:
   for task in tasks:
     if task not in all_tasks():
       groups = ", ".join(f"{name} ({', '.join(members)})" for name, members in TASK_GROUPS.items())
-      raise cli.HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}; "
-                             f"groups: {groups}")
+      raise cli.HarnessError(f"unknown task {task!r}"
+                             f"{cli.did_you_mean(task, [*all_tasks(), *TASK_GROUPS])}; tasks: "
+                             f"{', '.join(all_tasks())}; groups: {groups}")
   for attention in attentions:
     cli.check_attention(attention)
 

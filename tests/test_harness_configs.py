@@ -175,6 +175,8 @@ def test_config_argument_errors_and_late_registered_names():
   assert common.parse_arg("performer, tiny") == ("performer", "tiny")
   with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of paper, fair, tiny"):
     get_config("listops", "full,huge")
+  with pytest.raises(ValueError, match=r"unknown preset 'tnyi' \(did you mean 'tiny'\?\)"):
+    get_config("listops", "full,tnyi")
   with pytest.raises(ValueError, match="expected '<attention>\\[,<preset>\\]'"):
     get_config("listops", "full,tiny,extra")
   # A name a plugin registers later still builds a config (checked by the trainer).
@@ -300,6 +302,8 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
                                         "--config.model.attention=nope"],
                                "unknown attention 'nope'"),
       "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
+      "preset flag": (["experiments.reproduce", "--preset=tnyi", "--tasks=listops"],
+                      "--preset=tnyi: not one of paper, fair, tiny (did you mean 'tiny'?)"),
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
@@ -313,6 +317,18 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
     assert process.returncode == 1 and len(lines) == 2, (name, stderr)
     assert lines[0].startswith("error: ") and cases[name][1] in lines[0], (name, lines[0])
     assert lines[1] == "jax imported: False", name
+
+
+def test_misspelt_tasks_and_config_files_get_a_did_you_mean(monkeypatch):
+  with pytest.raises(cli.HarnessError, match=r"unknown task 'listop' \(did you mean 'listops'\?\)"):
+    reproduce.check_names(["listop"], ["full"])
+  with pytest.raises(cli.HarnessError, match=r"unknown task 'mda' \(did you mean 'mad'\?\)"):
+    reproduce.check_names(["mda"], ["full"])
+  with pytest.raises(ValueError, match=r"unknown task 'mqr' \(did you mean 'mqar'\?\)"):
+    lra.task_spec("mqr")
+  monkeypatch.chdir(REPO)   # config paths are relative to where a command runs
+  assert "not found (did you mean 'configs/lra/listops.py'?)" in cli._explain_config_error(
+      ["--config=configs/lra/listop.py:full,tiny"])
 
 
 def test_overrides_parse_as_the_field_type():
