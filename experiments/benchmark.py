@@ -128,8 +128,8 @@ def plan_lines(settings: Settings, out: str) -> list[str]:
     options = settings.config(name, min(settings.lengths)).model.attention_options
     lines.append(f"{settings.mode} {name}: lengths {_lengths(settings.lengths)}, "
                  f"{settings.dtype}, remat {settings.remat}, batch {settings.batch_size}, "
-                 f"{settings.repeats} repeats, options "
-                 f"{', '.join(f'{k}={v}' for k, v in sorted(options.items())) or '(none)'}")
+                 f"{cli.count(settings.repeats, 'repeat')}, "
+                 f"{cli.options_text(name, options)}")
   return lines + [f"then {out}/benchmark_{settings.mode}.csv, .md, .json and plots"]
 
 
@@ -185,8 +185,8 @@ def capacity_mode(command: str) -> int:
                     f"then {FLAGS.out}/capacity.md, .csv and .png (time budget "
                     f"{time_budget_s:g} s)"])
   env = provenance.environment()
-  facts = {"model": f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, "
-                    f"MLP {model.mlp_dim}",
+  facts = {"model": f"{cli.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
+                    f"{cli.count(model.num_heads, 'head')}, MLP {model.mlp_dim}",
            "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,
            "device_memory_bytes": measure.device_memory_bytes(),
            "memory_limit_bytes": memory_limit,

@@ -17,6 +17,7 @@ import lra
 from configs.lra import common
 from experiments.checkpoints import barrier
 from experiments.cli import HarnessError
+from lra.loader import resolve_options
 
 GENERATED_TASKS = ("listops", "pathfinder", "pathx")
 
@@ -67,6 +68,16 @@ def describe(config) -> str | None:
                and (config.generate_data or _is_tiny_folder(config.data_dir)))
   return (f"data {config.data_dir} (missing: "
           f"{'generated first' if generated else 'the run stops; see docs/data.md'})")
+
+
+def check_options(config) -> None:
+  """The checks `lra.load` makes of the run's load options before it reads anything (max_len,
+  a generated task's settings, Pathfinder's resolution and difficulty): HarnessError naming
+  the bad one, as the run would."""
+  try:
+    resolve_options(config.task, config.model.max_len, **config.data)
+  except (TypeError, ValueError) as e:
+    raise HarnessError(f"cannot load {config.task}: {e}") from None
 
 
 def _load(config, split: str) -> lra.Dataset:

@@ -100,15 +100,22 @@ def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds:
           for task in tasks for attention in attentions for seed in seeds}
 
 
-def checked_grid(**grid) -> dict:
-  """grid_configs(**grid) with the options of other variants dropped and every config checked
-  as the trainer will (a bad value is one error now, not one per run)."""
+def grid_with_own_options(**grid) -> dict:
+  """grid_configs(**grid) with the options of other variants dropped."""
   configs = grid_configs(**grid)
-  from experiments import build, trainer  # imports jax: after the cheap checks
+  drop_options_of_other_variants(configs)   # imports jax: after the cheap checks
+  return configs
 
-  drop_options_of_other_variants(configs)
-  for config in configs.values():
-    trainer.check_config(build.resolve(config))
+
+def checked_grid(**grid) -> dict:
+  """grid_with_own_options(**grid), every config that applies checked as the trainer will
+  before its first step (trainer.check_run: a bad value is one error now, not one per run)."""
+  from experiments import trainer
+
+  configs = grid_with_own_options(**grid)
+  for (task, attention, _), config in configs.items():
+    if not not_applicable(task, attention):
+      trainer.check_run(config)
   return configs
 
 
@@ -117,13 +124,16 @@ def run_dir(out, task: str, attention: str, seed: int) -> Path:
 
 
 def plan_lines(configs: dict, out) -> list[str]:
-  """A dry run's line per run of a checked grid: skipped, not applicable, or what it trains."""
+  """A dry run's line per run of a grid (grid_with_own_options), each config checked as
+  checked_grid checks it: skipped, not applicable, or what it trains (trainer.plan_line)."""
   from experiments import trainer
 
   lines = []
   for (task, attention, seed), config in configs.items():
     workdir = run_dir(out, task, attention, seed)
     if (workdir / "results.json").exists():
+      if not not_applicable(task, attention):
+        trainer.check_run(config)
       lines.append(f"{task} / {attention} / seed {seed}: {workdir}/results.json exists: skipped")
     elif reason := not_applicable(task, attention):
       lines.append(f"{task} / {attention} / seed {seed}: not applicable ({reason})")
@@ -180,7 +190,7 @@ def main(argv):
   grid = dict(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
               overrides=FLAGS.override)
   grid_configs(**grid)   # a mistake stops here, before JAX starts
-  cli.plan(lambda: [*plan_lines(checked_grid(**grid), out),
+  cli.plan(lambda: [*plan_lines(grid_with_own_options(**grid), out),
                     f"then the report of these runs: {out}/table.md, table.csv and plots"])
   import jax
 

@@ -62,7 +62,7 @@ def plan_lines(**sweep) -> list[str]:
   lines = []
   for grid in grids(**sweep):
     out = grid.pop("out")
-    lines += reproduce.plan_lines(reproduce.checked_grid(**grid), out)
+    lines += reproduce.plan_lines(reproduce.grid_with_own_options(**grid), out)
   return lines
 
 

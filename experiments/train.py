@@ -23,7 +23,7 @@ def main(argv):
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
   from experiments import trainer  # after flag parsing: errors there stay one line
 
-  cli.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, shapes=True)])
+  cli.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)])
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)
   print(f"{results['task']} / {results['attention']}: test accuracy "

@@ -51,8 +51,9 @@ from lra.mqar import IGNORED
 from attention_zoo.models import TransformerConfig, num_params
 from experiments import build
 from experiments import data as data_lib
-from experiments import measure, provenance
+from experiments import cli, measure, provenance
 from experiments.provenance import MetricsWriter
+from experiments import checkpoints as checkpoints_lib
 from experiments.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
 from experiments.checkpoints import Checkpoints, barrier
 from experiments.cli import HarnessError
@@ -136,24 +137,56 @@ def check_config(config) -> None:
                          f"share; use a multiple of {devices}")
 
 
-def plan_line(config, workdir, *, shapes: bool = False) -> str:
-  """What a run of `config` into `workdir` would be, in one line (a dry run's): the checks the
-  trainer makes first, then task, variant, seed, the resolved size, budget and options, the
-  data; with `shapes`, the parameter count of the model built abstractly (nnx.eval_shape:
-  about a second, nothing computed)."""
+def check_run(config):
+  """The checks a run makes before it reads data or compiles (a dry run makes the same): the
+  resolved config's sizes, the data's load options, the optimiser and schedule, and the model,
+  built abstractly (nnx.eval_shape: nothing computed). Returns (the resolved config, the
+  abstract model); HarnessError naming what is wrong."""
   resolved = build.resolve(config)
   check_config(resolved)
+  data_lib.check_options(resolved)
+  build.optimizer(resolved)
+  return resolved, nnx.eval_shape(lambda: build_model(resolved)[0])
+
+
+def plan_line(config, workdir, *, restart: bool = False) -> str:
+  """What a run of `config` into `workdir` would be, in one line (a dry run's), after the
+  checks the run makes before its first step (`check_run`; a workdir holding checkpoints of
+  another model is refused unless `restart`): task, variant, seed, the resolved size, budget
+  and options, the parameter count, the data, and the step it would resume from."""
+  resolved, abstract = check_run(config)
   model = resolved.model
-  options = ", ".join(f"{k}={v}" for k, v in sorted(model.attention_options.items()))
   parts = [f"{config.task} / {model.attention} / seed {config.seed} ({config.preset})",
-           f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, max_len "
-           f"{model.max_len}, batch {resolved.batch_size}, {resolved.num_train_steps} steps",
-           f"options {options or '(none)'}"]
-  if shapes:
-    abstract = nnx.eval_shape(lambda: build_model(resolved)[0])
-    parts.append(f"{num_params(abstract):,} parameters")
-  parts.append(data_lib.describe(resolved))
+           f"{cli.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
+           f"{cli.count(model.num_heads, 'head')}, max_len {model.max_len}, batch "
+           f"{resolved.batch_size}, {cli.count(resolved.num_train_steps, 'step')}",
+           cli.options_text(model.attention, model.attention_options),
+           f"{num_params(abstract):,} parameters", data_lib.describe(resolved)]
+  latest = None if restart else checkpoints_lib.latest_saved_record(workdir)
+  if latest is not None:
+    step, record = latest
+    if "model" in record:
+      check_same_model(Path(workdir).absolute() / CHECKPOINT_FOLDERS[0], step, record["model"],
+                       model_record(build.model_config(resolved)))
+    parts.append(f"resumes from step {step}")
   return "; ".join(filter(None, parts)) + f" -> {workdir}"
+
+
+def model_record(model: TransformerConfig) -> dict:
+  """A resolved model as a checkpoint records it (build.describe, as JSON reads it back)."""
+  return json.loads(json.dumps(build.describe(model)))
+
+
+def check_same_model(directory: Path, step: int, saved: dict, current: dict) -> None:
+  """HarnessError if the model a checkpoint recorded (`saved`) is not `current` (compute-only
+  fields aside), naming the fields and the ways out."""
+  differences = model_differences(saved, current)
+  if differences:
+    raise HarnessError(
+        f"{directory} holds checkpoints of another model (step {step}): "
+        f"{'; '.join(differences)}. To train this model, use a new workdir, or start this "
+        "one again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
+        "earlier run's files and checkpoints as <name>.1")
 
 
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
@@ -303,8 +336,7 @@ class Trainer:
     """`restart`: start from step 0 even when `workdir` holds checkpoints (of this model or of
     another), renaming the earlier run's files and checkpoints to <name>.1."""
     self.overrides = build.overrides(config)
-    config = build.resolve(config)
-    check_config(config)
+    config, _ = check_run(config)   # before the data: a bad config fails in a second
     self.config, self.workdir, self.restart = config, Path(workdir), restart
     self.task = lra.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
@@ -315,7 +347,7 @@ class Trainer:
     self.datasets = data_lib.load_splits(config)
     self.data_checks = data_lib.check_splits(config, self.datasets)
     model, self.model_config = build_model(config)
-    self.model_record = json.loads(json.dumps(build.describe(self.model_config)))  # as reread
+    self.model_record = model_record(self.model_config)
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, replicated))
@@ -364,7 +396,7 @@ class Trainer:
   def _resume(self, checkpoints: Checkpoints, writer: MetricsWriter) -> dict:
     latest = checkpoints.latest_record()
     if latest is not None and "model" in latest[1]:   # older checkpoints did not record it
-      self._check_same_model(checkpoints, *latest)
+      check_same_model(checkpoints.directory, latest[0], latest[1]["model"], self.model_record)
     record = dict(FRESH_RECORD)
     restored = checkpoints.restore_latest({"train": self.state, "best": self.best})
     if restored is None:
@@ -383,15 +415,6 @@ class Trainer:
     writer.resume(step)
     logging.info("resumed %s from step %d", self.workdir, step)
     return record
-
-  def _check_same_model(self, checkpoints: Checkpoints, step: int, record: dict) -> None:
-    differences = model_differences(record["model"], self.model_record)
-    if differences:
-      raise HarnessError(
-          f"{checkpoints.directory} holds checkpoints of another model (step {step}): "
-          f"{'; '.join(differences)}. To train this model, use a new workdir, or start this "
-          "one again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
-          "earlier run's files and checkpoints as <name>.1")
 
   def _train(self, checkpoints: Checkpoints, writer: MetricsWriter, record: dict, clock: _Clock):
     config = self.config

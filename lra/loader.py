@@ -131,6 +131,8 @@ def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
     raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
   max_len = int(max_len)
   params["max_len"] = max_len
+  if name in GENERATED:
+    options["settings"].check(max_len)
   has_padding = spec.has_padding
   if spec.image_size and max_len > spec.image_size ** 2:
     has_padding = True  # pixels padded up to max_len

@@ -87,11 +87,10 @@ def _no_examples(path: Path, what: str) -> ValueError:
 # ------------------------------------------------------------------- MQAR and the MAD tasks
 
 def read_generated(data_dir, split: str, max_len: int, settings) -> Source:
-  """Generated in memory from `settings` (lra.mqar.Settings, or a task's of lra.mad.SETTINGS);
-  data_dir is not used."""
+  """Generated in memory from `settings` (lra.mqar.Settings, or a task's of lra.mad.SETTINGS,
+  checked against max_len by `lra.loader.resolve_options`); data_dir is not used."""
   from lra import mqar
 
-  settings.check(max_len)
   if isinstance(settings, mqar.Settings):
     return Source(None, lambda: mqar.generate(settings, max_len, split),
                   f"lra.mqar generator ({split}, seed {settings.seed})", generated=settings)

@@ -242,7 +242,8 @@ def test_dry_run_plans_the_grid_without_running_it(tmp_path):
   assert planned["code"] == 0, planned["stderr"]
   lines = planned["stdout"].splitlines()
   assert lines[0] == f"mqar / full / seed 0: {finished} exists: skipped"
-  assert lines[1].startswith("mqar / full / seed 1 (tiny); 1 layers, emb ")
+  assert lines[1].startswith("mqar / full / seed 1 (tiny); 1 layer, emb ")
+  assert "; full's default options; " in lines[1]
   assert lines[1].endswith(f"-> {out}/runs/mqar/full/seed1")
   assert "mqar / linformer / seed 0: not applicable (linformer cannot be causal" in lines[2]
   assert len(lines) == 5 and lines[4].startswith("then the report of these runs")

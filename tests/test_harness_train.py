@@ -234,11 +234,15 @@ def test_a_checkpoint_of_another_model_is_refused_then_restarted_on_request(run_
   run, results_a, _ = run_a
   shutil.copytree(run.workdir, tmp_path, dirs_exist_ok=True)
   config = run_config("listops", data_root)
+  assert trainer.plan_line(config, tmp_path).endswith(f"; resumes from step 6 -> {tmp_path}")
   config.model.mlp_dim, config.model.remat = 48, "block"
-  with pytest.raises(HarnessError, match=(
-      rf"^{tmp_path}/checkpoints holds checkpoints of another model \(step 6\): model.mlp_dim is "
-      r"32 there, 48 in this config\. .*a new workdir.*--restart")):
+  refused = (rf"^{tmp_path}/checkpoints holds checkpoints of another model \(step 6\): "
+             r"model.mlp_dim is 32 there, 48 in this config\. .*a new workdir.*--restart")
+  with pytest.raises(HarnessError, match=refused):   # the dry run refuses it as the run does
+    trainer.plan_line(config, tmp_path)
+  with pytest.raises(HarnessError, match=refused):
     trainer.Trainer(config, tmp_path).run()
+  assert "resumes" not in trainer.plan_line(config, tmp_path, restart=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in run.workdir.iterdir())
   with batches_spy() as starts:
     results = trainer.Trainer(config, tmp_path, restart=True).run()
