@@ -9,7 +9,7 @@ import numpy as np
 
 from lra import cache as cache_lib
 from lra import mad, mqar, readers
-from lra.checks import check_dataset
+from lra.checks import check_dataset, check_generated_count
 from lra.dataset import Dataset
 from lra.tasks import TaskSpec, check_split, task_spec
 
@@ -67,7 +67,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
   Raises:
     FileNotFoundError: missing files (the message says how to get them).
     ValueError: bad options, malformed files (naming the file and line), an empty split,
-      targets or token ids out of range.
+      targets or token ids out of range, a split of generated files whose count differs from
+      the one in the generator's manifest (`generated.json`).
   """
   spec, params, options = resolve_options(name, max_len, resolution, difficulty, download,
                                           **generator_options)
@@ -87,6 +88,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
   if ds.num_skipped:  # logged on every load, cached or not
     log.warning("%s: skipped %d empty or unreadable examples of the %s split, e.g. %s",
                 ds.source, ds.num_skipped, split, ", ".join(skipped))
+  if source.expected is not None:
+    check_generated_count(ds, *source.expected)
   check_dataset(ds, max_skipped_fraction=None)
   return ds
 

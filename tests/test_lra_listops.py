@@ -1,5 +1,6 @@
 """The ListOps generator, checked by an evaluator written here, and the fixed vocabulary."""
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,21 @@ def test_loaded_generated_data_matches_the_files(generated):
     ids = [vocab[t] for t in source.replace("(", "").replace(")", "").split()]
     assert ds.inputs[i, :len(ids)].tolist() == ids and not ds.inputs[i, len(ids):].any()
     assert ds.masks[i].sum() == len(ids) and ds.targets[i] == int(target)
+
+
+def test_a_split_cut_at_a_line_boundary_is_refused_by_its_manifest(generated, tmp_path):
+  """The manifest says how many rows each split has; a file cut short (after its cache was
+  built, too) is an error naming the file and both counts, not a smaller training set."""
+  out, rows = generated
+  shutil.copytree(out / "listops-1000", tmp_path / "listops-1000")
+  assert len(lra.load("listops", "train", data_dir=tmp_path)) == 40   # cached now
+  train = tmp_path / "listops-1000" / "basic_train.tsv"
+  train.write_text("".join(train.read_text().splitlines(keepends=True)[:1 + 17]))
+  with pytest.raises(ValueError, match=(
+      rf"^{train} holds 17 train examples, but {tmp_path}/listops-1000/generated.json says the "
+      r"generator wrote 40: .*generate it again")):
+    lra.load("listops", "train", data_dir=tmp_path)
+  assert len(lra.load("listops", "test", data_dir=tmp_path)) == 5     # the other splits load
 
 
 def test_deterministic_for_a_seed_and_any_workers(tmp_path, generated):

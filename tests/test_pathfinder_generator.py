@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import lra
 from lra import pathfinder_generator as pg
 
 
@@ -143,6 +144,16 @@ def test_layout_metadata_and_balanced_labels(tmp_path):
   assert labels[:8] != [0, 1] * 4 and labels[:8] != [1, 0] * 4      # but not alternating
   first = (Path(root) / "metadata" / "0.npy").read_text().splitlines()[0].split()
   assert first[4:] == ["1", "14", "4", "2", "0.5", "1", "1"]  # continuity ... margin
+
+
+def test_metadata_cut_short_is_refused_by_the_manifest(tmp_path):
+  root = Path(pg.generate_pathfinder(tmp_path, num=20, images_per_batch=10, progress=False))
+  metadata = root / "metadata" / "1.npy"
+  metadata.write_text("".join(metadata.read_text().splitlines(keepends=True)[:5]))
+  # 15 images listed: 12 for train where the manifest's 20 make 16
+  with pytest.raises(ValueError, match=rf"^{root} holds 12 train examples, but "
+                                       rf"{root}/generated.json says the generator wrote 16"):
+    lra.load("pathfinder", "train", data_dir=tmp_path)
 
 
 def test_difficulty_and_resolution_directories(tmp_path):
