@@ -97,8 +97,7 @@ def generate(config) -> str:
   workers = max(1, os.cpu_count() or 1)
   logging.info("%s data not found in %s: generating %s with %d worker(s)", config.task,
                config.data_dir, sizes, workers)
-  Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-  try:
+  try:   # the generators make data_dir, and remove it again if interrupted
     if config.task == "listops":
       return lra.generate_listops(config.data_dir, seed=0, workers=workers, **sizes)
     return lra.generate_pathfinder(config.data_dir, seed=0, workers=workers, **config.data,

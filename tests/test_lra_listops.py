@@ -145,10 +145,16 @@ def test_interrupted_generation_leaves_nothing(tmp_path, monkeypatch):
         raise KeyboardInterrupt
       yield sample
 
+  kept = tmp_path / "kept"
+  lra.generate_listops(kept, seed=1, progress=False, **SIZES)
+  before = {p.name: p.read_bytes() for p in (kept / "listops-1000").iterdir()}
   monkeypatch.setattr(listops, "_unique_samples", interrupted)
-  with pytest.raises(KeyboardInterrupt):
-    lra.generate_listops(tmp_path, seed=0, progress=False, **SIZES)
-  assert list((tmp_path / "listops-1000").iterdir()) == []
+  for out in (tmp_path / "new" / "data", kept):
+    with pytest.raises(KeyboardInterrupt):
+      lra.generate_listops(out, seed=0, progress=False, **SIZES)
+  assert [p.name for p in tmp_path.iterdir()] == ["kept"]   # not even the folders it made
+  assert {p.name: p.read_bytes() for p in (kept / "listops-1000").iterdir()} == before
+  assert [p.name for p in kept.iterdir()] == ["listops-1000"]   # no staging folder left
 
 
 def test_bad_sizes(tmp_path):

@@ -204,7 +204,7 @@ def test_interrupted_run_leaves_no_partial_dataset(tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     pg.generate_pathfinder(tmp_path, num=20, progress=False)
   assert len(written) == 5
-  assert os.listdir(tmp_path / "pathfinder32") == []             # no target, no staging
+  assert os.listdir(tmp_path) == []     # no target, no staging, not the folder above it
 
 
 def test_staging_of_a_killed_run_is_removed(tmp_path):
