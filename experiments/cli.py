@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,12 @@ TASK_CONFIGS = "configs/lra/<task>.py"
 
 class HarnessError(Exception):
   """An error the user can fix; entry points print its message as one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C during a training run. Its message says where the run stopped (the step, the last
+  checkpoint); the entry point prints it in one line with the command that resumes the run. A
+  KeyboardInterrupt, so that what stops at Ctrl-C (a grid, `except Exception`) stops at it."""
 
 
 DRY_RUN_HELP = ("Check the command and print what it would run, one line per run, then exit "
@@ -116,10 +123,12 @@ def run(main) -> None:
   anything imports JAX (a mistake is reported at once); then XLA's flags are set and the
   `--plugins` modules imported (the one place plug-ins are loaded: `main` finds their variants
   registered), and the attention the config names is checked again against the variants they
-  register."""
+  register. Ctrl-C ends the command with one line (status 130), naming, for a training run,
+  where it stopped and the command that resumes it."""
   absl_logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if "dry_run" not in flags.FLAGS:
     flags.DEFINE_bool("dry_run", False, DRY_RUN_HELP)
+  resume = resume_command(sys.argv)   # before the flags' parsing edits sys.argv
 
   def wrapped(argv):
     try:
@@ -128,8 +137,23 @@ def run(main) -> None:
       fail(str(e))
     except _Planned:
       return 0
+    except Interrupted as e:
+      print(f"{e}; to resume: {resume}", file=sys.stderr)
+      sys.exit(130)
+    except KeyboardInterrupt:
+      print("interrupted", file=sys.stderr)
+      sys.exit(130)
 
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def resume_command(argv: list[str]) -> str:
+  """The command line `argv` as `python -m <module> ...`, less --restart: run again, a training
+  command resumes where it stopped (and skips what has finished)."""
+  spec = getattr(sys.modules["__main__"], "__spec__", None)
+  program = ["python", "-m", spec.name] if spec is not None else ["python", argv[0]]
+  return shlex.join(program + [arg for arg in argv[1:]
+                               if arg.lstrip("-").partition("=")[0] != "restart"])
 
 
 # Config fields fixed by the config file (the task) and its argument (the preset): an override

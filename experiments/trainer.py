@@ -26,7 +26,9 @@ does, the run starts again from step 0 and an earlier run's files are renamed, n
 (experiments/provenance.py). Checkpoints of another model (a model field changed, other than the
 compute-only `dtype` and `remat`) are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
-the earlier run's files and checkpoints renamed <name>.1.
+the earlier run's files and checkpoints renamed <name>.1. Ctrl-C stops a run with
+cli.Interrupted, saying the step it reached and its last checkpoint (the entry points print that
+in one line with the command that resumes it).
 """
 from __future__ import annotations
 
@@ -338,6 +340,7 @@ class Trainer:
     self.overrides = build.overrides(config)
     config, _ = check_run(config)   # before the data: a bad config fails in a second
     self.config, self.workdir, self.restart = config, Path(workdir), restart
+    self.steps_done: int | None = None   # the step training has reached (None: not started)
     self.task = lra.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
     self.mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -389,6 +392,8 @@ class Trainer:
       self._train(checkpoints, writer, record, clock)
       checkpoints.finish()
       return self._test(writer, record, clock)
+    except KeyboardInterrupt:
+      raise self._interrupted(checkpoints) from None
     finally:
       checkpoints.close()
       writer.close()
@@ -418,7 +423,7 @@ class Trainer:
 
   def _train(self, checkpoints: Checkpoints, writer: MetricsWriter, record: dict, clock: _Clock):
     config = self.config
-    first = int(self.state.step)
+    first = self.steps_done = int(self.state.step)
     batches = data_lib.train_batches(self.datasets["train"], config.batch_size, seed=config.seed,
                                      start_step=first)
     pending, last_log = [], (first, time.time())
@@ -427,6 +432,7 @@ class Trainer:
       for step in range(first + 1, config.num_train_steps + 1):
         batch = data_lib.to_device(next(batches), self.batch_sharding)
         self.state, metrics = self.train_step(self.state, batch)
+        self.steps_done = step   # counted here: the state's buffers are donated to the step
         pending.append(metrics)
         checkpoints.poll()
         bar.update()
@@ -451,6 +457,18 @@ class Trainer:
           record["wall_seconds"] = clock.total()
           checkpoints.save(step, {"train": self.state, "best": self.best},
                            {**record, "model": self.model_record})
+
+  def _interrupted(self, checkpoints: Checkpoints) -> cli.Interrupted:
+    """Where a run stopped by Ctrl-C stands: its step and its last checkpoint (a save under way
+    is finished first, so that it counts)."""
+    checkpoints.finish()
+    saved = checkpoints.all_steps()
+    kept = (f"the last checkpoint is step {saved[-1]} in {checkpoints.directory}" if saved
+            else "no checkpoint was saved yet")
+    where = ("before its first step" if self.steps_done is None else
+             f"at step {self.steps_done} of {self.config.num_train_steps}")
+    return cli.Interrupted(f"{self.config.task} / {self.config.model.attention} / seed "
+                           f"{self.config.seed} interrupted {where}; {kept}")
 
   def _check_finite(self, pending: list, step: int, checkpoints: Checkpoints) -> dict:
     """Means of the pending train metrics; stops the run if a loss is not finite."""
@@ -519,7 +537,12 @@ class _Clock:
 
 
 def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
-  return Trainer(config, workdir, restart=restart).run()
+  try:
+    trainer = Trainer(config, workdir, restart=restart)
+  except KeyboardInterrupt:
+    raise cli.Interrupted(f"{config.task} / {config.model.attention} / seed {config.seed} "
+                          f"interrupted while preparing the run into {workdir}") from None
+  return trainer.run()
 
 
 # -- what a task trains for ---------------------------------------------------------------------

@@ -157,7 +157,9 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
                                                                        caplog):
   run, results_a, events_a = run_a
   config = run_config("listops", data_root)
-  with batches_spy(stop_before_step=6), pytest.raises(KeyboardInterrupt):
+  with batches_spy(stop_before_step=6), pytest.raises(cli.Interrupted, match=(
+      rf"^listops / full / seed 0 interrupted at step 5 of 6; the last checkpoint is step 4 in "
+      rf"{tmp_path}/checkpoints$")):
     trainer.Trainer(config, tmp_path).run()   # steps 1-5 done, checkpoints at 2 and 4
   interrupted = read_metrics(tmp_path)
   assert without_timing(interrupted) == without_timing(events_a[:len(interrupted)])  # same seed
