@@ -10,7 +10,7 @@ be overridden with `--config.<field>=value`. Running again with the same workdir
 `--restart` starts it again from step 0, keeping the earlier run's files renamed (a workdir
 holding checkpoints of another model is refused without it).
 """
-from absl import flags
+from absl import flags, logging
 from ml_collections import config_flags
 
 from experiments import cli
@@ -21,6 +21,9 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise cli.HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not cli.dry_run():   # the imports take seconds, more under load: say what is happening
+    logging.info("%s / %s -> %s: starting (importing JAX and the trainer)", FLAGS.config.task,
+                 FLAGS.config.model.attention, FLAGS.workdir)
   from experiments import trainer  # after flag parsing: errors there stay one line
 
   cli.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)])

@@ -347,6 +347,10 @@ class Trainer:
     self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
     replicated = NamedSharding(self.mesh, PartitionSpec())
 
+    # What each slow step is doing, as it starts (a resume under load can take minutes here).
+    logging.info("%s / %s / seed %d -> %s: loading the data (%s)", config.task,
+                 config.model.attention, config.seed, workdir,
+                 data_lib.describe(config) or "generated in memory")
     self.datasets = data_lib.load_splits(config)
     self.data_checks = data_lib.check_splits(config, self.datasets)
     model, self.model_config = build_model(config)
@@ -357,6 +361,8 @@ class Trainer:
     self.eval_step = self.steps.eval
     self.state = self.steps.replicate(initial_state(self.steps, params, rest))
     self.best = self.steps.copy_model(self.state)
+    logging.info("compiling the train step (%s parameters, batch %d)", f"{self.num_params:,}",
+                 config.batch_size)
     self.train_step = self.steps.compiled_train(
         self.state, data_lib.batch_spec(self.datasets["train"], config.batch_size,
                                         self.batch_sharding))
@@ -399,6 +405,10 @@ class Trainer:
       writer.close()
 
   def _resume(self, checkpoints: Checkpoints, writer: MetricsWriter) -> dict:
+    if checkpoints.all_steps():
+      logging.info("restoring the newest usable checkpoint of %s (steps %s): verifying its "
+                   "checksums, then reading it", checkpoints.directory,
+                   ", ".join(map(str, checkpoints.all_steps())))
     latest = checkpoints.latest_record()
     if latest is not None and "model" in latest[1]:   # older checkpoints did not record it
       check_same_model(checkpoints.directory, latest[0], latest[1]["model"], self.model_record)

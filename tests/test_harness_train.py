@@ -165,10 +165,18 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
   assert without_timing(interrupted) == without_timing(events_a[:len(interrupted)])  # same seed
   assert max(e["step"] for e in interrupted) == 5 and not (tmp_path / "results.json").exists()
 
-  with batches_spy() as starts:
+  with batches_spy() as starts, caplog.at_level("INFO"):
     resumed = trainer.Trainer(config, tmp_path)
     results = resumed.run()
   assert starts == [4]
+  # Each slow part says what it is doing as it starts, not only once it is done.
+  said = [r.getMessage() for r in caplog.records if "/experiments/" in r.pathname]
+  steps = ["loading the data", "compiling the train step",
+           f"restoring the newest usable checkpoint of {tmp_path}/checkpoints (steps 2, 4)",
+           f"resumed {tmp_path} from step 4"]
+  found = [next(i for i, line in enumerate(said) if step in line) for step in steps]
+  assert found == sorted(found), said
+  caplog.clear()
   assert resumed.train_step is run.train_step   # the same compiled step: nothing compiled twice
   assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
   assert {k: results[k] for k in SAME} == {k: results_a[k] for k in SAME}
