@@ -145,7 +145,7 @@ class MetricsWriter:
     rotated = None
     paths = [self.workdir / name for name in (METRICS, TENSORBOARD, RESULTS, *also)]
     if read_metrics(self.workdir) or any(path.exists() for path in paths[2:]):
-      rotated = _rotate(paths)
+      rotated = rotate(paths)
     self._open()
     return rotated
 
@@ -177,7 +177,7 @@ class MetricsWriter:
       self._tensorboard.close()
 
 
-def _rotate(paths: list[Path]) -> str:
+def rotate(paths: list[Path]) -> str:
   """Renames each existing path to <name>.1 after shifting <name>.i to <name>.i+1; the same
   suffix for all of them, so that the files of one earlier run keep one number."""
   free = 1

@@ -19,7 +19,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from absl import flags
+from absl import flags, logging
 
 import lra
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
@@ -274,9 +274,15 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
   return provenance.save_figure(fig, path)
 
 
+# What a report writes into its folder, besides table.md.
+REPORT_FILES = ("table.csv", "bars_*.png", "curves_*.png", "mad_*.png")
+
+
 def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   """Writes table.md, table.csv and the PNGs of the runs under runs_dir (those `only` keeps:
-  see read_runs) into out_dir (each atomically); returns the markdown."""
+  see read_runs) into out_dir (each atomically); returns the markdown. A report of other runs
+  already there is kept, not overwritten: its files are renamed <name>.1 (older ones shift to
+  .2, ...), with a warning."""
   runs = read_runs(runs_dir, only=only)
   if not runs:
     raise cli.HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
@@ -285,6 +291,11 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)
   text = markdown(tables)
+  earlier = out / "table.md"
+  if earlier.exists() and earlier.read_text(encoding="utf-8") != text:
+    kept = provenance.rotate([earlier, *(path for pattern in REPORT_FILES
+                                         for path in sorted(out.glob(pattern)))])
+    logging.warning("%s held a report of other runs: kept as %s", out, kept)
   provenance.write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
   plot(tables, runs, out)

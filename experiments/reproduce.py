@@ -11,8 +11,10 @@ and is skipped, with a log line, for the others (docs/harness.md, Configs).
 
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
 skipped and an interrupted one resumes, so the same command continues a grid. The report
-(OUT/table.md, table.csv, PNGs) covers the asked preset, tasks, attentions and seeds; a value
-every run would refuse (e.g. --override=num_train_steps=0) is one error before any run.
+(table.md, table.csv, PNGs) covers the asked preset, tasks, attentions and seeds and goes to a
+folder named by the asked tasks, OUT/<tasks joined by +> (OUT/mqar, OUT/mad; OUT/lra for the six
+LRA tasks): a report of other runs found there is kept as <name>.1. A value every run would
+refuse (e.g. --override=num_train_steps=0) is one error before any run.
 `python -m experiments.report --runs=OUT/runs --out=OUT` reports every run under OUT/runs.
 """
 from __future__ import annotations
@@ -123,6 +125,15 @@ def run_dir(out, task: str, attention: str, seed: int) -> Path:
   return Path(out) / "runs" / task / attention / f"seed{seed}"
 
 
+def report_dir(out, tasks) -> Path:
+  """The report's folder of a grid over `tasks` (as asked, group names kept): OUT/<the tasks
+  joined by +>, e.g. OUT/mqar, OUT/mad, OUT/listops+text; OUT/lra for the six LRA tasks. So
+  comparisons on other tasks never write over each other's tables."""
+  tasks = list(dict.fromkeys(tasks))
+  lra_only = sorted(expand_tasks(tasks)) == sorted(lra.available_tasks())
+  return Path(out) / ("lra" if lra_only else "+".join(tasks))
+
+
 def plan_lines(configs: dict, out) -> list[str]:
   """A dry run's line per run of a grid (grid_with_own_options), each config checked as
   checked_grid checks it: skipped, not applicable, or what it trains (trainer.plan_line)."""
@@ -190,8 +201,9 @@ def main(argv):
   grid = dict(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
               overrides=FLAGS.override)
   grid_configs(**grid)   # a mistake stops here, before JAX starts
+  report_out = report_dir(out, FLAGS.tasks)
   cli.plan(lambda: [*plan_lines(grid_with_own_options(**grid), out),
-                    f"then the report of these runs: {out}/table.md, table.csv and plots"])
+                    f"then the report of these runs: {report_out}/table.md, table.csv and plots"])
   import jax
 
   from experiments import report, trainer
@@ -203,8 +215,9 @@ def main(argv):
   some_finished = len(failures) < len(tasks) * len(attentions) * len(seeds)
   if jax.process_index() == 0 and some_finished:   # the asked comparison, not all of out/runs
     asked = {"preset": [FLAGS.preset], "task": tasks, "attention": attentions, "seed": seeds}
-    print(report.write_report(Path(out) / "runs", out, only=asked))
-    print(f"wrote {out}/table.md, table.csv and plots; wall time {time.time() - started:.0f} s")
+    print(report.write_report(Path(out) / "runs", report_out, only=asked))
+    print(f"wrote {report_out}/table.md, table.csv and plots; wall time "
+          f"{time.time() - started:.0f} s")
   if failures:
     raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
 

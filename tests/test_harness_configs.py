@@ -489,6 +489,36 @@ def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"
       for s in (1, 2, 3)))
 
 
+def test_reports_of_other_tasks_go_to_their_own_folders():
+  assert reproduce.report_dir("r", ["mqar"]) == Path("r/mqar")
+  assert reproduce.report_dir("r", ["mad"]) == Path("r/mad")
+  assert reproduce.report_dir("r", ["listops", "text", "listops"]) == Path("r/listops+text")
+  assert reproduce.report_dir("r", list(lra.available_tasks())) == Path("r/lra")
+
+
+def test_a_report_of_other_runs_is_kept_not_overwritten(tmp_path, monkeypatch, caplog):
+  """The same runs again: the report is rewritten as it was. Other runs: the earlier table,
+  CSV and plots are renamed <name>.1 (then .2), with a warning."""
+  def plot(tables, runs, out):   # a stand-in plot that records which runs it drew
+    (out / "bars_tiny_listops.png").write_text(" ".join(r["attention"] for r in runs))
+  monkeypatch.setattr(report, "plot", plot)
+  runs, out = tmp_path / "runs", tmp_path / "out"
+  for attention in ("full", "performer"):
+    write_results(runs, "listops", attention, 0, 0.3, 0.17)
+  first = report.write_report(runs, out, only={"attention": ["full"]})
+  report.write_report(runs, out, only={"attention": ["full"]})
+  assert sorted(p.name for p in out.iterdir()) == ["bars_tiny_listops.png", "table.csv",
+                                                   "table.md"]
+  with caplog.at_level("WARNING"):
+    second = report.write_report(runs, out)
+  assert f"{out} held a report of other runs: kept as table.md.1, table.csv.1, " in caplog.text
+  assert (out / "table.md.1").read_text() == first and (out / "table.md").read_text() == second
+  assert (out / "bars_tiny_listops.png.1").read_text() == "full"
+  assert (out / "bars_tiny_listops.png").read_text() == "full performer"
+  report.write_report(runs, out, only={"attention": ["performer"]})
+  assert (out / "table.md.2").read_text() == first and (out / "table.md.1").read_text() == second
+
+
 def report_plots(tmp_path):
   runs = tmp_path / "runs"
   for task in ("listops", "compression", "memorization"):
