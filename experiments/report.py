@@ -199,9 +199,26 @@ def write_csv(tables: dict, path: Path) -> None:
                       "", ""])
 
 
+# The variants' colours in one chart: tab10 without its cyan, which reads as a second blue beside
+# tab:blue; from the tenth variant on the hues repeat, the bars hatched and the curves dashed.
+HUES = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+        "tab:gray", "tab:olive")
+
+
+def variant_style(index: int) -> tuple[str, bool]:
+  """(colour, whether the hue repeats an earlier variant's) of the index-th variant of a chart."""
+  return HUES[index % len(HUES)], index >= len(HUES)
+
+
+def error_bars(cells) -> list[float]:
+  """The std of each cell, NaN where there is none (one seed): no error bar is drawn there,
+  where a zero-length one would draw its caps as a line at the bar's top."""
+  return [c["std"] if c and c["std"] is not None else float("nan") for c in cells]
+
+
 def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
-  """Per preset and task: a bar chart of test accuracy (bars: final step; dots: best
-  validation step) and the training curves (PNG)."""
+  """Per preset and task: a bar chart of test accuracy (bars: final step, error bars the std
+  over seeds; dots: best validation step; diamonds: the paper) and the training curves (PNG)."""
   plt = provenance.pyplot()
   written = []
   for (preset, policy, kind), table in tables.items():
@@ -212,14 +229,15 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
       cells = [table["cells"][a, task] for a in attentions]
       fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(attentions) + 2), 4))
-      ax.bar(attentions, [c["mean"] for c in cells], yerr=[c["std"] or 0 for c in cells],
+      ax.bar(attentions, [c["mean"] for c in cells], yerr=error_bars(cells),
              color="tab:blue", capsize=3, label="ours, final step")
       ax.scatter(range(len(attentions)), [best["cells"][a, task]["mean"] for a in attentions],
                  color="tab:orange", zorder=3, label="ours, best validation step")
       papers = [(i, paper_accuracy(a, task)) for i, a in enumerate(attentions)]
       papers = [(i, p) for i, p in papers if isinstance(p, float)]
       if papers:
-        ax.scatter(*zip(*papers), color="black", marker="_", s=300, zorder=3, label="paper")
+        ax.scatter(*zip(*papers), facecolors="none", edgecolors="black", marker="D", s=60,
+                   zorder=3, label="paper")
       ax.axhline(table["majority"][task], color="tab:red", linestyle="--", label=MAJORITY)
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
@@ -227,7 +245,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       written.append(provenance.save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
-      colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
+      styles = {a: variant_style(i) for i, a in enumerate(attentions)}
       labelled = set()
       for run in runs:
         if run["preset"] != preset or run["task"] != task or "not_applicable" in run:
@@ -238,7 +256,9 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
         for ax, key in ((acc_ax, "eval_accuracy"), (loss_ax, "train_loss")):
           points = [(e["step"], e[key]) for e in events if isinstance(e.get(key), float)]
           if points:
-            ax.plot(*zip(*points), color=colors[run["attention"]], label=label)
+            color, repeated = styles[run["attention"]]
+            ax.plot(*zip(*points), color=color, linestyle="--" if repeated else "-",
+                    label=label)
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
       loss_ax.set(xlabel="step", ylabel="training loss")
       provenance.legend_beside(loss_ax, *acc_ax.get_legend_handles_labels(), fontsize="x-small")
@@ -262,9 +282,10 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
     cells = [table["cells"].get((attention, t)) for t in tasks]
     average = _average(table, attention)
     means = [c["mean"] if c else np.nan for c in cells] + [average[0] if average else np.nan]
-    stds = [(c["std"] or 0) if c else 0 for c in cells] + [0]
+    color, repeated = variant_style(i)
     ax.bar(np.arange(len(tasks) + 1) + (i - (len(attentions) - 1) / 2) * width, means, width,
-           yerr=stds, capsize=2, label=attention)
+           yerr=error_bars(cells + [None]), capsize=2, color=color,
+           hatch="//" if repeated else None, label=attention)
   ax.scatter(np.arange(len(tasks)), [table["majority"][t] for t in tasks], color="black",
              marker="_", s=200, zorder=3, label=MAJORITY)
   ax.set_xticks(np.arange(len(tasks) + 1), [t.replace("_", "\n") for t in tasks] + ["average"],

@@ -519,6 +519,52 @@ def test_a_report_of_other_runs_is_kept_not_overwritten(tmp_path, monkeypatch, c
   assert (out / "table.md.2").read_text() == first and (out / "table.md.1").read_text() == second
 
 
+def test_report_bars_tell_one_seed_the_paper_and_the_variants_apart(tmp_path, monkeypatch):
+  """One seed draws no error bar (its caps would be a line at the bar's top, like a marker); the
+  paper's number is not drawn as a line either; ten variants get ten distinct colours, none a
+  second blue."""
+  import matplotlib.colors
+  from matplotlib.container import BarContainer
+  from matplotlib.markers import MarkerStyle
+
+  figures = {}
+
+  def keep(fig, path):
+    figures[Path(path).name] = fig
+  monkeypatch.setattr(provenance, "save_figure", keep)
+  variants = ["full", "sliding_window", "linear_transformer", "performer", "deltanet",
+              "gated_deltanet", "mamba2", "gla", "retnet", "fox"]
+  runs = tmp_path / "runs"
+  for attention in variants:
+    write_results(runs, "listops", attention, 0, 0.3, 0.17)
+    write_results(runs, "compression", attention, 0, 0.3, 0.17)
+  found = report.read_runs(runs)
+  report.plot(report.summarize(found), found, tmp_path)
+
+  def bar_groups(ax):
+    return [c for c in ax.containers if isinstance(c, BarContainer)]
+
+  def no_error_bar(group):   # the caps of every bar at NaN: not drawn
+    return all(np.isnan(np.asarray(cap.get_ydata(), float)).all()
+               for cap in group.errorbar.lines[1])
+
+  (bars,) = figures["bars_tiny_listops.png"].axes
+  (group,) = bar_groups(bars)
+  assert no_error_bar(group)
+  paper = next(c for c in bars.collections if c.get_label() == "paper")
+  assert paper.get_paths()[0] != MarkerStyle("_").get_path()
+  (profile,) = figures["mad_tiny.png"].axes
+  groups = bar_groups(profile)
+  assert all(no_error_bar(group) for group in groups)
+  colors = [matplotlib.colors.to_rgb(g.patches[0].get_facecolor()) for g in groups]
+  assert len(colors) == 10 and matplotlib.colors.to_rgb("tab:cyan") not in colors
+  for i, a in enumerate(colors[:9]):   # nine hues, no two alike; the tenth repeats one, hatched
+    assert all(np.abs(np.subtract(a, b)).sum() > 0.3 for b in colors[i + 1:9])
+  assert [bool(g.patches[0].get_hatch()) for g in groups] == [False] * 9 + [True]
+  for fig in figures.values():
+    provenance.pyplot().close(fig)
+
+
 def report_plots(tmp_path):
   runs = tmp_path / "runs"
   for task in ("listops", "compression", "memorization"):
