@@ -489,6 +489,19 @@ def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"
       for s in (1, 2, 3)))
 
 
+def test_an_accuracy_rounds_alike_in_every_table(tmp_path, monkeypatch):
+  """1,132 of 8,000 asked tokens (MQAR's linear_transformer) is 14.15%: 14.2 at one decimal,
+  in the sweep's table as in a reader's rounding of the report's 14.15, not format()'s 14.1."""
+  recall = 100 * (1132 / 8000)
+  assert f"{recall:.1f}" == "14.1"   # the binary value, 14.149999999999999, rounded
+  assert report.rounded(recall, 1) == "14.2" and report._cell(recall, None, None) == "14.15"
+  assert report._cell(100 * (1130 / 8000), 0.005, None) == "14.13 ± 0.01"   # halves go up
+  monkeypatch.setattr(sweep, "_plot", lambda *args: None)
+  text = sweep.write({"linear_transformer": {"8": recall}}, {}, tmp_path, "data.num_pairs", ["8"],
+                     "mqar")
+  assert "| linear_transformer | 14.2 |" in text
+
+
 def test_reports_of_other_tasks_go_to_their_own_folders():
   assert reproduce.report_dir("r", ["mqar"]) == Path("r/mqar")
   assert reproduce.report_dir("r", ["mad"]) == Path("r/mad")
