@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo import positions, registry
-from attention_zoo.layers import MLP, MultiHeadAttention, ShortConv
+from attention_zoo.convolution import ShortConv
+from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
 
 POOLINGS = ("cls", "mean")
 INTERACTIONS = ("nli", "concat")
@@ -109,7 +110,7 @@ class Block(nnx.Module):
     self.short_conv = (ShortConv(config.emb_dim, config.short_conv, dtype=dtype, rngs=rngs)
                        if config.short_conv else None)
     self.conv_norm = norm() if config.short_conv else None
-    self.self_attention = registry.create_mixer(
+    self.self_attention = create_mixer(
         config.attention, emb_dim=config.emb_dim, causal=causal,
         position_kind=config.positions if score_positions else "none", **dims,
         **attention_options)

@@ -17,7 +17,6 @@ import csv
 import json
 import statistics
 from collections import defaultdict
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from absl import flags, logging
@@ -116,16 +115,8 @@ def _average(table: dict, attention: str):
   return statistics.mean(c["mean"] for c in ours), paper
 
 
-def rounded(percent: float, decimals: int = 2) -> str:
-  """A percentage as text, rounded half up from its shortest decimal form, as a reader rounds a
-  printed number, so that every table rounds one accuracy alike: 1,132 of 8,000 is 14.15%, which
-  100 * 0.1415 gives as 14.149999999999999; format() would show it as 14.1 at one decimal."""
-  shortest = Decimal(repr(round(percent, 9)))
-  return str(shortest.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
-
-
 def _cell(mean: float, std: float | None, paper) -> str:
-  text = rounded(mean) + (f" ± {rounded(std)}" if std is not None else "")
+  text = cli.rounded(mean) + (f" ± {cli.rounded(std)}" if std is not None else "")
   if paper == "FAIL":
     return f"{text} (FAIL)"
   if paper is not None:
@@ -176,7 +167,7 @@ def markdown(tables: dict) -> str:
         row.append("n/a" if not_applicable else
                    "—" if average is None else _cell(average[0], None, average[1]))
       lines.append("| " + " | ".join(row) + " |")
-    majority = [rounded(table["majority"][t]) for t in tasks]
+    majority = [cli.rounded(table["majority"][t]) for t in tasks]
     lines.append("| " + " | ".join([f"*{MAJORITY}*"] + majority + ([""] if has_avg else [])) + " |")
     reasons = sorted(set(table["not_applicable"].items()))
     if reasons:

@@ -16,6 +16,13 @@ folder named by the asked tasks, OUT/<tasks joined by +> (OUT/mqar, OUT/mad; OUT
 LRA tasks): a report of other runs found there is kept as <name>.1. A value every run would
 refuse (e.g. --override=num_train_steps=0) is one error before any run.
 `python -m experiments.report --runs=OUT/runs --out=OUT` reports every run under OUT/runs.
+
+`--tune=FIELD=V1,V2,...` (repeatable: a grid) trains the grid at every point into
+OUT/tune/<field>=<value>,.../ and reports, per task and variant, the test accuracy at the point
+of best mean validation accuracy: OUT/tuning.md and tuning.json (experiments/tuning.py).
+
+    python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full,hyena \
+        --tune=schedule.base_learning_rate=1e-4,5e-4,1e-3 --tune=optimizer.weight_decay=0,0.1
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from absl import flags, logging
 
 import lra
 from configs.lra.common import PRESETS
-from experiments import cli
+from experiments import cli, tuning
 
 FLAGS = flags.FLAGS
 
@@ -153,6 +160,29 @@ def plan_lines(configs: dict, out) -> list[str]:
   return lines
 
 
+def plan_points(point_grids: list[tuple[dict, dict]]) -> list[str]:
+  """A dry run's lines for each (point, grid) of tuning.grids: the point (under --tune), then
+  the lines of its grid (see plan_lines)."""
+  lines = []
+  for number, (point, grid) in enumerate(point_grids, start=1):
+    grid = dict(grid)
+    out = grid.pop("out")
+    if point:
+      lines.append(f"tuning point {number}/{len(point_grids)}: {tuning.describe(point)} -> {out}")
+    lines += plan_lines(grid_with_own_options(**grid), out)
+  return lines
+
+
+def run_points(point_grids: list[tuple[dict, dict]]) -> list[str]:
+  """Trains every missing run of each (point, grid) of tuning.grids; a line per failed run."""
+  failures = []
+  for number, (point, grid) in enumerate(point_grids, start=1):
+    if point:
+      logging.info("tuning point %d/%d: %s", number, len(point_grids), tuning.describe(point))
+    failures += run_grid(**grid)
+  return failures
+
+
 def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: list[int], out,
              overrides=()) -> list[str]:
   """Trains every missing run of the grid; returns a line per failed run."""
@@ -200,24 +230,33 @@ def main(argv):
   seeds = cli.parse_seeds(FLAGS.seeds)
   grid = dict(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
               overrides=FLAGS.override)
-  grid_configs(**grid)   # a mistake stops here, before JAX starts
+  configs = grid_configs(**grid)   # a mistake stops here, before JAX starts
+  tune = tuning.parse(FLAGS.tune, next(iter(configs.values()), None),
+                      tuning.overridden(FLAGS.override))
+  point_grids = tuning.grids({**grid, "out": out}, tune)
   report_out = report_dir(out, FLAGS.tasks)
-  cli.plan(lambda: [*plan_lines(grid_with_own_options(**grid), out),
-                    f"then the report of these runs: {report_out}/table.md, table.csv and plots"])
+  then = (f"then per task and variant the point of best mean validation accuracy: "
+          f"{out}/tuning.md and tuning.json" if tune else
+          f"then the report of these runs: {report_out}/table.md, table.csv and plots")
+  cli.plan(lambda: [*plan_points(point_grids), then])
   import jax
 
   from experiments import report, trainer
 
   trainer.initialize_distributed()
-  failures = run_grid(preset=FLAGS.preset, tasks=FLAGS.tasks, attentions=attentions, seeds=seeds,
-                      out=out, overrides=FLAGS.override)
+  failures = run_points(point_grids)
   tasks = expand_tasks(FLAGS.tasks)
-  some_finished = len(failures) < len(tasks) * len(attentions) * len(seeds)
+  some_finished = len(failures) < len(point_grids) * len(configs)
   if jax.process_index() == 0 and some_finished:   # the asked comparison, not all of out/runs
     asked = {"preset": [FLAGS.preset], "task": tasks, "attention": attentions, "seed": seeds}
-    print(report.write_report(Path(out) / "runs", report_out, only=asked))
-    print(f"wrote {report_out}/table.md, table.csv and plots; wall time "
-          f"{time.time() - started:.0f} s")
+    if tune:
+      print(tuning.write_report(tuning.records(out, tune, asked, tuning.TESTED), tune, out,
+                                preset=FLAGS.preset))
+      print(f"wrote {out}/tuning.md and tuning.json; wall time {time.time() - started:.0f} s")
+    else:
+      print(report.write_report(Path(out) / "runs", report_out, only=asked))
+      print(f"wrote {report_out}/table.md, table.csv and plots; wall time "
+            f"{time.time() - started:.0f} s")
   if failures:
     raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
 
@@ -235,4 +274,5 @@ if __name__ == "__main__":
   flags.DEFINE_multi_string("override", [],
                             "field=value applied to every config, e.g. model.num_layers=1; "
                             "model.attention_options.<name>=value to the variants that have it.")
+  flags.DEFINE_multi_string("tune", [], tuning.HELP)
   cli.run(main)

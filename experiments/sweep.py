@@ -19,6 +19,16 @@ mixers). Swept over the width, each variant traces its own curve:
     python -m experiments.sweep --task=mqar --field=model.emb_dim --values=32,64,128 \
         --x=state_size --attentions=full,sliding_window,linear_transformer,gated_deltanet \
         --out=results/frontier
+
+`--tune=FIELD=V1,V2,...` (repeatable: a grid; experiments/tuning.py) trains every value of the
+sweep at every point of the grid, in OUT/<field>=<value>/tune/<point>/, and each cell is the
+test accuracy of the final model at the point of best mean validation accuracy of those same
+models, for that variant and value; sweep.md names the chosen values, OUT/tuning.json has every
+point's validation accuracy. Zoology's learning rates (log-spaced from 1e-3 to 10^-1.5):
+
+    python -m experiments.sweep --task=mqar --field=model.emb_dim --values=64,128 \
+        --attentions=full,gated_deltanet --x=state_size --out=results/frontier_tuned \
+        --tune=schedule.base_learning_rate=0.001,0.0031622777,0.01,0.031622777
 """
 from __future__ import annotations
 
@@ -32,21 +42,22 @@ from absl import flags
 
 import attention_zoo as az
 from configs.lra.common import PRESETS
-from experiments import cli, provenance, report, reproduce
+from experiments import cli, provenance, report, reproduce, tuning
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
 METRIC = "test_accuracy_final"
 
 
-def run(*, task: str, preset: str, field: str, values: list[str], attentions: list[str],
-        seeds: list[int], out, overrides=()) -> list[str]:
-  """Trains every missing run; returns a line per failed run."""
-  failures = []
-  for grid in grids(task=task, preset=preset, field=field, values=values,
-                    attentions=attentions, seeds=seeds, out=out, overrides=overrides):
-    failures += reproduce.run_grid(**grid)
-  return failures
+def run(*, tune: dict | None = None, **sweep) -> list[str]:
+  """Trains every missing run (of every point of `tune`, tuning.parse's grid); returns a line
+  per failed run."""
+  return reproduce.run_points(point_grids(sweep, tune))
+
+
+def point_grids(sweep: dict, tune: dict | None) -> list[tuple[dict, dict]]:
+  """(point, reproduce.run_grid's arguments) for each value and point of `tune`."""
+  return [pair for grid in grids(**sweep) for pair in tuning.grids(grid, tune or {})]
 
 
 def grids(*, task: str, preset: str, field: str, values: list[str], attentions: list[str],
@@ -57,13 +68,10 @@ def grids(*, task: str, preset: str, field: str, values: list[str], attentions: 
           for value in values]
 
 
-def plan_lines(**sweep) -> list[str]:
-  """A dry run's lines: every run of every value's grid (see reproduce.plan_lines)."""
-  lines = []
-  for grid in grids(**sweep):
-    out = grid.pop("out")
-    lines += reproduce.plan_lines(reproduce.grid_with_own_options(**grid), out)
-  return lines
+def plan_lines(*, tune: dict | None = None, **sweep) -> list[str]:
+  """A dry run's lines: every run of every value's grid, at every point of `tune` (see
+  reproduce.plan_points)."""
+  return reproduce.plan_points(point_grids(sweep, tune))
 
 
 def collect(out, field: str, values: list[str]) -> tuple[dict, dict]:
@@ -83,6 +91,28 @@ def collect(out, field: str, values: list[str]) -> tuple[dict, dict]:
   return dict(table), dict(states)
 
 
+def collect_tuned(out, field: str, values: list[str], tune: dict, asked: dict
+                  ) -> tuple[dict, dict, dict, list[dict]]:
+  """collect's (table, states) under --tune, each cell at the chosen point of its variant and
+  value; {attention: {value: the chosen point}}; and tuning.records' records, each with the
+  swept value. `asked`: the runs to read (report.read_runs' `only`)."""
+  table, states, chosen, records = defaultdict(dict), defaultdict(dict), defaultdict(dict), []
+  for value in values:
+    folder = Path(out) / f"{field}={value}"
+    for record in tuning.records(folder, tune, asked, METRIC, swept={field: value}):
+      records.append(record)
+      attention = record["attention"]
+      if "not_applicable" in record:
+        table[attention][value] = f"n/a: {record['not_applicable']}"
+      elif record["chosen"] is not None:
+        table[attention][value] = record["test_mean"]
+        chosen[attention][value] = record["chosen"]
+        runs = report.read_runs(tuning.point_dir(folder, record["chosen"]) / "runs",
+                                only={**asked, "attention": [attention]})
+        states[attention][value] = state_size(runs[0]["model"])
+  return dict(table), dict(states), dict(chosen), records
+
+
 def state_size(model: dict) -> int:
   """Recurrent state floats per layer of a run's resolved model (results.json's "model")."""
   qkv_dim = model["qkv_dim"] or model["emb_dim"]
@@ -93,17 +123,24 @@ def state_size(model: dict) -> int:
 
 
 def write(table: dict, states: dict, out, field: str, values: list[str], task: str,
-          x: str = "value") -> str:
-  """sweep.md (accuracy, and each run's state size with x="state_size"), sweep.csv, sweep.png."""
+          x: str = "value", chosen: dict | None = None) -> str:
+  """sweep.md (accuracy, and each run's state size with x="state_size"; under --tune the chosen
+  values, `chosen` of collect_tuned), sweep.csv, sweep.png."""
   out = Path(out)
+  chosen = chosen or {}
   header = ["variant"] + [f"{field}={v}" for v in values]
-  accuracy = lambda x: "—" if x is None else (x if isinstance(x, str) else report.rounded(x, 1))
+  accuracy = lambda x: "—" if x is None else (x if isinstance(x, str) else cli.rounded(x, 1))
   if x == "state_size":
-    cell = lambda a, v: (accuracy(table[a].get(v)) if v not in states.get(a, {})
-                         else f"{accuracy(table[a][v])} ({states[a][v]:,})")
+    measured = lambda a, v: (accuracy(table[a].get(v)) if v not in states.get(a, {})
+                             else f"{accuracy(table[a][v])} ({states[a][v]:,})")
   else:
-    cell = lambda a, v: accuracy(table[a].get(v))
+    measured = lambda a, v: accuracy(table[a].get(v))
+  cell = lambda a, v: (f"{measured(a, v)} at {tuning.describe(chosen[a][v])}"
+                       if v in chosen.get(a, {}) else measured(a, v))
   what = " (recurrent state floats per layer)" if x == "state_size" else ""
+  if chosen:
+    what += (", each at the values of best mean validation accuracy (of the same models) for "
+             "its variant and value")
   lines = [f"### {task}: test accuracy (%) of the final model against {field}{what}", "",
            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join([a] + [cell(a, v) for v in values]) + " |" for a in table]
@@ -144,13 +181,26 @@ def main(argv):
   seeds = cli.parse_seeds(FLAGS.seeds)
   sweep = dict(task=FLAGS.task, preset=FLAGS.preset, field=FLAGS.field, values=FLAGS.values,
                attentions=attentions, seeds=seeds, out=FLAGS.out, overrides=FLAGS.override)
-  cli.plan(lambda: [*plan_lines(**sweep), f"then {FLAGS.out}/sweep.md, sweep.csv and sweep.png "
-                                          f"(x: {FLAGS.x})"])
-  failures = run(**sweep)
-  table, states = collect(FLAGS.out, FLAGS.field, FLAGS.values)
-  print(write(table, states, FLAGS.out, FLAGS.field, FLAGS.values, FLAGS.task, FLAGS.x))
-  print(f"wrote {FLAGS.out}/sweep.md, sweep.csv and sweep.png; wall time "
-        f"{time.time() - started:.0f} s")
+  configs = reproduce.grid_configs(preset=FLAGS.preset, tasks=[FLAGS.task],
+                                   attentions=attentions[:1], seeds=seeds[:1])
+  tune = tuning.parse(FLAGS.tune, next(iter(configs.values()), None),
+                      {**tuning.overridden(FLAGS.override),
+                       FLAGS.field: "it is the swept field (--field)"})
+  then = f"then {FLAGS.out}/sweep.md, sweep.csv and sweep.png (x: {FLAGS.x})"
+  cli.plan(lambda: [*plan_lines(tune=tune, **sweep),
+                    then + (", the chosen values in tuning.json" if tune else "")])
+  failures = run(tune=tune, **sweep)
+  if tune:
+    asked = {"preset": [FLAGS.preset], "task": [FLAGS.task], "attention": attentions,
+             "seed": seeds}
+    table, states, chosen, records = collect_tuned(FLAGS.out, FLAGS.field, FLAGS.values, tune,
+                                                   asked)
+    tuning.write_records(records, FLAGS.out)
+  else:
+    (table, states), chosen = collect(FLAGS.out, FLAGS.field, FLAGS.values), {}
+  print(write(table, states, FLAGS.out, FLAGS.field, FLAGS.values, FLAGS.task, FLAGS.x, chosen))
+  print(f"wrote {FLAGS.out}/sweep.md, sweep.csv, sweep.png{', tuning.json' if tune else ''}; "
+        f"wall time {time.time() - started:.0f} s")
   if failures:
     raise cli.HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
 
@@ -166,6 +216,7 @@ if __name__ == "__main__":
   flags.DEFINE_enum("x", "value", ["value", "state_size"],
                     "The plot's x axis: the swept value, or each run's recurrent state size.")
   flags.DEFINE_multi_string("override", [], "field=value applied to every config.")
+  flags.DEFINE_multi_string("tune", [], tuning.HELP)
   flags.DEFINE_string("out", "results/mqar_sweep", "Output folder.")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register attention variants.")
   cli.run(main)

@@ -19,7 +19,8 @@ A run in `workdir` leaves:
                    best_validation}
   tensorboard/     the same scalars as TensorBoard events
   results.json     test accuracy of the final model and of the best-validation model (both
-                   labelled), the resolved model and config, the user's overrides of the
+                   labelled) and the validation accuracy of each (validation_accuracy_final,
+                   best_eval_accuracy), the resolved model and config, the user's overrides of the
                    config file's values, where the data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
@@ -89,7 +90,8 @@ def model_differences(saved: dict, current: dict) -> list[str]:
 
 
 # What a run that starts from step 0 has seen.
-FRESH_RECORD = {"best_eval_accuracy": -1.0, "best_step": 0, "wall_seconds": 0.0}
+FRESH_RECORD = {"best_eval_accuracy": -1.0, "best_step": 0, "last_eval_accuracy": None,
+                "wall_seconds": 0.0}
 
 
 @flax.struct.dataclass
@@ -425,7 +427,8 @@ class Trainer:
       elif kept:
         logging.info("no checkpoint in %s: starting from step 0%s", checkpoints.directory, kept)
       return record
-    step, tree, record = restored
+    step, tree, saved = restored
+    record = {**record, **saved}   # a checkpoint written before a key was recorded lacks it
     self.state, self.best = tree["train"], tree["best"]
     writer.resume(step)
     logging.info("resumed %s from step %d", self.workdir, step)
@@ -457,6 +460,7 @@ class Trainer:
           self._check_finite(pending, step, checkpoints)
           result = self.evaluate("validation", (self.state.params, self.state.rest))
           writer.write(step, eval_loss=result["loss"], eval_accuracy=result["accuracy"])
+          record["last_eval_accuracy"] = result["accuracy"]
           if result["accuracy"] > record["best_eval_accuracy"]:
             self.best = self.steps.copy_model(self.state)
             record.update(best_eval_accuracy=result["accuracy"], best_step=step)
@@ -516,6 +520,9 @@ class Trainer:
         "test_accuracy_final": final["accuracy"], "test_loss_final": final["loss"],
         "test_accuracy_best_validation": best["accuracy"],
         "test_loss_best_validation": best["loss"],
+        # The validation accuracy of each tested model (what tuning chooses on): the final
+        # step always evaluates, so the last evaluation is the final model's.
+        "validation_accuracy_final": record["last_eval_accuracy"],
         "best_eval_accuracy": record["best_eval_accuracy"], "best_step": record["best_step"],
         "majority_accuracy": data_lib.majority_accuracy(self.datasets["test"]),
         "num_params": self.num_params, "steps": int(self.state.step),

@@ -52,7 +52,8 @@ SLOW_MODULES = {
 # with a decay: the chunk engine's most general path). Every other registered name, a newly
 # registered one too, runs them in the slow lane (CI runs both); add a name to move it.
 REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
-                   "test_every_task_attention_config_builds": "attention"}
+                   "test_every_task_attention_config_builds": "attention",
+                   "test_variant_backward_hands_no_high_rank_array_to_a_fusion_library": "name"}
 REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
                            "gated_deltanet"}
 

@@ -197,7 +197,9 @@ def test_no_config_file_imports_the_project():
   """configs/ is data: it may import ml_collections, the standard library and other configs,
   never the library, the data package or the harness."""
   project = {"attention_zoo", "lra", "experiments"}
-  for path in sorted(REPO.joinpath("configs").rglob("*.py")):
+  paths = sorted(REPO.joinpath("configs").rglob("*.py"))
+  assert paths, "the glob found nothing"
+  for path in paths:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
       names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
@@ -307,6 +309,9 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
+      "tune": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
+                f"--out={tmp_path}", "--tune=model.num_layers=1,2", "--tune=model.num_layer=1"],
+               "--tune: unknown config field 'model.num_layer'"),
   }
   processes = {name: subprocess.Popen([sys.executable, "-c", RUN_AND_REPORT_JAX, *args], cwd=REPO,
                                       text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -494,7 +499,7 @@ def test_an_accuracy_rounds_alike_in_every_table(tmp_path, monkeypatch):
   in the sweep's table as in a reader's rounding of the report's 14.15, not format()'s 14.1."""
   recall = 100 * (1132 / 8000)
   assert f"{recall:.1f}" == "14.1"   # the binary value, 14.149999999999999, rounded
-  assert report.rounded(recall, 1) == "14.2" and report._cell(recall, None, None) == "14.15"
+  assert cli.rounded(recall, 1) == "14.2" and report._cell(recall, None, None) == "14.15"
   assert report._cell(100 * (1130 / 8000), 0.005, None) == "14.13 ± 0.01"   # halves go up
   monkeypatch.setattr(sweep, "_plot", lambda *args: None)
   text = sweep.write({"linear_transformer": {"8": recall}}, {}, tmp_path, "data.num_pairs", ["8"],

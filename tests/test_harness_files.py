@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import provenance, report, sweep
+from experiments import provenance, report, sweep, tuning
 from experiments.provenance import MetricsWriter, read_metrics
 
 
@@ -95,6 +95,16 @@ def _write_sweep(out: Path, accuracy: float):
               "mqar")
 
 
+def _write_tuning(out: Path, accuracy: float):
+  runs, tune = out.parent / f"tuned{accuracy}", {"schedule.base_learning_rate": [0.1]}
+  provenance.write_json(
+      runs / "tune" / "schedule.base_learning_rate=0.1" / "runs" / "listops" / "full" / "seed0"
+      / "results.json", {"task": "listops", "attention": "full", "preset": "tiny", "seed": 0,
+                         "best_eval_accuracy": accuracy, "test_accuracy_best_validation": accuracy})
+  asked = {"preset": ["tiny"], "task": ["listops"], "attention": ["full"], "seed": [0]}
+  tuning.write_report(tuning.records(runs, tune, asked, tuning.TESTED), tune, out, preset="tiny")
+
+
 def _write_results(out: Path, accuracy: float):
   provenance.write_json(out / "results.json", {"test_accuracy_final": accuracy})
 
@@ -111,8 +121,9 @@ def _rewrite_metrics(out: Path, accuracy: float):
       writer.close()
 
 
-@pytest.mark.parametrize("write", [_write_report, _write_sweep, _write_results, _rewrite_metrics],
-                         ids=["report", "sweep", "results", "metrics"])
+@pytest.mark.parametrize("write", [_write_report, _write_sweep, _write_tuning, _write_results,
+                                   _rewrite_metrics],
+                         ids=["report", "sweep", "tuning", "results", "metrics"])
 def test_a_writer_cut_off_leaves_each_file_old_or_new(write, tmp_path):
   """Cut off in each of its files in turn, a writer leaves every file as it was before or as
   a complete run writes it, never torn, and no temporary file behind."""

@@ -150,7 +150,8 @@ def flip_bytes_in_largest_array_file(checkpoint):
 
 
 SAME = ("test_accuracy_final", "test_loss_final", "test_accuracy_best_validation",
-        "test_loss_best_validation", "best_eval_accuracy", "best_step", "steps", "num_params")
+        "test_loss_best_validation", "validation_accuracy_final", "best_eval_accuracy",
+        "best_step", "steps", "num_params")
 
 
 def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, data_root, tmp_path,
@@ -331,6 +332,7 @@ def test_test_accuracy_of_the_final_and_the_best_validation_model(data_root, tmp
   run = trainer.Trainer(config, tmp_path)
   results = run.run()
   assert (results["best_step"], results["best_eval_accuracy"]) == (2, 0.6)
+  assert results["validation_accuracy_final"] == 0.4   # the validation accuracy of each model
   saved = checkpoints_lib.Checkpoints(tmp_path, keep=10)
   template = {"train": run.state, "best": run.best}
   at_2 = saved.restore(2, template)[0]["train"]

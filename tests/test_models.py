@@ -198,7 +198,7 @@ def test_embed_init_std():
 
 
 def test_short_conv_is_a_causal_depthwise_convolution():
-  from attention_zoo.models import ShortConv
+  from attention_zoo.convolution import ShortConv
 
   conv = ShortConv(4, 3, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 7, 4))

@@ -40,10 +40,11 @@ opposite O(1) gradients into the cumulative sum, whose rounding (~1e-7) then swa
 dg under strong gates (~e^-20). With a scalar gate the C x C decay e^{G_i - G_j} is formed
 directly. With a per-channel gate P (and A) are not one matmul, and factoring
 e^{G_i - G_j} = e^{G_i} e^{-G_j} across a chunk overflows for strong gates; they are built from
-sub-chunks of c tokens: a pair of sub-chunks I > J is a matmul of (Q_I ⊙ e^{G_I - G_n}) and
-(K_J ⊙ e^{G_n - G_J}) with n the first token of I (both exponents <= 0), a diagonal pair I = J
-an elementwise [c, c, K] product. Gates, cumulative sums, states, the solve and all
-accumulation are float32 (float64 for float64 inputs), matmuls at Precision.HIGHEST.
+sub-chunks of c tokens: a pair of sub-chunks I > J is one batched matmul of (Q_I ⊙ e^{G_I - G_f})
+and (K_J ⊙ e^{G_l - G_J}) ⊙ e^{G_f - G_l}, with f the first token of I and l the last of J (all
+exponents <= 0), a diagonal pair I = J an elementwise product, one key column at a time.
+Gates, cumulative sums, states, the solve and all accumulation are float32 (float64 for
+float64 inputs), matmuls at Precision.HIGHEST.
 """
 from __future__ import annotations
 
@@ -52,25 +53,22 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from attention_zoo.base import ceil_div
+from attention_zoo.ops.blocks import ceil_div
 
 # chunk_gated_delta_rule forward+backward at T = 8192 (B=1, H=4, K=V=64, f32) on a shared
 # 2-core CPU, medians of 7 interleaved calls: chunk 16 568 ms, 32 498 ms, 64 550 ms, 128 772 ms.
 # 32 and 64 are within the machine's noise (~10%); 64 is flash-linear-attention's default.
 DEFAULT_CHUNK_SIZE = 64
 # Tokens per sub-chunk of the per-channel-gate intra-chunk products (at most; a divisor of C).
-SUB_CHUNK = 16
+SUB_CHUNK = 8
 
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
 
-def _pair_exponent(diff, strict: bool, per_channel: bool = False):
-  """diff = G_i - G_j [..., i, j] (or [..., i, j, K] per channel) kept for j < i; 0 on the
-  diagonal (the constant: see the module docstring) unless `strict`; -inf above it."""
-  size = diff.shape[-2] if per_channel else diff.shape[-1]
-  i, j = jnp.arange(size)[:, None], jnp.arange(size)[None, :]
-  if per_channel:
-    i, j = i[..., None], j[..., None]
+def _pair_exponent(diff, strict: bool):
+  """diff = G_i - G_j [..., i, j] kept for j < i; 0 on the diagonal (the constant: see the
+  module docstring) unless `strict`; -inf above it."""
+  i, j = jnp.arange(diff.shape[-1])[:, None], jnp.arange(diff.shape[-1])[None, :]
   diff = jnp.where(j < i, diff, -jnp.inf)
   return diff if strict else jnp.where(i == j, 0.0, diff)
 
@@ -83,30 +81,35 @@ def _decayed_products_scalar(a, b, G, strict: bool):
 
 
 def _decayed_products_vector(a, b, G, strict: bool):
-  """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, by sub-chunks."""
+  """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, by sub-chunks of c
+  tokens. The leading dims are merged (M = n·b·h) and no intermediate has more than two axes
+  besides M and the channel: a rank-7 broadcast product here made XLA's CPU backward corrupt
+  memory on some CPUs (docs/xla_cpu_fault.md)."""
   *lead, C, K = G.shape
   c = next(d for d in range(min(SUB_CHUNK, C), 0, -1) if C % d == 0)
   S = C // c
-  a, b, G = (x.reshape(*lead, S, c, K) for x in (a, b, G))                     # [n,b,h,S,c,K]
-  # diagonal sub-blocks: elementwise over (i, j, channel)
-  diff = G[..., :, None, :] - G[..., None, :, :]                            # [n,b,h,S,c,c,K]
-  exponent = _pair_exponent(diff, strict, per_channel=True)
-  diagonal = jnp.sum(a[..., :, None, :] * b[..., None, :, :] * jnp.exp(exponent), axis=-1)
-  # sub-blocks I > J: one matmul per row of sub-blocks I, both exponents <= 0 around the first
-  # token n of I. (One einsum over all (I, J) pairs at once crashed XLA's CPU compiler in the
-  # backward pass when C / c = 2.)
-  rows = []
-  for row in range(S):
-    blocks = [diagonal[..., row, :, :], jnp.zeros((*lead, c, (S - 1 - row) * c), a.dtype)]
-    if row:
-      ref = G[..., row, :1, :]                                                 # [n,b,h,1,K]
-      a_ref = a[..., row, :, :] * jnp.exp(G[..., row, :, :] - ref)             # [n,b,h,c,K]
-      a_ref = a_ref.at[..., 0, :].set(a[..., row, 0, :])  # G_n - G_n as the constant 0
-      b_ref = b[..., :row, :, :] * jnp.exp(ref[..., None, :, :] - G[..., :row, :, :])
-      b_ref = b_ref.reshape(*lead, row * c, K)                               # [n,b,h,row c,K]
-      blocks.insert(0, _einsum("nbhik,nbhjk->nbhij", a_ref, b_ref))          # [n,b,h,c,row c]
-    rows.append(jnp.concatenate(blocks, axis=-1))                              # [n,b,h,c,C]
-  return jnp.concatenate(rows, axis=-2)                                        # [n,b,h,C,C]
+  a, b, G = (x.reshape(-1, S, c, K) for x in (a, b, G))                     # [M, S, c, K]
+  row = jnp.arange(c)[:, None]                                             # [c, 1]
+  # diagonal sub-blocks, one column j at a time: e^{G_i - G_j} elementwise over (i, channel)
+  columns = []
+  for j in range(c):
+    exponent = jnp.where(row > j, G - G[:, :, j:j + 1, :], -jnp.inf)        # [M, S, c, K]
+    if not strict:
+      exponent = jnp.where(row == j, 0.0, exponent)
+    columns.append(jnp.sum(a * b[:, :, j:j + 1, :] * jnp.exp(exponent), axis=-1))  # [M, S, c]
+  diagonal = jnp.stack(columns, axis=-1)                                    # [M, S, c, c]
+  # sub-blocks I > J: e^{G_i - G_j} = e^{G_i - G_first(I)} e^{G_first(I) - G_last(J)}
+  # e^{G_last(J) - G_j}, every exponent <= 0 (so no overflow); the identically-zero ones are
+  # the constant 0
+  first, last = G[:, :, :1, :], G[:, :, -1:, :]                            # [M, S, 1, K]
+  a_ref = a * jnp.exp(jnp.where(row == 0, 0.0, G - first))                 # [M, S, c, K]
+  b_ref = b * jnp.exp(jnp.where(row == c - 1, 0.0, last - G))              # [M, S, c, K]
+  earlier = (jnp.arange(S)[None, :] < jnp.arange(S)[:, None])[:, :, None, None]  # [S,S,1,1] J<I
+  between = jnp.where(earlier, first[:, :, None] - last[:, None, :], -jnp.inf)  # [M, S, S, 1, K]
+  b_pairs = jnp.exp(between) * b_ref[:, None]                               # [M, S, S, c, K]
+  off_diagonal = _einsum("mIik,mIJjk->mIiJj", a_ref, b_pairs)               # [M, S, c, S, c]
+  block_diagonal = diagonal[:, :, :, None, :] * jnp.eye(S, dtype=a.dtype)[:, None, :, None]
+  return (off_diagonal + block_diagonal).reshape(*lead, C, C)                # [n,b,h,C,C]
 
 
 def _decayed_products(a, b, G, strict: bool):

@@ -1,0 +1,219 @@
+"""Tuning on validation: `--tune=FIELD=V1,V2,...` in experiments.reproduce and experiments.sweep.
+
+    python -m experiments.reproduce --preset=tiny --tasks=mqar --attentions=full,gated_deltanet \
+        --tune=schedule.base_learning_rate=1e-4,5e-4,1e-3 --tune=optimizer.weight_decay=0,0.1
+
+Several --tune flags make a grid: every combination of their values, the first flag's field
+changing slowest. Each point of it is a grid of experiments.reproduce in a folder of its own,
+OUT/tune/<field>=<value>,<field>=<value>/ (runs/<task>/<attention>/seed<seed> there: finished
+runs are skipped, interrupted ones resume). For every task and variant (and swept value) the
+point whose runs have the best mean validation accuracy over the seeds is chosen (of equals, the
+first), the validation accuracy of the very models whose test accuracy is reported (`TESTED`: the
+best-validation checkpoint; the final model in a sweep); the test split never enters the choice.
+A point missing a seed's run (it failed, e.g. diverged) is left out of the choice. The report:
+
+  OUT/tuning.json   a record per task and variant (and swept value): {"task", "attention",
+                    ["swept": {field: value},] "tested", "chosen": {field: value}, "validation":
+                    [{"values": {field: value}, "mean"}, ...] (every point, in grid order;
+                    "mean": null and "missing_seeds" for a point left out), "test_mean",
+                    "test_std" (at the chosen point, over the seeds), "seeds"}; accuracies in %.
+                    A variant that cannot run the task: {"task", "attention", "not_applicable"}.
+  OUT/tuning.md     (reproduce) the table: per task and variant the test accuracy at the chosen
+                    point, its validation accuracy and the chosen values.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+from experiments import cli
+
+HELP = ("FIELD=V1,V2,...: train every value of a config field (parsed as its type) and report, "
+        "per task and variant, the value of best mean validation accuracy; several --tune flags "
+        "make a grid of every combination.")
+# What the reproduce table reports: test accuracy at the best-validation checkpoint.
+TESTED = "test_accuracy_best_validation"
+# results.json: the validation accuracy of the model whose test accuracy each key holds.
+VALIDATION_OF = {"test_accuracy_final": "validation_accuracy_final",
+                 "test_accuracy_best_validation": "best_eval_accuracy"}
+# Fields a grid does not tune, and what sets them instead.
+NOT_TUNABLE = {"seed": "the seeds are --seeds: each point trains every seed",
+               "model.attention": "the variants are --attentions: each is tuned on its own"}
+
+
+def overridden(overrides) -> dict[str, str]:
+  """{field: why it cannot be tuned} for each --override (field=value)."""
+  return {item.partition("=")[0]: f"--override sets it ({item})" for item in overrides}
+
+
+def parse(specs: list[str], config, taken: dict[str, str] | None = None) -> dict[str, list]:
+  """--tune flags -> {field: [values]}, each value parsed as the type of config.<field> (`config`:
+  one of the grid's, None for an empty grid). HarnessError for an unknown field (naming the
+  closest), a value of the wrong type, a field given twice, a repeated value, or a field in
+  `taken` ({field: what sets it already}) or NOT_TUNABLE."""
+  if specs and config is None:
+    raise cli.HarnessError("--tune: the grid is empty (no task, variant or seed to tune)")
+  grid, refused = {}, {**NOT_TUNABLE, **(taken or {})}
+  for spec in specs:
+    field, sep, texts = (part.strip() for part in spec.partition("="))
+    items = [text.strip() for text in texts.split(",")]
+    if not sep or not field or "" in items:
+      raise cli.HarnessError(f"--tune takes FIELD=V1,V2,... (values separated by commas), got "
+                             f"{spec!r}")
+    if field in refused:
+      raise cli.HarnessError(f"--tune {field}: {refused[field]}")
+    if field in grid:
+      raise cli.HarnessError(f"--tune {field} is given twice: list its values in one flag")
+    values = []
+    for text in items:
+      try:
+        value = cli.field_value(config, field, text)
+      except cli.HarnessError as e:
+        raise cli.HarnessError(f"--tune: {e}") from None
+      if value in values:
+        raise cli.HarnessError(f"--tune {field}: {text} repeats the value {value_text(value)}")
+      if "/" in value_text(value):   # it names the point's folder
+        raise cli.HarnessError(f"--tune {field}: a value cannot hold '/', got {text!r}")
+      values.append(value)
+    grid[field] = values
+  return grid
+
+
+def points(tune: dict[str, list]) -> list[dict]:
+  """Every combination of the grid's values as {field: value}, the first field changing slowest
+  (the order ties are settled in); [{}] without --tune."""
+  return [dict(zip(tune, values)) for values in itertools.product(*tune.values())]
+
+
+def value_text(value) -> str:
+  """A value as the command line writes it (parsed again, it is the same value)."""
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def overrides(point: dict) -> list[str]:
+  return [f"{field}={value_text(value)}" for field, value in point.items()]
+
+
+def describe(point: dict) -> str:
+  return ", ".join(overrides(point))
+
+
+def point_dir(out, point: dict) -> Path:
+  """The folder of a point's grid, OUT/tune/<field>=<value>,...; OUT itself without --tune."""
+  return Path(out) / "tune" / ",".join(overrides(point)) if point else Path(out)
+
+
+def grids(grid: dict, tune: dict[str, list]) -> list[tuple[dict, dict]]:
+  """(point, its grid) per point of `tune`: `grid` (reproduce.run_grid's arguments) with the
+  point's values among its overrides and its folder as out; [({}, grid)] without --tune."""
+  return [(point, {**grid, "out": point_dir(grid["out"], point),
+                   "overrides": [*grid.get("overrides", ()), *overrides(point)]})
+          for point in points(tune)]
+
+
+def validation_accuracy(run: dict, tested: str) -> float:
+  """The validation accuracy of the model whose test accuracy run[tested] is."""
+  key = VALIDATION_OF[tested]
+  if run.get(key) is None:
+    raise cli.HarnessError(f"{run['workdir']}/results.json records no {key} (it was written "
+                           "before that was recorded): delete it to train the run again")
+  return run[key]
+
+
+def choose(task: str, attention: str, candidates: list[tuple[dict, list[dict]]], tested: str,
+           seeds: list[int], swept: dict | None = None) -> dict:
+  """The record of one task and variant (see the module's docstring) from (point, the
+  results.json of its runs) per point, in grid order: among the points with a run for every
+  seed, the first of best mean validation accuracy; its runs' test accuracy `tested`."""
+  record = {"task": task, "attention": attention, **({"swept": swept} if swept else {})}
+  for _, runs in candidates:
+    for run in runs:
+      if "not_applicable" in run:
+        return {**record, "not_applicable": run["not_applicable"]}
+  validation, best = [], None
+  for point, runs in candidates:
+    missing = sorted(set(seeds) - {run["seed"] for run in runs})
+    if missing:
+      validation.append({"values": point, "mean": None, "missing_seeds": missing})
+      continue
+    mean = statistics.mean(validation_accuracy(run, tested) for run in runs)
+    validation.append({"values": point, "mean": 100 * mean})
+    if best is None or mean > best[0]:   # strictly better: of equals the first point stays
+      best = mean, point, runs
+  test = [100 * run[tested] for run in best[2]] if best else []
+  return {**record, "tested": tested, "chosen": best[1] if best else None,
+          "validation": validation, "test_mean": statistics.mean(test) if test else None,
+          "test_std": statistics.stdev(test) if len(test) > 1 else None, "seeds": list(seeds)}
+
+
+def records(out, tune: dict[str, list], asked: dict, tested: str,
+            swept: dict | None = None) -> list[dict]:
+  """A record (`choose`) per task and variant of `asked` ({"preset", "task", "attention",
+  "seed": [values]}, as report.read_runs takes it), from the runs of every point of `tune`
+  under `out`, in the order asked."""
+  from experiments import report   # reads results.json; imports JAX, so not before the checks
+
+  candidates = {(task, attention): [] for task in asked["task"] for attention in asked["attention"]}
+  for point in points(tune):
+    runs = report.read_runs(point_dir(out, point) / "runs", only=asked)
+    for (task, attention), found in candidates.items():
+      found.append((point, [r for r in runs if (r["task"], r["attention"]) == (task, attention)]))
+  return [choose(task, attention, found, tested, asked["seed"], swept)
+          for (task, attention), found in candidates.items()]
+
+
+def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested: str) -> str:
+  """The table of reproduce --tune: a row per task and variant with the test accuracy (mean ±
+  std over seeds) at the chosen point, its mean validation accuracy and the chosen values; notes
+  for the variants that cannot run a task and the points left out."""
+  from experiments.report import POLICIES
+
+  seeds = sorted({seed for record in records for seed in record.get("seeds", ())})
+  grid = " × ".join(f"{field} ∈ {{{', '.join(map(value_text, values))}}}"
+                    for field, values in tune.items())
+  fields = list(tune)
+  lines = [f"### Tuned on validation, preset `{preset}`: test accuracy (%) at the chosen point", "",
+           f"Tested: {POLICIES[tested].split(' (')[0]}. Grid: {grid} ({len(points(tune))} "
+           f"points), each trained for seeds {', '.join(map(str, seeds))}. Chosen per task and "
+           "variant: the point whose models have the best mean validation accuracy (of equals, "
+           "the first); the test split never enters the choice. Test: mean ± std over the seeds "
+           "at the chosen point; Validation: its mean.", "",
+           "| Task | Model | Test | Validation | " + " | ".join(fields) + " |",
+           "|" + "---|" * (4 + len(fields))]
+  notes = []
+  for record in records:
+    where = f"{record['attention']} on {record['task']}"
+    if "not_applicable" in record:
+      cells = ["n/a", ""] + [""] * len(fields)
+      notes.append(f"n/a: {where}: {record['not_applicable']}")
+    elif record["chosen"] is None:
+      cells = ["—", ""] + [""] * len(fields)
+    else:
+      std = "" if record["test_std"] is None else f" ± {cli.rounded(record['test_std'])}"
+      chosen = next(p for p in record["validation"] if p["values"] == record["chosen"])
+      cells = [f"{cli.rounded(record['test_mean'])}{std}", cli.rounded(chosen["mean"]),
+               *(value_text(record["chosen"][field]) for field in fields)]
+    notes += [f"{where}: {describe(p['values'])} left out of the choice: no run for seed(s) "
+              f"{', '.join(map(str, p['missing_seeds']))} (failed or not run)"
+              for p in record.get("validation", ()) if p["mean"] is None]
+    lines.append("| " + " | ".join([record["task"], record["attention"], *cells]) + " |")
+  if notes:
+    lines += [""] + [note + "  " for note in notes]
+  return "\n".join(lines) + "\n"
+
+
+def write_records(records: list[dict], out) -> None:
+  from experiments import provenance
+
+  provenance.write_json(Path(out) / "tuning.json", records)
+
+
+def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
+  """OUT/tuning.json and OUT/tuning.md (reproduce's records, tested on TESTED); the markdown."""
+  from experiments import provenance
+
+  text = markdown(records, tune, preset=preset, tested=TESTED)
+  write_records(records, out)
+  provenance.write_text(Path(out) / "tuning.md", text)
+  return text
