@@ -102,7 +102,8 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
   processes = {name: start(args, plugin_dir=plugin_dir) for name, (args, _) in cases.items()}
   for name, process in processes.items():
     code, stdout, stderr = finish(process)
-    lines = stderr.strip().splitlines()
+    # Progress lines (absl's "I<date> ...": what a run is loading) may come before the error.
+    lines = [line for line in stderr.strip().splitlines() if not re.match(r"I\d{4} ", line)]
     assert code != 0 and "Traceback" not in stderr, (name, stderr)
     assert len(lines) == 1 and lines[0].startswith("error: "), (name, stderr)
     for expected in cases[name][1]:
