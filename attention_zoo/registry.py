@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import sys
 from typing import Any
 
@@ -88,8 +89,10 @@ def get(name: str) -> type:
   try:
     return _REGISTRY[name]
   except KeyError:
-    raise ValueError(
-        f"unknown attention {name!r}; available: {', '.join(available())}") from None
+    close = difflib.get_close_matches(name, available(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown attention {name!r}{hint}; available: {', '.join(available())}"
+                     ) from None
 
 
 def spec(name: str) -> AttentionSpec:

@@ -16,17 +16,18 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from decimal import ROUND_HALF_UP, Decimal
 from collections import defaultdict
 from pathlib import Path
 
-from absl import flags
+from absl import flags, logging
 
 import lra
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
-from experiments.common.records import write_text
+from experiments.common.records import rotate, write_text
 from experiments.train.metrics import read_metrics
 from lra.fileio import atomic_write
 
@@ -118,8 +119,17 @@ def _average(table: dict, attention: str):
   return statistics.mean(c["mean"] for c in ours), paper
 
 
+def rounded(percent: float, decimals: int = 2) -> str:
+  """A percentage as text, rounded half up from its shortest decimal form, as a reader rounds a
+  printed number, so that every table (this one, the sweep's, the tuning's) rounds one accuracy
+  alike: 1,132 of 8,000 is 14.15%, which 100 * 0.1415 gives as 14.149999999999999; format()
+  would show it as 14.1 at one decimal."""
+  shortest = Decimal(repr(round(percent, 9)))
+  return str(shortest.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
 def _cell(mean: float, std: float | None, paper) -> str:
-  text = f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
+  text = rounded(mean) + (f" ± {rounded(std)}" if std is not None else "")
   if paper == "FAIL":
     return f"{text} (FAIL)"
   if paper is not None:
@@ -170,7 +180,7 @@ def markdown(tables: dict) -> str:
         row.append("n/a" if not_applicable else
                    "—" if average is None else _cell(average[0], None, average[1]))
       lines.append("| " + " | ".join(row) + " |")
-    majority = [f"{table['majority'][t]:.2f}" for t in tasks]
+    majority = [rounded(table["majority"][t]) for t in tasks]
     lines.append("| " + " | ".join([f"*{MAJORITY}*"] + majority + ([""] if has_avg else [])) + " |")
     reasons = sorted(set(table["not_applicable"].items()))
     if reasons:
@@ -202,9 +212,26 @@ def write_csv(tables: dict, path: Path) -> None:
                       "", ""])
 
 
+# The variants' colours in one chart: tab10 without its cyan, which reads as a second blue beside
+# tab:blue; from the tenth variant on the hues repeat, the bars hatched and the curves dashed.
+HUES = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+        "tab:gray", "tab:olive")
+
+
+def variant_style(index: int) -> tuple[str, bool]:
+  """(colour, whether the hue repeats an earlier variant's) of the index-th variant of a chart."""
+  return HUES[index % len(HUES)], index >= len(HUES)
+
+
+def error_bars(cells) -> list[float]:
+  """The std of each cell, NaN where there is none (one seed): no error bar is drawn there,
+  where a zero-length one would draw its caps as a line at the bar's top."""
+  return [c["std"] if c and c["std"] is not None else float("nan") for c in cells]
+
+
 def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
-  """Per preset and task: a bar chart of test accuracy (bars: final step; dots: best
-  validation step) and the training curves (PNG)."""
+  """Per preset and task: a bar chart of test accuracy (bars: final step, error bars the std
+  over seeds; dots: best validation step; diamonds: the paper) and the training curves (PNG)."""
   plt = pyplot()
   written = []
   for (preset, policy, kind), table in tables.items():
@@ -215,14 +242,15 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
       cells = [table["cells"][a, task] for a in attentions]
       fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(attentions) + 2), 4))
-      ax.bar(attentions, [c["mean"] for c in cells], yerr=[c["std"] or 0 for c in cells],
+      ax.bar(attentions, [c["mean"] for c in cells], yerr=error_bars(cells),
              color="tab:blue", capsize=3, label="ours, final step")
       ax.scatter(range(len(attentions)), [best["cells"][a, task]["mean"] for a in attentions],
                  color="tab:orange", zorder=3, label="ours, best validation step")
       papers = [(i, paper_accuracy(a, task)) for i, a in enumerate(attentions)]
       papers = [(i, p) for i, p in papers if isinstance(p, float)]
       if papers:
-        ax.scatter(*zip(*papers), color="black", marker="_", s=300, zorder=3, label="paper")
+        ax.scatter(*zip(*papers), facecolors="none", edgecolors="black", marker="D", s=60,
+                   zorder=3, label="paper")
       ax.axhline(table["majority"][task], color="tab:red", linestyle="--", label=MAJORITY)
       ax.set(ylabel="test accuracy (%)", title=f"{task} ({preset})")
       ax.tick_params(axis="x", rotation=45)
@@ -230,7 +258,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       written.append(save_figure(fig, out / f"bars_{preset}_{task}.png"))
 
       fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
-      colors = {a: plt.cm.tab20(i % 20) for i, a in enumerate(attentions)}
+      styles = {a: variant_style(i) for i, a in enumerate(attentions)}
       labelled = set()
       for run in runs:
         if run["preset"] != preset or run["task"] != task or "not_applicable" in run:
@@ -241,7 +269,9 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
         for ax, key in ((acc_ax, "eval_accuracy"), (loss_ax, "train_loss")):
           points = [(e["step"], e[key]) for e in events if isinstance(e.get(key), float)]
           if points:
-            ax.plot(*zip(*points), color=colors[run["attention"]], label=label)
+            color, repeated = styles[run["attention"]]
+            ax.plot(*zip(*points), color=color, linestyle="--" if repeated else "-",
+                    label=label)
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
       loss_ax.set(xlabel="step", ylabel="training loss")
       legend_beside(loss_ax, *acc_ax.get_legend_handles_labels(), fontsize="x-small")
@@ -265,9 +295,10 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
     cells = [table["cells"].get((attention, t)) for t in tasks]
     average = _average(table, attention)
     means = [c["mean"] if c else np.nan for c in cells] + [average[0] if average else np.nan]
-    stds = [(c["std"] or 0) if c else 0 for c in cells] + [0]
+    color, repeated = variant_style(i)
     ax.bar(np.arange(len(tasks) + 1) + (i - (len(attentions) - 1) / 2) * width, means, width,
-           yerr=stds, capsize=2, label=attention)
+           yerr=error_bars(cells + [None]), capsize=2, color=color,
+           hatch="//" if repeated else None, label=attention)
   ax.scatter(np.arange(len(tasks)), [table["majority"][t] for t in tasks], color="black",
              marker="_", s=200, zorder=3, label=MAJORITY)
   ax.set_xticks(np.arange(len(tasks) + 1), [t.replace("_", "\n") for t in tasks] + ["average"],
@@ -277,9 +308,15 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
   return save_figure(fig, path)
 
 
+# What a report writes into its folder, besides table.md.
+REPORT_FILES = ("table.csv", "bars_*.png", "curves_*.png", "mad_*.png")
+
+
 def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   """Writes table.md, table.csv and the PNGs of the runs under runs_dir (those `only` keeps:
-  see read_runs) into out_dir (each atomically); returns the markdown."""
+  see read_runs) into out_dir (each atomically); returns the markdown. A report of other runs
+  already there is kept, not overwritten: its files are renamed <name>.1 (older ones shift to
+  .2, ...), with a warning."""
   runs = read_runs(runs_dir, only=only)
   if not runs:
     raise HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
@@ -288,6 +325,11 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)
   text = markdown(tables)
+  earlier = out / "table.md"
+  if earlier.exists() and earlier.read_text(encoding="utf-8") != text:
+    kept = rotate([earlier, *(path for pattern in REPORT_FILES
+                              for path in sorted(out.glob(pattern)))])
+    logging.warning("%s held a report of other runs: kept as %s", out, kept)
   write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
   plot(tables, runs, out)

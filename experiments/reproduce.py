@@ -11,8 +11,10 @@ and is skipped, with a log line, for the others (docs/harness.md, Configs).
 
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
 skipped and an interrupted one resumes, so the same command continues a grid. The report
-(OUT/table.md, table.csv, PNGs) covers the asked preset, tasks, attentions and seeds; a value
-every run would refuse (e.g. --override=num_train_steps=0) is one error before any run.
+(table.md, table.csv, PNGs) covers the asked preset, tasks, attentions and seeds and goes to a
+folder named by the asked tasks, OUT/<tasks joined by +> (OUT/mqar, OUT/mad; OUT/lra for the six
+LRA tasks): a report of other runs found there is kept as <name>.1. A value every run would
+refuse (e.g. --override=num_train_steps=0) is one error before any run.
 `python -m experiments.report --runs=OUT/runs --out=OUT` reports every run under OUT/runs.
 
 `--tune=FIELD=V1,V2,...` (repeatable: a grid) trains the grid at every point into
@@ -93,8 +95,9 @@ def check_names(tasks: list[str], attentions: list[str]) -> None:
   for task in tasks:
     if task not in all_tasks():
       groups = ", ".join(f"{name} ({', '.join(members)})" for name, members in TASK_GROUPS.items())
-      raise HarnessError(f"unknown task {task!r}; tasks: {', '.join(all_tasks())}; "
-                             f"groups: {groups}")
+      raise HarnessError(f"unknown task {task!r}"
+                         f"{did_you_mean(task, [*all_tasks(), *TASK_GROUPS])}; tasks: "
+                         f"{', '.join(all_tasks())}; groups: {groups}")
   for attention in attentions:
     check_attention(attention)
 
@@ -110,15 +113,22 @@ def grid_configs(*, preset: str, tasks: list[str], attentions: list[str], seeds:
           for task in tasks for attention in attentions for seed in seeds}
 
 
-def checked_grid(**grid) -> dict:
-  """grid_configs(**grid) with the options of other variants dropped and every config checked
-  as the trainer will (a bad value is one error now, not one per run)."""
+def grid_with_own_options(**grid) -> dict:
+  """grid_configs(**grid) with the options of other variants dropped."""
   configs = grid_configs(**grid)
-  from experiments.train import build, trainer  # imports jax: after the cheap checks
+  drop_options_of_other_variants(configs)   # imports jax: after the cheap checks
+  return configs
 
-  drop_options_of_other_variants(configs)
-  for config in configs.values():
-    trainer.check_config(build.resolve(config))
+
+def checked_grid(**grid) -> dict:
+  """grid_with_own_options(**grid), every config that applies checked as the trainer will
+  before its first step (trainer.check_run: a bad value is one error now, not one per run)."""
+  from experiments.train import trainer
+
+  configs = grid_with_own_options(**grid)
+  for (task, attention, _), config in configs.items():
+    if not not_applicable(task, attention):
+      trainer.check_run(config)
   return configs
 
 
@@ -126,14 +136,26 @@ def run_dir(out, task: str, attention: str, seed: int) -> Path:
   return Path(out) / "runs" / task / attention / f"seed{seed}"
 
 
+def report_dir(out, tasks) -> Path:
+  """The report's folder of a grid over `tasks` (as asked, group names kept): OUT/<the tasks
+  joined by +>, e.g. OUT/mqar, OUT/mad, OUT/listops+text; OUT/lra for the six LRA tasks. So
+  comparisons on other tasks never write over each other's tables."""
+  tasks = list(dict.fromkeys(tasks))
+  lra_only = sorted(expand_tasks(tasks)) == sorted(lra.available_tasks())
+  return Path(out) / ("lra" if lra_only else "+".join(tasks))
+
+
 def plan_lines(configs: dict, out) -> list[str]:
-  """A dry run's line per run of a checked grid: skipped, not applicable, or what it trains."""
+  """A dry run's line per run of a grid (grid_with_own_options), each config checked as
+  checked_grid checks it: skipped, not applicable, or what it trains (trainer.plan_line)."""
   from experiments.train import trainer
 
   lines = []
   for (task, attention, seed), config in configs.items():
     workdir = run_dir(out, task, attention, seed)
     if (workdir / "results.json").exists():
+      if not not_applicable(task, attention):
+        trainer.check_run(config)
       lines.append(f"{task} / {attention} / seed {seed}: {workdir}/results.json exists: skipped")
     elif reason := not_applicable(task, attention):
       lines.append(f"{task} / {attention} / seed {seed}: not applicable ({reason})")
@@ -151,7 +173,7 @@ def plan_points(point_grids: list[tuple[dict, dict]]) -> list[str]:
     out = grid.pop("out")
     if point:
       lines.append(f"tuning point {number}/{len(point_grids)}: {tuning.describe(point)} -> {out}")
-    lines += plan_lines(checked_grid(**grid), out)
+    lines += plan_lines(grid_with_own_options(**grid), out)
   return lines
 
 
@@ -217,9 +239,10 @@ def main(argv):
   tune = tuning.parse(FLAGS.tune, next(iter(configs.values()), None),
                       tuning.overridden(FLAGS.override))
   point_grids = tuning.grids({**grid, "out": out}, tune)
+  report_out = report_dir(out, FLAGS.tasks)
   then = (f"then per task and variant the point of best mean validation accuracy: "
           f"{out}/tuning.md and tuning.json" if tune else
-          f"then the report of these runs: {out}/table.md, table.csv and plots")
+          f"then the report of these runs: {report_out}/table.md, table.csv and plots")
   dry_run.plan(lambda: [*plan_points(point_grids), then])
   import jax
 
@@ -237,8 +260,9 @@ def main(argv):
                                 preset=FLAGS.preset))
       print(f"wrote {out}/tuning.md and tuning.json; wall time {time.time() - started:.0f} s")
     else:
-      print(report.write_report(Path(out) / "runs", out, only=asked))
-      print(f"wrote {out}/table.md, table.csv and plots; wall time {time.time() - started:.0f} s")
+      print(report.write_report(Path(out) / "runs", report_out, only=asked))
+      print(f"wrote {report_out}/table.md, table.csv and plots; wall time "
+            f"{time.time() - started:.0f} s")
   if failures:
     raise HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
 

@@ -133,7 +133,7 @@ def write(table: dict, states: dict, out, field: str, values: list[str], task: s
   out = Path(out)
   chosen = chosen or {}
   header = ["variant"] + [f"{field}={v}" for v in values]
-  accuracy = lambda x: "—" if x is None else (x if isinstance(x, str) else f"{x:.1f}")
+  accuracy = lambda x: "—" if x is None else (x if isinstance(x, str) else report.rounded(x, 1))
   if x == "state_size":
     measured = lambda a, v: (accuracy(table[a].get(v)) if v not in states.get(a, {})
                              else f"{accuracy(table[a][v])} ({states[a][v]:,})")

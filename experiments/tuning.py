@@ -168,7 +168,7 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
   """The table of reproduce --tune: a row per task and variant with the test accuracy (mean ±
   std over seeds) at the chosen point, its mean validation accuracy and the chosen values; notes
   for the variants that cannot run a task and the points left out."""
-  from experiments.report import POLICIES
+  from experiments.report import POLICIES, rounded
 
   seeds = sorted({seed for record in records for seed in record.get("seeds", ())})
   grid = " × ".join(f"{field} ∈ {{{', '.join(map(value_text, values))}}}"
@@ -191,9 +191,9 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
     elif record["chosen"] is None:
       cells = ["—", ""] + [""] * len(fields)
     else:
-      std = "" if record["test_std"] is None else f" ± {record['test_std']:.2f}"
+      std = "" if record["test_std"] is None else f" ± {rounded(record['test_std'])}"
       chosen = next(p for p in record["validation"] if p["values"] == record["chosen"])
-      cells = [f"{record['test_mean']:.2f}{std}", f"{chosen['mean']:.2f}",
+      cells = [f"{rounded(record['test_mean'])}{std}", rounded(chosen["mean"]),
                *(value_text(record["chosen"][field]) for field in fields)]
     notes += [f"{where}: {describe(p['values'])} left out of the choice: no run for seed(s) "
               f"{', '.join(map(str, p['missing_seeds']))} (failed or not run)"

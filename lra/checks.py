@@ -29,6 +29,18 @@ def _check_tokens(ds: Dataset, name: str, tokens: np.ndarray) -> None:
                    f"of {ds.task}")
 
 
+def check_generated_count(ds: Dataset, expected: int, manifest) -> None:
+  """ValueError naming the split's source, its count and the generator's, when the split does
+  not hold the `expected` examples (read and skipped) that the generator's `manifest` says it
+  wrote: a file cut short, say at a line boundary, would otherwise train on part of the data."""
+  found = len(ds) + ds.num_skipped
+  if found != expected:
+    raise ValueError(
+        f"{ds.source} holds {found:,} {ds.split} examples, but {manifest} says the generator "
+        f"wrote {expected:,}: the data was cut short or changed after it was generated; "
+        f"generate it again (or delete {manifest} if the change is meant)")
+
+
 def check_dataset(ds: Dataset, *, max_skipped_fraction: float | None = 0.01) -> dict:
   """Checks one split before training; returns what a run should log and record.
 

@@ -1,11 +1,14 @@
-"""Writing files so that an interruption never leaves a half-written one behind, and the
-manifest a generator leaves beside the files it wrote."""
+"""Writing files and folders so that an interruption never leaves a half-written one behind,
+and the manifest a generator leaves beside the files it wrote."""
 from __future__ import annotations
 
 import contextlib
 import datetime
 import json
 import os
+import shutil
+import signal
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -38,7 +41,54 @@ def atomic_write(path, mode: str = "w", **open_kwargs):
     raise
 
 
+def ignore_interrupts() -> None:
+  """A generator's worker processes' initializer: Ctrl-C reaches every process of the
+  terminal's group, and the parent alone stops the run (and cleans up), so the workers need not
+  each print a traceback."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 MANIFEST_NAME = "generated.json"
+
+
+@contextlib.contextmanager
+def made_folder(folder):
+  """Makes `folder` and its missing parents; if the block fails (KeyboardInterrupt included),
+  removes those this call made, unless something else has been put in them."""
+  folder = Path(folder)
+  made = [path for path in (folder, *folder.parents) if not path.exists()]   # innermost first
+  folder.mkdir(parents=True, exist_ok=True)
+  try:
+    yield folder
+  except BaseException:
+    for path in made:
+      with contextlib.suppress(OSError):   # not empty: it stays, and so do its parents
+        path.rmdir()
+    raise
+
+
+@contextlib.contextmanager
+def staged_folder(target):
+  """A hidden temporary folder beside `target` to write into. Once the block has succeeded, its
+  files replace those of the same name in `target` (the manifest, MANIFEST_NAME, last), or it
+  is renamed to `target` when that does not exist. On any exception (KeyboardInterrupt
+  included) it is removed, and so are the folders above `target` that this call made: an
+  interrupted generator leaves nothing behind."""
+  target = Path(target)
+  with made_folder(target.parent):
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+      yield staging
+      if target.is_dir():
+        (target / MANIFEST_NAME).unlink(missing_ok=True)   # it would describe the old files
+        for path in sorted(staging.iterdir(), key=lambda p: p.name == MANIFEST_NAME):
+          os.replace(path, target / path.name)
+        staging.rmdir()
+      else:
+        staging.rename(target)
+    except BaseException:
+      shutil.rmtree(staging, ignore_errors=True)
+      raise
 
 
 def write_manifest(folder, *, generator: str, rules_version: int, seed: int, sizes: dict,

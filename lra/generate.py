@@ -63,6 +63,10 @@ def main(argv):
     print(plan(argv[1]) if FLAGS.dry_run else f"wrote {generate(argv[1])}")
   except ValueError as e:  # bad sizes or options: a usage error, not a traceback
     return _fail(str(e))
+  except KeyboardInterrupt:
+    print("interrupted: nothing was written (a generator renames its files into place only "
+          "when all are complete)", file=sys.stderr)
+    return 130
   return 0
 
 

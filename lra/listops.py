@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from lra.fileio import MANIFEST_NAME, atomic_write, write_manifest
+from lra.fileio import ignore_interrupts, staged_folder, write_manifest
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -127,7 +127,8 @@ def _unique_samples(total: int, seed: int, workers: int, progress: bool,
   with contextlib.ExitStack() as stack:
     bar = stack.enter_context(tqdm(total=total, desc="listops", unit="sample",
                                    disable=not progress))
-    pool = (stack.enter_context(multiprocessing.get_context("spawn").Pool(workers))
+    pool = (stack.enter_context(multiprocessing.get_context("spawn").Pool(
+                workers, initializer=ignore_interrupts))
             if workers > 1 else None)
     produced = 0
     while produced < total:
@@ -157,8 +158,10 @@ def generate_listops(out_dir, *, num_train: int = 96_000, num_val: int = 2_000,
   bounds make a CPU-sized task, e.g. 16 and 128). Each value is a digit or an operator
   with its `]`, so a bound below 4 tokens would accept no expression.
 
-  Deterministic for a seed (and independent of `workers`). Files are written to temporary
-  names and renamed only once all three are complete. Returns the `listops-1000` folder;
+  Deterministic for a seed (and independent of `workers`). The files are written into a hidden
+  folder beside `listops-1000` and moved into it only once all three are complete (an
+  interrupted run leaves nothing behind, not even the folders it would have made); files
+  already in it other than these are kept. Returns the `listops-1000` folder;
   `lra.load("listops", split, data_dir=out_dir)` reads it. With `workers > 1` samples are
   drawn in "spawn" worker processes, so a calling script needs the usual
   `if __name__ == "__main__":` guard. A manifest, `generated.json` (generator, version of
@@ -183,23 +186,18 @@ def generate_listops(out_dir, *, num_train: int = 96_000, num_val: int = 2_000,
                      f"max_length={max_length}; use max_length >= 5 and "
                      "max_length - min_length >= 2")
   out = Path(out_dir) / DIR_NAME
-  out.mkdir(parents=True, exist_ok=True)
   samples = _unique_samples(sum(sizes.values()), seed, workers, progress, min_length,
                             max_length)
-  with contextlib.closing(samples), contextlib.ExitStack() as stack:
+  with contextlib.closing(samples), staged_folder(out) as staging:
     for split, size in sizes.items():
-      f = stack.enter_context(atomic_write(out / SPLIT_FILES[split], "w", encoding="utf-8",
-                                           newline="\n"))
-      f.write(HEADER + "\n")
-      for _ in range(size):
-        text, value = next(samples)
-        f.write(f"{text}\t{value}\n")
-    # The files are complete and about to replace the old ones, so the old manifest goes now;
-    # the one naming this run is written once they are in place.
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-  write_manifest(out, generator="lra.generate_listops", rules_version=RULES_VERSION, seed=seed,
-                 sizes=sizes, parameters={
-                     "min_length": min_length, "max_length": max_length,
-                     "max_depth": MAX_DEPTH, "subtree_p": SUBTREE_P, "max_args": MAX_ARGS,
-                     "files": SPLIT_FILES})
+      with open(staging / SPLIT_FILES[split], "w", encoding="utf-8", newline="\n") as f:
+        f.write(HEADER + "\n")
+        for _ in range(size):
+          text, value = next(samples)
+          f.write(f"{text}\t{value}\n")
+    write_manifest(staging, generator="lra.generate_listops", rules_version=RULES_VERSION,
+                   seed=seed, sizes=sizes, parameters={
+                       "min_length": min_length, "max_length": max_length,
+                       "max_depth": MAX_DEPTH, "subtree_p": SUBTREE_P, "max_args": MAX_ARGS,
+                       "files": SPLIT_FILES})
   return str(out)

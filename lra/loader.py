@@ -9,7 +9,7 @@ import numpy as np
 
 from lra import cache as cache_lib
 from lra import diagnostics, readers
-from lra.checks import check_dataset
+from lra.checks import check_dataset, check_generated_count
 from lra.dataset import Dataset
 from lra.spec import TaskSpec
 from lra.tasks import check_split, task_spec
@@ -65,7 +65,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
   Raises:
     FileNotFoundError: missing files (the message says how to get them).
     ValueError: bad options, malformed files (naming the file and line), an empty split,
-      targets or token ids out of range.
+      targets or token ids out of range, a split of generated files whose count differs from
+      the one in the generator's manifest (`generated.json`).
   """
   spec, params, options = resolve_options(name, max_len, resolution, difficulty, download,
                                           **generator_options)
@@ -85,6 +86,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
   if ds.num_skipped:  # logged on every load, cached or not
     log.warning("%s: skipped %d empty or unreadable examples of the %s split, e.g. %s",
                 ds.source, ds.num_skipped, split, ", ".join(skipped))
+  if source.expected is not None:
+    check_generated_count(ds, *source.expected)
   check_dataset(ds, max_skipped_fraction=None)
   return ds
 
@@ -129,6 +132,8 @@ def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
     raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
   max_len = int(max_len)
   params["max_len"] = max_len
+  if name in diagnostics.SETTINGS:
+    options["settings"].check(max_len)
   has_padding = spec.has_padding
   if spec.image_size and max_len > spec.image_size ** 2:
     has_padding = True  # pixels padded up to max_len

@@ -73,7 +73,7 @@ import numpy as np
 import tqdm
 from PIL import Image
 
-from lra.fileio import write_manifest
+from lra.fileio import ignore_interrupts, made_folder, write_manifest
 from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, pathfinder_dir
 
 __all__ = [
@@ -512,63 +512,64 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
   if target.is_dir() and any(target.iterdir()) and not overwrite:
     raise ValueError(f"{target} already exists and is not empty; delete it or pass "
                      f"overwrite=True to replace it")
-  target.parent.mkdir(parents=True, exist_ok=True)
-  _remove_stale_staging(target)
-  staging = Path(tempfile.mkdtemp(prefix=f"{_staging_glob(target)}{os.getpid()}-",
-                                  dir=target.parent))
-  try:
-    num_batches = -(-num // images_per_batch)
-    for batch in range(num_batches):
-      (staging / "imgs" / str(batch)).mkdir(parents=True)
-    (staging / "metadata").mkdir()
-    chunk = max(1, min(100, -(-num // (4 * workers))))
-    tasks = []
-    for batch in range(num_batches):         # a chunk never straddles two batches
-      batch_stop = min((batch + 1) * images_per_batch, num)
-      for start in range(batch * images_per_batch, batch_stop, chunk):
-        tasks.append((str(staging), resolution, difficulty, seed, start,
-                      min(start + chunk, batch_stop), images_per_batch))
-    rows = []
-    with tqdm.tqdm(total=num, disable=not progress, unit="img",
-                   desc=f"pathfinder{resolution}/{params.difficulty_dir}") as bar:
-      if workers == 1:
-        for task in tasks:
-          rows += _generate_chunk(task)
-          bar.update(task[5] - task[4])
+  with made_folder(target.parent):   # removed again if the run fails
+    _remove_stale_staging(target)
+    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_glob(target)}{os.getpid()}-",
+                                    dir=target.parent))
+    try:
+      num_batches = -(-num // images_per_batch)
+      for batch in range(num_batches):
+        (staging / "imgs" / str(batch)).mkdir(parents=True)
+      (staging / "metadata").mkdir()
+      chunk = max(1, min(100, -(-num // (4 * workers))))
+      tasks = []
+      for batch in range(num_batches):         # a chunk never straddles two batches
+        batch_stop = min((batch + 1) * images_per_batch, num)
+        for start in range(batch * images_per_batch, batch_stop, chunk):
+          tasks.append((str(staging), resolution, difficulty, seed, start,
+                        min(start + chunk, batch_stop), images_per_batch))
+      rows = []
+      with tqdm.tqdm(total=num, disable=not progress, unit="img",
+                     desc=f"pathfinder{resolution}/{params.difficulty_dir}") as bar:
+        if workers == 1:
+          for task in tasks:
+            rows += _generate_chunk(task)
+            bar.update(task[5] - task[4])
+        else:
+          # A worker that dies (say, the caller's script lacks a __main__ guard, which
+          # spawn needs) raises BrokenProcessPool here instead of hanging.
+          with concurrent.futures.ProcessPoolExecutor(
+                  workers, mp_context=multiprocessing.get_context("spawn"),
+                  initializer=ignore_interrupts) as pool:
+            futures = [pool.submit(_generate_chunk, task) for task in tasks]
+            try:
+              for future in concurrent.futures.as_completed(futures):
+                rows += future.result()
+                bar.update(len(future.result()))
+            except BaseException:
+              for future in futures:
+                future.cancel()
+              raise
+      rows.sort()
+      for batch, batch_rows in itertools.groupby(rows, key=lambda row: row[0]):
+        lines = [_metadata_line(params, n, label, margin, batch)
+                 for _, n, label, margin in batch_rows]
+        (staging / "metadata" / f"{batch}.npy").write_text("\n".join(lines) + "\n")
+      write_manifest(staging, generator="lra.generate_pathfinder", rules_version=RULES_VERSION,
+                     seed=seed, sizes={"num": num, "images_per_batch": images_per_batch},
+                     parameters=dataclasses.asdict(params))
+      if target.is_dir() and any(target.iterdir()):           # overwrite=True
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        target.rename(old / target.name)
+        staging.rename(target)
+        shutil.rmtree(old)
       else:
-        # A worker that dies (say, the caller's script lacks a __main__ guard, which
-        # spawn needs) raises BrokenProcessPool here instead of hanging.
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-          futures = [pool.submit(_generate_chunk, task) for task in tasks]
-          try:
-            for future in concurrent.futures.as_completed(futures):
-              rows += future.result()
-              bar.update(len(future.result()))
-          except BaseException:
-            for future in futures:
-              future.cancel()
-            raise
-    rows.sort()
-    for batch, batch_rows in itertools.groupby(rows, key=lambda row: row[0]):
-      lines = [_metadata_line(params, n, label, margin, batch)
-               for _, n, label, margin in batch_rows]
-      (staging / "metadata" / f"{batch}.npy").write_text("\n".join(lines) + "\n")
-    write_manifest(staging, generator="lra.generate_pathfinder", rules_version=RULES_VERSION,
-                   seed=seed, sizes={"num": num, "images_per_batch": images_per_batch},
-                   parameters=dataclasses.asdict(params))
-    if target.is_dir() and any(target.iterdir()):           # overwrite=True
-      old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-      target.rename(old / target.name)
-      staging.rename(target)
-      shutil.rmtree(old)
-    else:
-      if target.is_dir():
-        target.rmdir()
-      staging.rename(target)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
+        if target.is_dir():
+          target.rmdir()
+        staging.rename(target)
+    except BaseException:
+      shutil.rmtree(staging, ignore_errors=True)
+      raise
   return str(target)
 
 

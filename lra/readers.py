@@ -20,6 +20,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from lra import listops
+from lra.fileio import MANIFEST_NAME, read_manifest
 from lra.tasks import PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, pathfinder_dir
 
 
@@ -41,12 +42,14 @@ _TFDS_BATCH = 1024              # examples per batch read from TFDS
 class Source:
   """Where one split comes from. `files` is None when it is not read from local files
   (the TFDS fallback, or data generated in memory, whose settings are `generated`), which then
-  is not cached. `description` names it in errors."""
+  is not cached. `description` names it in errors. `expected`: (examples, manifest) when a
+  generator's manifest beside the files says how many examples of the split it wrote."""
 
   files: list[Path] | None
   build: Callable[[], dict]
   description: str
   generated: object = None
+  expected: tuple[int, Path] | None = None
 
 
 def _require(path: Path, what: str, how: str) -> Path:
@@ -87,9 +90,8 @@ def _no_examples(path: Path, what: str) -> ValueError:
 # ------------------------------------------------------------ the diagnostics (MQAR, MAD, ...)
 
 def read_generated(data_dir, split: str, max_len: int, settings) -> Source:
-  """Generated in memory from `settings` (a diagnostic's, lra.diagnostics.SETTINGS); data_dir is
-  not used."""
-  settings.check(max_len)
+  """Generated in memory from `settings` (a diagnostic's, lra.diagnostics.SETTINGS, checked
+  against max_len by `lra.loader.resolve_options`); data_dir is not used."""
   return Source(None, lambda: settings.generate(max_len, split),
                 f"lra.diagnostics {settings.task} generator ({split}, seed {settings.seed})",
                 generated=settings)
@@ -102,7 +104,9 @@ def read_listops(data_dir, split: str, max_len: int) -> Source:
          f"(LRA sizes by default; --num_train/--num_val/--num_test to change). {RELEASE_HINT}")
   root = _require_data_dir(data_dir, "ListOps", how)
   path = _require(root / listops.DIR_NAME / listops.SPLIT_FILES[split], "ListOps file", how)
-  return Source([path], lambda: _parse_listops(path, max_len), str(path))
+  written = (read_manifest(path.parent) or {}).get("sizes", {}).get(split)
+  expected = None if written is None else (written, path.parent / MANIFEST_NAME)
+  return Source([path], lambda: _parse_listops(path, max_len), str(path), expected=expected)
 
 
 _OPEN_IDS = np.array([listops.TOKEN_IDS[op] for op in listops.OPERATORS], np.uint8)
@@ -499,15 +503,24 @@ def read_pathfinder(data_dir, split: str, max_len: int, resolution: int,
                                      f"{line!r}")
       entries.append((folder / fields[0] / fields[1], int(fields[3])))
   n = len(entries)
-  bounds = {"train": (0, n * 8 // 10), "validation": (n * 8 // 10, n * 9 // 10),
-            "test": (n * 9 // 10, n)}[split]  # deterministic 80/10/10, in metadata order
-  entries = entries[slice(*bounds)]
+  entries = entries[_pathfinder_split(n, split)]
   if not entries:
     raise ValueError(f"the {split} split of {folder} is empty: it has {n} images in all, "
                      "split 80/10/10 in metadata order; generate more with --num")
+  written = (read_manifest(folder) or {}).get("sizes", {}).get("num")
+  expected = None
+  if written is not None:
+    split_of_written = _pathfinder_split(written, split)
+    expected = (split_of_written.stop - split_of_written.start, folder / MANIFEST_NAME)
   files = meta_files + [path for path, _ in entries]
   return Source(files, lambda: _read_pathfinder_images(entries, resolution, max_len, split,
-                                                       root), str(folder))
+                                                       root), str(folder), expected=expected)
+
+
+def _pathfinder_split(n: int, split: str) -> slice:
+  """The split's images among n: a deterministic 80/10/10, in metadata order."""
+  return slice(*{"train": (0, n * 8 // 10), "validation": (n * 8 // 10, n * 9 // 10),
+                 "test": (n * 9 // 10, n)}[split])
 
 
 def _read_image(path: Path, resolution: int) -> np.ndarray | None:

@@ -6,6 +6,7 @@ Lengths, classes and vocabularies follow the released LRA configs (Tay et al., 2
 """
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -63,7 +64,9 @@ def task_spec(name: str) -> TaskSpec:
   """The `TaskSpec` of a task; an unknown name raises ValueError listing the known ones."""
   known = {**TASKS, **diagnostics.SPECS}
   if name not in known:
-    raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(known)}")
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown task {name!r}{hint}; available tasks: {', '.join(known)}")
   return known[name]
 
 

@@ -36,6 +36,9 @@ def test_unknown_name_lists_available():
     az.create("nope", num_heads=2, head_dim=4, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="available: .*full"):
     az.spec("nope")
+  with pytest.raises(ValueError, match=r"unknown attention 'sliding_windw' \(did you mean "
+                                       r"'sliding_window'\?\)"):
+    az.create("sliding_windw", num_heads=2, head_dim=4, rngs=nnx.Rngs(0))
 
 
 def test_unknown_option_names_it_and_the_accepted_ones():

@@ -4,6 +4,9 @@ Oracle: Flax's own `nnx.dot_product_attention` (independent of the zoo), under t
 or under the mask combined with an exact variant's pattern. Rows of queries that see no key
 are compared apart: the zoo gives 0, Flax the mean of all values.
 """
+import re
+from pathlib import Path
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -292,6 +295,16 @@ def test_swap_refusals():
     swap_attention(holder, "performer")
   assert type(swap_attention(holder, "performer", dropout_rate=0.0)[0]).__name__ == \
       "ZooMultiHeadAttention"
+
+
+@pytest.mark.slow
+def test_the_docs_first_snippet_runs():
+  """docs/interop.md's first example, as written: every name it uses is defined there."""
+  page = (Path(__file__).resolve().parents[1] / "docs" / "interop.md").read_text()
+  snippet = re.search(r"```python\n(.*?)```", page, flags=re.S).group(1)
+  namespace = {}
+  exec(compile(snippet, "docs/interop.md", "exec"), namespace)   # noqa: S102 - our own docs
+  assert namespace["model"](jnp.ones((1, 8, 512))).shape == (1, 8, 512)
 
 
 def test_example_runs_at_a_tiny_length(capsys):

@@ -33,6 +33,8 @@ Fields (override any with --config.<field>=value):
 """
 from __future__ import annotations
 
+import difflib
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -115,7 +117,9 @@ def parse_arg(arg: str | None) -> tuple[str, str]:
                      f"e.g. 'performer,tiny'")
   attention, preset = parts[0], parts[1] if len(parts) == 2 else "paper"
   if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    close = difflib.get_close_matches(preset, PRESETS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown preset {preset!r}{hint}; choose one of {', '.join(PRESETS)}")
   return attention, preset
 
 

@@ -452,8 +452,8 @@ def run_mode(values, command: str) -> int:
                         f"then {values.out}/capacity.md, .csv and .png (time budget "
                         f"{time_budget_s:g} s)"])
   env = records.environment()
-  facts = {"model": f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, "
-                    f"MLP {model.mlp_dim}",
+  facts = {"model": f"{dry_run.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
+                    f"{dry_run.count(model.num_heads, 'head')}, MLP {model.mlp_dim}",
            "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,
            "device_memory_bytes": device.device_memory_bytes(),
            "memory_limit_bytes": memory_limit,

@@ -277,8 +277,8 @@ def plan_lines(settings: Settings, out: str) -> list[str]:
     options = settings.config(name, min(settings.lengths)).model.attention_options
     lines.append(f"{settings.mode} {name}: lengths {lengths_text(settings.lengths)}, "
                  f"{settings.dtype}, remat {settings.remat}, batch {settings.batch_size}, "
-                 f"{settings.repeats} repeats, options "
-                 f"{', '.join(f'{k}={v}' for k, v in sorted(options.items())) or '(none)'}")
+                 f"{dry_run.count(settings.repeats, 'repeat')}, "
+                 f"{dry_run.options_text(name, options)}")
   return lines + [f"then {out}/benchmark_{settings.mode}.csv, .md, .json and plots"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from absl import logging as absl_logging
 
 import lra
 from experiments.common import dry_run, xla_flags
-from experiments.common.errors import HarnessError, fail, first_line
+from experiments.common.errors import HarnessError, Interrupted, did_you_mean, fail, first_line
 from experiments.common.overrides import OPTIONS_FIELD, check_not_fixed, set_field, unknown_field
 from experiments.common.task_configs import TASK_CONFIGS
 from experiments.common.variant_names import check_attention
@@ -34,10 +35,12 @@ def run(main) -> None:
   anything imports JAX (a mistake is reported at once); then XLA's flags are set and the
   `--plugins` modules imported (the one place plug-ins are loaded: `main` finds their variants
   registered), and the attention the config names is checked again against the variants they
-  register."""
+  register. Ctrl-C ends the command with one line (status 130), naming, for a training run,
+  where it stopped and the command that resumes it."""
   absl_logging.get_absl_handler().addFilter(_OwnInfoOnly())
   if "dry_run" not in flags.FLAGS:
     flags.DEFINE_bool("dry_run", False, dry_run.HELP)
+  resume = resume_command(sys.argv)   # before the flags' parsing edits sys.argv
 
   def wrapped(argv):
     try:
@@ -46,8 +49,23 @@ def run(main) -> None:
       fail(str(e))
     except dry_run.Planned:
       return 0
+    except Interrupted as e:
+      print(f"{e}; to resume: {resume}", file=sys.stderr)
+      sys.exit(130)
+    except KeyboardInterrupt:
+      print("interrupted", file=sys.stderr)
+      sys.exit(130)
 
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def resume_command(argv: list[str]) -> str:
+  """The command line `argv` as `python -m <module> ...`, less --restart: run again, a training
+  command resumes where it stopped (and skips what has finished)."""
+  spec = getattr(sys.modules["__main__"], "__spec__", None)
+  program = ["python", "-m", spec.name] if spec is not None else ["python", argv[0]]
+  return shlex.join(program + [arg for arg in argv[1:]
+                               if arg.lstrip("-").partition("=")[0] != "restart"])
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -63,7 +81,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
       if "config" in flags.FLAGS:
         dict(flags.FLAGS.config)  # a config file that failed to load raises here
     except Exception as e:  # noqa: BLE001 - turned into one line below
-      raise HarnessError(_explain_config_error(argv) or first_line(e)) from None
+      raise HarnessError(_explain_config_error(argv) or _explain_choice_error(argv)
+                         or first_line(e)) from None
     config = flags.FLAGS.config if "config" in flags.FLAGS else None
     for item in option_flags:
       field, sep, value = item[len("--config."):].partition("=")
@@ -102,8 +121,9 @@ def _explain_config_error(argv: list[str]) -> str | None:
     return None
   path, _, arg = value.partition(":")
   if not Path(path).is_file():
-    return (f"config file {path!r} not found; the LRA task configs are {TASK_CONFIGS} for "
-            f"task in: {', '.join(lra.available_tasks())}")
+    existing = [p.as_posix() for p in sorted(Path("configs").rglob("*.py"))]
+    return (f"config file {path!r} not found{did_you_mean(path, existing)}; the LRA task configs "
+            f"are {TASK_CONFIGS} for task in: {', '.join(lra.available_tasks())}")
   try:
     spec = importlib.util.spec_from_file_location("_config_under_test", path)
     module = importlib.util.module_from_spec(spec)
@@ -117,6 +137,19 @@ def _explain_config_error(argv: list[str]) -> str | None:
       problem = unknown_field(config, field)
       if problem:
         return problem
+  return None
+
+
+def _explain_choice_error(argv: list[str]) -> str | None:
+  """absl's error for a value outside an enum flag's choices (--preset=tnyi), in one line with
+  the closest choice."""
+  for item in argv:
+    name, sep, value = item.lstrip("-").partition("=")
+    choices = getattr(flags.FLAGS[name].parser, "enum_values", None) if (
+        sep and name in flags.FLAGS) else None
+    if choices and value not in choices:
+      return (f"--{name}={value}: not one of {', '.join(choices)}"
+              f"{did_you_mean(value, choices)}")
   return None
 
 

@@ -26,3 +26,16 @@ def plan(make_lines) -> None:
   for line in make_lines():
     print(line)
   raise Planned
+
+
+def count(number: int, noun: str) -> str:
+  """"1 layer", "2 layers": a plan line's sizes."""
+  return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def options_text(attention: str, options: dict) -> str:
+  """A plan line's attention options: "options k=v, ...", or that the variant's defaults apply
+  (its options the config does not set take their defaults in any case)."""
+  if not options:
+    return f"{attention}'s default options"
+  return "options " + ", ".join(f"{k}={v}" for k, v in sorted(options.items()))

@@ -1,6 +1,7 @@
 """One-line errors: a mistake on the command line (an unknown attention, task, preset or config
 field, a plug-in that does not import, missing data) prints one line `error: ...` naming it and
-the valid choices, and the command exits with status 1. Bugs still raise with a traceback."""
+the valid choices, and the command exits with status 1; Ctrl-C, one line and status 130. Bugs
+still raise with a traceback."""
 from __future__ import annotations
 
 import difflib
@@ -9,6 +10,12 @@ import sys
 
 class HarnessError(Exception):
   """An error the user can fix; entry points print its message as one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C during a training run. Its message says where the run stopped (the step, the last
+  checkpoint); the entry point prints it in one line with the command that resumes the run. A
+  KeyboardInterrupt, so that what stops at Ctrl-C (a grid, `except Exception`) stops at it."""
 
 
 def fail(message: str) -> None:

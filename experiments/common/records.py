@@ -5,6 +5,7 @@ torn one).
     environment() -> {"git_commit": ..., "versions": ..., "device": ..., ...}
     write_text(path, text); write_json(path, value)
     with atomic_write(path, "wb") as f: ...   # the same for any writer (lra.fileio)
+    rotate([path, ...])       # an earlier run's files kept as <name>.1 (older: .2, ...)
 """
 from __future__ import annotations
 
@@ -69,3 +70,20 @@ def write_text(path, text: str) -> None:
 
 def write_json(path, value) -> None:
   write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def rotate(paths: list[Path]) -> str:
+  """Renames each existing path to <name>.1 after shifting <name>.i to <name>.i+1; the same
+  suffix for all of them, so that the files of one earlier run keep one number."""
+  free = 1
+  while any(p.with_name(f"{p.name}.{free}").exists() for p in paths):
+    free += 1
+  for i in range(free - 1, 0, -1):
+    for path in paths:
+      older = path.with_name(f"{path.name}.{i}")
+      if older.exists():
+        older.rename(path.with_name(f"{path.name}.{i + 1}"))
+  for path in paths:
+    if path.exists():
+      path.rename(path.with_name(f"{path.name}.1"))
+  return ", ".join(f"{p.name}.1" for p in paths if p.with_name(f"{p.name}.1").exists())

@@ -10,7 +10,7 @@ be overridden with `--config.<field>=value`. Running again with the same workdir
 `--restart` starts it again from step 0, keeping the earlier run's files renamed (a workdir
 holding checkpoints of another model is refused without it).
 """
-from absl import flags
+from absl import flags, logging
 from ml_collections import config_flags
 
 from experiments.common import command_line, dry_run
@@ -22,9 +22,12 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not dry_run.requested():   # the imports take seconds, more under load: say what is happening
+    logging.info("%s / %s -> %s: starting (importing JAX and the trainer)", FLAGS.config.task,
+                 FLAGS.config.model.attention, FLAGS.workdir)
   from experiments.train import trainer  # imports JAX: after the flags are known to be good
 
-  dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, shapes=True)])
+  dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)])
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)
   print(f"{results['task']} / {results['attention']}: test accuracy "

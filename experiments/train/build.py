@@ -73,7 +73,8 @@ def resolve(config) -> ml_collections.ConfigDict:
   the variant's options (the preset's, scaled to model.max_len, under those the config sets),
   and the "0 = follow another field" defaults. Unknown names -> HarnessError."""
   if config.preset not in common.PRESETS:
-    raise HarnessError(f"unknown preset {config.preset!r}; presets: "
+    raise HarnessError(f"unknown preset {config.preset!r}"
+                       f"{did_you_mean(config.preset, common.PRESETS)}; presets: "
                        f"{', '.join(common.PRESETS)}")
   check_attention(config.model.attention)
   resolved = ml_collections.ConfigDict(config.to_dict())

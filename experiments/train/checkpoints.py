@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging as std_logging
 import shutil
 from pathlib import Path
 
@@ -102,6 +103,37 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def _latest_record(manager: ocp.CheckpointManager) -> tuple[int, dict] | None:
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))
+    except Exception:  # noqa: BLE001 - unreadable: restore_latest sets it aside with the reason
+      continue
+    return step, dict(restored.record)
+  return None
+
+
+def latest_saved_record(workdir) -> tuple[int, dict] | None:
+  """`Checkpoints.latest_record` of a workdir, read without writing anything (a dry run's
+  look); None when it holds no checkpoint whose record reads."""
+  directory = Path(workdir).absolute() / FOLDERS[0]
+  if not directory.is_dir():
+    return None
+  # Orbax warns that a read-only manager is read-only: that is what is asked here.
+  orbax_logger = std_logging.getLogger("absl")
+  level = orbax_logger.level
+  orbax_logger.setLevel(std_logging.ERROR)
+  try:
+    manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+        read_only=True, create=False, save_interval_steps=0))
+  finally:
+    orbax_logger.setLevel(level)
+  try:
+    return _latest_record(manager)
+  finally:
+    manager.close()
+
+
 class ChecksumMismatch(ValueError):
   """A checkpoint's files differ from the checksums written when it was saved."""
 
@@ -175,14 +207,7 @@ class Checkpoints:
     """(step, record) of the newest checkpoint whose record reads, without its state; None if
     none does."""
     self.finish()
-    for step in reversed(self.all_steps()):
-      try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            record=ocp.args.JsonRestore()))
-      except Exception:  # noqa: BLE001 - unreadable: restore_latest sets it aside with the reason
-        continue
-      return step, dict(restored.record)
-    return None
+    return _latest_record(self.manager)
 
   def restore_latest(self, template):
     """The newest checkpoint that passes verification, as (step, tree, record); None if none

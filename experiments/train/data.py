@@ -18,6 +18,7 @@ from configs.lra import common
 from experiments.common.errors import HarnessError
 from experiments.train.checkpoints import barrier
 from lra.diagnostics import IGNORED
+from lra.loader import resolve_options
 
 GENERATED_TASKS = ("listops", "pathfinder", "pathx")
 
@@ -70,6 +71,16 @@ def describe(config) -> str | None:
           f"{'generated first' if generated else 'the run stops; see docs/data.md'})")
 
 
+def check_options(config) -> None:
+  """The checks `lra.load` makes of the run's load options before it reads anything (max_len,
+  a generated task's settings, Pathfinder's resolution and difficulty): HarnessError naming
+  the bad one, as the run would."""
+  try:
+    resolve_options(config.task, config.model.max_len, **config.data)
+  except (TypeError, ValueError) as e:
+    raise HarnessError(f"cannot load {config.task}: {e}") from None
+
+
 def _load(config, split: str) -> lra.Dataset:
   try:
     return lra.load(config.task, split, data_dir=config.data_dir or None,
@@ -87,8 +98,7 @@ def generate(config) -> str:
   workers = max(1, os.cpu_count() or 1)
   logging.info("%s data not found in %s: generating %s with %d worker(s)", config.task,
                config.data_dir, sizes, workers)
-  Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-  try:
+  try:   # the generators make data_dir, and remove it again if interrupted
     if config.task == "listops":
       return lra.generate_listops(config.data_dir, seed=0, workers=workers, **sizes)
     return lra.generate_pathfinder(config.data_dir, seed=0, workers=workers, **config.data,

@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 from absl import logging
 
-from experiments.common.records import write_text
+from experiments.common.records import rotate, write_text
 
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
@@ -58,7 +58,7 @@ class MetricsWriter:
     rotated = None
     paths = [self.workdir / name for name in (METRICS, TENSORBOARD, RESULTS, *also)]
     if read_metrics(self.workdir) or any(path.exists() for path in paths[2:]):
-      rotated = _rotate(paths)
+      rotated = rotate(paths)
     self._open()
     return rotated
 
@@ -88,23 +88,6 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tensorboard is not None:
       self._tensorboard.close()
-
-
-def _rotate(paths: list[Path]) -> str:
-  """Renames each existing path to <name>.1 after shifting <name>.i to <name>.i+1; the same
-  suffix for all of them, so that the files of one earlier run keep one number."""
-  free = 1
-  while any(p.with_name(f"{p.name}.{free}").exists() for p in paths):
-    free += 1
-  for i in range(free - 1, 0, -1):
-    for path in paths:
-      older = path.with_name(f"{path.name}.{i}")
-      if older.exists():
-        older.rename(path.with_name(f"{path.name}.{i + 1}"))
-  for path in paths:
-    if path.exists():
-      path.rename(path.with_name(f"{path.name}.1"))
-  return ", ".join(f"{p.name}.1" for p in paths if p.with_name(f"{p.name}.1").exists())
 
 
 def read_metrics(workdir) -> list[dict]:

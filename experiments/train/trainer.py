@@ -28,7 +28,9 @@ does, the run starts again from step 0 and an earlier run's files are renamed, n
 (experiments/train/metrics.py). Checkpoints of another model (a model field changed, other than the
 compute-only `dtype` and `remat`) are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
-the earlier run's files and checkpoints renamed <name>.1.
+the earlier run's files and checkpoints renamed <name>.1. Ctrl-C stops a run with
+Interrupted, saying the step it reached and its last checkpoint (the entry points print that
+in one line with the command that resumes it).
 """
 from __future__ import annotations
 
@@ -47,10 +49,12 @@ from tqdm import tqdm
 
 import lra
 from attention_zoo.models import TransformerConfig, num_params
-from experiments.common import device, records
-from experiments.common.errors import HarnessError
+from experiments.common import device, dry_run, records
+from experiments.common.errors import HarnessError, Interrupted
 from experiments.train import build
+from experiments.train import checkpoints as checkpoints_lib
 from experiments.train import data as data_lib
+from experiments.train import optimizer
 from experiments.train.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
 from experiments.train.checkpoints import Checkpoints, barrier
 from experiments.train.metrics import MetricsWriter
@@ -128,24 +132,56 @@ def check_config(config) -> None:
                          f"share; use a multiple of {devices}")
 
 
-def plan_line(config, workdir, *, shapes: bool = False) -> str:
-  """What a run of `config` into `workdir` would be, in one line (a dry run's): the checks the
-  trainer makes first, then task, variant, seed, the resolved size, budget and options, the
-  data; with `shapes`, the parameter count of the model built abstractly (nnx.eval_shape:
-  about a second, nothing computed)."""
+def check_run(config):
+  """The checks a run makes before it reads data or compiles (a dry run makes the same): the
+  resolved config's sizes, the data's load options, the optimiser and schedule, and the model,
+  built abstractly (nnx.eval_shape: nothing computed). Returns (the resolved config, the
+  abstract model); HarnessError naming what is wrong."""
   resolved = build.resolve(config)
   check_config(resolved)
+  data_lib.check_options(resolved)
+  optimizer.from_config(resolved)
+  return resolved, nnx.eval_shape(lambda: build_model(resolved)[0])
+
+
+def plan_line(config, workdir, *, restart: bool = False) -> str:
+  """What a run of `config` into `workdir` would be, in one line (a dry run's), after the
+  checks the run makes before its first step (`check_run`; a workdir holding checkpoints of
+  another model is refused unless `restart`): task, variant, seed, the resolved size, budget
+  and options, the parameter count, the data, and the step it would resume from."""
+  resolved, abstract = check_run(config)
   model = resolved.model
-  options = ", ".join(f"{k}={v}" for k, v in sorted(model.attention_options.items()))
   parts = [f"{config.task} / {model.attention} / seed {config.seed} ({config.preset})",
-           f"{model.num_layers} layers, emb {model.emb_dim}, {model.num_heads} heads, max_len "
-           f"{model.max_len}, batch {resolved.batch_size}, {resolved.num_train_steps} steps",
-           f"options {options or '(none)'}"]
-  if shapes:
-    abstract = nnx.eval_shape(lambda: build_model(resolved)[0])
-    parts.append(f"{num_params(abstract):,} parameters")
-  parts.append(data_lib.describe(resolved))
+           f"{dry_run.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
+           f"{dry_run.count(model.num_heads, 'head')}, max_len {model.max_len}, batch "
+           f"{resolved.batch_size}, {dry_run.count(resolved.num_train_steps, 'step')}",
+           dry_run.options_text(model.attention, model.attention_options),
+           f"{num_params(abstract):,} parameters", data_lib.describe(resolved)]
+  latest = None if restart else checkpoints_lib.latest_saved_record(workdir)
+  if latest is not None:
+    step, record = latest
+    if "model" in record:
+      check_same_model(Path(workdir).absolute() / CHECKPOINT_FOLDERS[0], step, record["model"],
+                       model_record(build.model_config(resolved)))
+    parts.append(f"resumes from step {step}")
   return "; ".join(filter(None, parts)) + f" -> {workdir}"
+
+
+def model_record(model: TransformerConfig) -> dict:
+  """A resolved model as a checkpoint records it (build.describe, as JSON reads it back)."""
+  return json.loads(json.dumps(build.describe(model)))
+
+
+def check_same_model(directory: Path, step: int, saved: dict, current: dict) -> None:
+  """HarnessError if the model a checkpoint recorded (`saved`) is not `current` (compute-only
+  fields aside), naming the fields and the ways out."""
+  differences = model_differences(saved, current)
+  if differences:
+    raise HarnessError(
+        f"{directory} holds checkpoints of another model (step {step}): "
+        f"{'; '.join(differences)}. To train this model, use a new workdir, or start this "
+        "one again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
+        "earlier run's files and checkpoints as <name>.1")
 
 
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
@@ -191,25 +227,31 @@ class Trainer:
     """`restart`: start from step 0 even when `workdir` holds checkpoints (of this model or of
     another), renaming the earlier run's files and checkpoints to <name>.1."""
     self.overrides = build.overrides(config)
-    config = build.resolve(config)
-    check_config(config)
+    config, _ = check_run(config)   # before the data: a bad config fails in a second
     self.config, self.workdir, self.restart = config, Path(workdir), restart
+    self.steps_done: int | None = None   # the step training has reached (None: not started)
     self.task = lra.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
     self.mesh = Mesh(np.array(jax.devices()), ("data",))
     self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
     replicated = NamedSharding(self.mesh, PartitionSpec())
 
+    # What each slow step is doing, as it starts (a resume under load can take minutes here).
+    logging.info("%s / %s / seed %d -> %s: loading the data (%s)", config.task,
+                 config.model.attention, config.seed, workdir,
+                 data_lib.describe(config) or "generated in memory")
     self.datasets = data_lib.load_splits(config)
     self.data_checks = data_lib.check_splits(config, self.datasets)
     model, self.model_config = build_model(config)
-    self.model_record = json.loads(json.dumps(build.describe(self.model_config)))  # as reread
+    self.model_record = model_record(self.model_config)
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, replicated))
     self.eval_step = self.steps.eval
     self.state = self.steps.replicate(initial_state(self.steps, params, rest))
     self.best = self.steps.copy_model(self.state)
+    logging.info("compiling the train step (%s parameters, batch %d)", f"{self.num_params:,}",
+                 config.batch_size)
     self.train_step = self.steps.compiled_train(
         self.state, data_lib.batch_spec(self.datasets["train"], config.batch_size,
                                         self.batch_sharding))
@@ -245,14 +287,20 @@ class Trainer:
       self._train(checkpoints, writer, record, clock)
       checkpoints.finish()
       return self._test(writer, record, clock)
+    except KeyboardInterrupt:
+      raise self._interrupted(checkpoints) from None
     finally:
       checkpoints.close()
       writer.close()
 
   def _resume(self, checkpoints: Checkpoints, writer: MetricsWriter) -> dict:
+    if checkpoints.all_steps():
+      logging.info("restoring the newest usable checkpoint of %s (steps %s): verifying its "
+                   "checksums, then reading it", checkpoints.directory,
+                   ", ".join(map(str, checkpoints.all_steps())))
     latest = checkpoints.latest_record()
     if latest is not None and "model" in latest[1]:   # older checkpoints did not record it
-      self._check_same_model(checkpoints, *latest)
+      check_same_model(checkpoints.directory, latest[0], latest[1]["model"], self.model_record)
     record = dict(FRESH_RECORD)
     restored = checkpoints.restore_latest({"train": self.state, "best": self.best})
     if restored is None:
@@ -273,18 +321,9 @@ class Trainer:
     logging.info("resumed %s from step %d", self.workdir, step)
     return record
 
-  def _check_same_model(self, checkpoints: Checkpoints, step: int, record: dict) -> None:
-    differences = model_differences(record["model"], self.model_record)
-    if differences:
-      raise HarnessError(
-          f"{checkpoints.directory} holds checkpoints of another model (step {step}): "
-          f"{'; '.join(differences)}. To train this model, use a new workdir, or start this "
-          "one again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
-          "earlier run's files and checkpoints as <name>.1")
-
   def _train(self, checkpoints: Checkpoints, writer: MetricsWriter, record: dict, clock: _Clock):
     config = self.config
-    first = int(self.state.step)
+    first = self.steps_done = int(self.state.step)
     batches = data_lib.train_batches(self.datasets["train"], config.batch_size, seed=config.seed,
                                      start_step=first)
     pending, last_log = [], (first, time.time())
@@ -293,6 +332,7 @@ class Trainer:
       for step in range(first + 1, config.num_train_steps + 1):
         batch = data_lib.to_device(next(batches), self.batch_sharding)
         self.state, metrics = self.train_step(self.state, batch)
+        self.steps_done = step   # counted here: the state's buffers are donated to the step
         pending.append(metrics)
         checkpoints.poll()
         bar.update()
@@ -318,6 +358,18 @@ class Trainer:
           record["wall_seconds"] = clock.total()
           checkpoints.save(step, {"train": self.state, "best": self.best},
                            {**record, "model": self.model_record})
+
+  def _interrupted(self, checkpoints: Checkpoints) -> Interrupted:
+    """Where a run stopped by Ctrl-C stands: its step and its last checkpoint (a save under way
+    is finished first, so that it counts)."""
+    checkpoints.finish()
+    saved = checkpoints.all_steps()
+    kept = (f"the last checkpoint is step {saved[-1]} in {checkpoints.directory}" if saved
+            else "no checkpoint was saved yet")
+    where = ("before its first step" if self.steps_done is None else
+             f"at step {self.steps_done} of {self.config.num_train_steps}")
+    return Interrupted(f"{self.config.task} / {self.config.model.attention} / seed "
+                           f"{self.config.seed} interrupted {where}; {kept}")
 
   def _check_finite(self, pending: list, step: int, checkpoints: Checkpoints) -> dict:
     """Means of the pending train metrics; stops the run if a loss is not finite."""
@@ -389,6 +441,11 @@ class _Clock:
 
 
 def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
-  return Trainer(config, workdir, restart=restart).run()
+  try:
+    trainer = Trainer(config, workdir, restart=restart)
+  except KeyboardInterrupt:
+    raise Interrupted(f"{config.task} / {config.model.attention} / seed {config.seed} "
+                          f"interrupted while preparing the run into {workdir}") from None
+  return trainer.run()
 
 

@@ -2,11 +2,15 @@
 2-process run resumed by one process, and the reproduce grid with its report."""
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -101,11 +105,40 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
   processes = {name: start(args, plugin_dir=plugin_dir) for name, (args, _) in cases.items()}
   for name, process in processes.items():
     code, stdout, stderr = finish(process)
-    lines = stderr.strip().splitlines()
+    # Progress lines (absl's "I<date> ...": what a run is loading) may come before the error.
+    lines = [line for line in stderr.strip().splitlines() if not re.match(r"I\d{4} ", line)]
     assert code != 0 and "Traceback" not in stderr, (name, stderr)
     assert len(lines) == 1 and lines[0].startswith("error: "), (name, stderr)
     for expected in cases[name][1]:
       assert expected in lines[0], (name, lines[0])
+
+
+def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_resume_command(listops_dir,
+                                                                           tmp_path):
+  """SIGINT to a training process once it has saved a checkpoint: no traceback, status 130, a
+  last line naming the step, the checkpoint and the command that resumes (without --restart,
+  which would start again); that command's dry run resumes from the checkpoint."""
+  workdir = tmp_path / "run"
+  args = ["experiments.train", "--config=configs/lra/listops.py:full,tiny", f"--workdir={workdir}",
+          "--restart", *overrides("--config.", {**SMALL, "data_dir": listops_dir,
+                                                 "num_train_steps": 100_000, "eval_every": 20})]
+  process = start(args)
+  deadline = time.time() + 300
+  while not list(workdir.glob("checkpoints/*/checksums.json")) and time.time() < deadline:
+    time.sleep(0.5)
+  process.send_signal(signal.SIGINT)
+  code, _, stderr = finish(process)
+  assert code == 130 and "Traceback" not in stderr, stderr[-3000:]
+  last = stderr.strip().splitlines()[-1]
+  saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir())
+  match = re.fullmatch(rf"listops / full / seed 0 interrupted at step (\d+) of 100000; the last "
+                       rf"checkpoint is step {saved} in {workdir}/checkpoints; to resume: "
+                       r"python -m (experiments\.train .*)", last)
+  assert match and int(match[1]) >= saved, last
+  resume = shlex.split(match[2])
+  assert "--restart" not in resume and resume[1:] == [a for a in args[1:] if a != "--restart"]
+  (planned,) = run_commands([resume + ["--dry_run"]], cwd=REPO)
+  assert planned["code"] == 0 and f"resumes from step {saved} -> " in planned["stdout"]
 
 
 def test_batch_not_divisible_by_devices(listops_dir, tmp_path, monkeypatch):
@@ -217,8 +250,9 @@ def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path,
     run = out / "runs" / "listops" / "full" / f"seed{seed}"
     results = json.loads((run / "results.json").read_text())
     assert results["seed"] == seed and results["config"]["model"]["emb_dim"] == 16
-  assert {p.name for p in out.iterdir()} >= {"table.md", "table.csv", "bars_tiny_listops.png",
-                                            "curves_tiny_listops.png", "runs"}
+  assert {p.name for p in out.iterdir()} == {"listops", "runs"}   # the report named by its task
+  assert {p.name for p in (out / "listops").iterdir()} == {
+      "table.md", "table.csv", "bars_tiny_listops.png", "curves_tiny_listops.png"}
 
   def must_not_train(*args, **kwargs):
     raise AssertionError("a finished run was trained again")
@@ -245,7 +279,8 @@ def test_dry_run_plans_the_grid_without_running_it(tmp_path):
   assert planned["code"] == 0, planned["stderr"]
   lines = planned["stdout"].splitlines()
   assert lines[0] == f"mqar / full / seed 0: {finished} exists: skipped"
-  assert lines[1].startswith("mqar / full / seed 1 (tiny); 1 layers, emb ")
+  assert lines[1].startswith("mqar / full / seed 1 (tiny); 1 layer, emb ")
+  assert "; full's default options; " in lines[1]
   assert lines[1].endswith(f"-> {out}/runs/mqar/full/seed1")
   assert "mqar / linformer / seed 0: not applicable (linformer cannot be causal" in lines[2]
   assert len(lines) == 5 and lines[4].startswith("then the report of these runs")

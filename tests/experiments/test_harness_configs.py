@@ -179,6 +179,8 @@ def test_config_argument_errors_and_late_registered_names():
   assert common.parse_arg("performer, tiny") == ("performer", "tiny")
   with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of paper, fair, tiny"):
     get_config("listops", "full,huge")
+  with pytest.raises(ValueError, match=r"unknown preset 'tnyi' \(did you mean 'tiny'\?\)"):
+    get_config("listops", "full,tnyi")
   with pytest.raises(ValueError, match="expected '<attention>\\[,<preset>\\]'"):
     get_config("listops", "full,tiny,extra")
   # A name a plugin registers later still builds a config (checked by the trainer).
@@ -321,6 +323,8 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
                                         "--config.model.attention=nope"],
                                "unknown attention 'nope'"),
       "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
+      "preset flag": (["experiments.reproduce", "--preset=tnyi", "--tasks=listops"],
+                      "--preset=tnyi: not one of paper, fair, tiny (did you mean 'tiny'?)"),
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
@@ -337,6 +341,18 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
     assert process.returncode == 1 and len(lines) == 2, (name, stderr)
     assert lines[0].startswith("error: ") and cases[name][1] in lines[0], (name, lines[0])
     assert lines[1] == "jax imported: False", name
+
+
+def test_misspelt_tasks_and_config_files_get_a_did_you_mean(monkeypatch):
+  with pytest.raises(HarnessError, match=r"unknown task 'listop' \(did you mean 'listops'\?\)"):
+    reproduce.check_names(["listop"], ["full"])
+  with pytest.raises(HarnessError, match=r"unknown task 'mda' \(did you mean 'mad'\?\)"):
+    reproduce.check_names(["mda"], ["full"])
+  with pytest.raises(ValueError, match=r"unknown task 'mqr' \(did you mean 'mqar'\?\)"):
+    lra.task_spec("mqr")
+  monkeypatch.chdir(REPO)   # config paths are relative to where a command runs
+  assert "not found (did you mean 'configs/lra/listops.py'?)" in command_line._explain_config_error(
+      ["--config=configs/lra/listop.py:full,tiny"])
 
 
 def test_overrides_parse_as_the_field_type():
@@ -427,7 +443,7 @@ def test_decay_rate_parameters_of_the_mixers_are_not_weight_decayed(name):
 # ------------------------------------------------------------------------------------ plugins
 
 def test_plugins_flag_items_split_into_module_names():
-  """--plugins=a,b --plugins=c: each item may be a list; the modules load in cli.run (the
+  """--plugins=a,b --plugins=c: each item may be a list; the modules load in command_line.run (the
   library's az.load_plugins, tested in test_contract.py)."""
   assert command_line.split_names(["a,b", " c "]) == ["a", "b", "c"]
   assert command_line.split_names("x") == ["x"] and command_line.split_names(None) == []
@@ -495,6 +511,95 @@ def write_results(root, task, attention, seed, accuracy, majority, preset="tiny"
   (workdir / "metrics.jsonl").write_text("".join(
       json.dumps({"step": s, "train_loss": 2.0 - s / 10, "eval_accuracy": accuracy * s / 3}) + "\n"
       for s in (1, 2, 3)))
+
+
+def test_an_accuracy_rounds_alike_in_every_table(tmp_path, monkeypatch):
+  """1,132 of 8,000 asked tokens (MQAR's linear_transformer) is 14.15%: 14.2 at one decimal,
+  in the sweep's table as in a reader's rounding of the report's 14.15, not format()'s 14.1."""
+  recall = 100 * (1132 / 8000)
+  assert f"{recall:.1f}" == "14.1"   # the binary value, 14.149999999999999, rounded
+  assert report.rounded(recall, 1) == "14.2" and report._cell(recall, None, None) == "14.15"
+  assert report._cell(100 * (1130 / 8000), 0.005, None) == "14.13 ± 0.01"   # halves go up
+  monkeypatch.setattr(sweep, "_plot", lambda *args: None)
+  text = sweep.write({"linear_transformer": {"8": recall}}, {}, tmp_path, "data.num_pairs", ["8"],
+                     "mqar")
+  assert "| linear_transformer | 14.2 |" in text
+
+
+def test_reports_of_other_tasks_go_to_their_own_folders():
+  assert reproduce.report_dir("r", ["mqar"]) == Path("r/mqar")
+  assert reproduce.report_dir("r", ["mad"]) == Path("r/mad")
+  assert reproduce.report_dir("r", ["listops", "text", "listops"]) == Path("r/listops+text")
+  assert reproduce.report_dir("r", list(lra.available_tasks())) == Path("r/lra")
+
+
+def test_a_report_of_other_runs_is_kept_not_overwritten(tmp_path, monkeypatch, caplog):
+  """The same runs again: the report is rewritten as it was. Other runs: the earlier table,
+  CSV and plots are renamed <name>.1 (then .2), with a warning."""
+  def plot(tables, runs, out):   # a stand-in plot that records which runs it drew
+    (out / "bars_tiny_listops.png").write_text(" ".join(r["attention"] for r in runs))
+  monkeypatch.setattr(report, "plot", plot)
+  runs, out = tmp_path / "runs", tmp_path / "out"
+  for attention in ("full", "performer"):
+    write_results(runs, "listops", attention, 0, 0.3, 0.17)
+  first = report.write_report(runs, out, only={"attention": ["full"]})
+  report.write_report(runs, out, only={"attention": ["full"]})
+  assert sorted(p.name for p in out.iterdir()) == ["bars_tiny_listops.png", "table.csv",
+                                                   "table.md"]
+  with caplog.at_level("WARNING"):
+    second = report.write_report(runs, out)
+  assert f"{out} held a report of other runs: kept as table.md.1, table.csv.1, " in caplog.text
+  assert (out / "table.md.1").read_text() == first and (out / "table.md").read_text() == second
+  assert (out / "bars_tiny_listops.png.1").read_text() == "full"
+  assert (out / "bars_tiny_listops.png").read_text() == "full performer"
+  report.write_report(runs, out, only={"attention": ["performer"]})
+  assert (out / "table.md.2").read_text() == first and (out / "table.md.1").read_text() == second
+
+
+def test_report_bars_tell_one_seed_the_paper_and_the_variants_apart(tmp_path, monkeypatch):
+  """One seed draws no error bar (its caps would be a line at the bar's top, like a marker); the
+  paper's number is not drawn as a line either; ten variants get ten distinct colours, none a
+  second blue."""
+  import matplotlib.colors
+  from matplotlib.container import BarContainer
+  from matplotlib.markers import MarkerStyle
+
+  figures = {}
+
+  def keep(fig, path):
+    figures[Path(path).name] = fig
+  monkeypatch.setattr(report, "save_figure", keep)
+  variants = ["full", "sliding_window", "linear_transformer", "performer", "deltanet",
+              "gated_deltanet", "mamba2", "gla", "retnet", "fox"]
+  runs = tmp_path / "runs"
+  for attention in variants:
+    write_results(runs, "listops", attention, 0, 0.3, 0.17)
+    write_results(runs, "compression", attention, 0, 0.3, 0.17)
+  found = report.read_runs(runs)
+  report.plot(report.summarize(found), found, tmp_path)
+
+  def bar_groups(ax):
+    return [c for c in ax.containers if isinstance(c, BarContainer)]
+
+  def no_error_bar(group):   # the caps of every bar at NaN: not drawn
+    return all(np.isnan(np.asarray(cap.get_ydata(), float)).all()
+               for cap in group.errorbar.lines[1])
+
+  (bars,) = figures["bars_tiny_listops.png"].axes
+  (group,) = bar_groups(bars)
+  assert no_error_bar(group)
+  paper = next(c for c in bars.collections if c.get_label() == "paper")
+  assert paper.get_paths()[0] != MarkerStyle("_").get_path()
+  (profile,) = figures["mad_tiny.png"].axes
+  groups = bar_groups(profile)
+  assert all(no_error_bar(group) for group in groups)
+  colors = [matplotlib.colors.to_rgb(g.patches[0].get_facecolor()) for g in groups]
+  assert len(colors) == 10 and matplotlib.colors.to_rgb("tab:cyan") not in colors
+  for i, a in enumerate(colors[:9]):   # nine hues, no two alike; the tenth repeats one, hatched
+    assert all(np.abs(np.subtract(a, b)).sum() > 0.3 for b in colors[i + 1:9])
+  assert [bool(g.patches[0].get_hatch()) for g in groups] == [False] * 9 + [True]
+  for fig in figures.values():
+    plots.pyplot().close(fig)
 
 
 def report_plots(tmp_path):

@@ -1,5 +1,6 @@
 """The ListOps generator, checked by an evaluator written here, and the fixed vocabulary."""
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,21 @@ def test_loaded_generated_data_matches_the_files(generated):
     assert ds.masks[i].sum() == len(ids) and ds.targets[i] == int(target)
 
 
+def test_a_split_cut_at_a_line_boundary_is_refused_by_its_manifest(generated, tmp_path):
+  """The manifest says how many rows each split has; a file cut short (after its cache was
+  built, too) is an error naming the file and both counts, not a smaller training set."""
+  out, rows = generated
+  shutil.copytree(out / "listops-1000", tmp_path / "listops-1000")
+  assert len(lra.load("listops", "train", data_dir=tmp_path)) == 40   # cached now
+  train = tmp_path / "listops-1000" / "basic_train.tsv"
+  train.write_text("".join(train.read_text().splitlines(keepends=True)[:1 + 17]))
+  with pytest.raises(ValueError, match=(
+      rf"^{train} holds 17 train examples, but {tmp_path}/listops-1000/generated.json says the "
+      r"generator wrote 40: .*generate it again")):
+    lra.load("listops", "train", data_dir=tmp_path)
+  assert len(lra.load("listops", "test", data_dir=tmp_path)) == 5     # the other splits load
+
+
 def test_deterministic_for_a_seed_and_any_workers(tmp_path, generated):
   out, rows = generated
   again = lra.generate_listops(tmp_path / "a", seed=3, progress=False, **SIZES)
@@ -129,10 +145,16 @@ def test_interrupted_generation_leaves_nothing(tmp_path, monkeypatch):
         raise KeyboardInterrupt
       yield sample
 
+  kept = tmp_path / "kept"
+  lra.generate_listops(kept, seed=1, progress=False, **SIZES)
+  before = {p.name: p.read_bytes() for p in (kept / "listops-1000").iterdir()}
   monkeypatch.setattr(listops, "_unique_samples", interrupted)
-  with pytest.raises(KeyboardInterrupt):
-    lra.generate_listops(tmp_path, seed=0, progress=False, **SIZES)
-  assert list((tmp_path / "listops-1000").iterdir()) == []
+  for out in (tmp_path / "new" / "data", kept):
+    with pytest.raises(KeyboardInterrupt):
+      lra.generate_listops(out, seed=0, progress=False, **SIZES)
+  assert [p.name for p in tmp_path.iterdir()] == ["kept"]   # not even the folders it made
+  assert {p.name: p.read_bytes() for p in (kept / "listops-1000").iterdir()} == before
+  assert [p.name for p in kept.iterdir()] == ["listops-1000"]   # no staging folder left
 
 
 def test_bad_sizes(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import lra
 from lra import pathfinder_generator as pg
 
 
@@ -145,6 +146,16 @@ def test_layout_metadata_and_balanced_labels(tmp_path):
   assert first[4:] == ["1", "14", "4", "2", "0.5", "1", "1"]  # continuity ... margin
 
 
+def test_metadata_cut_short_is_refused_by_the_manifest(tmp_path):
+  root = Path(pg.generate_pathfinder(tmp_path, num=20, images_per_batch=10, progress=False))
+  metadata = root / "metadata" / "1.npy"
+  metadata.write_text("".join(metadata.read_text().splitlines(keepends=True)[:5]))
+  # 15 images listed: 12 for train where the manifest's 20 make 16
+  with pytest.raises(ValueError, match=rf"^{root} holds 12 train examples, but "
+                                       rf"{root}/generated.json says the generator wrote 16"):
+    lra.load("pathfinder", "train", data_dir=tmp_path)
+
+
 def test_difficulty_and_resolution_directories(tmp_path):
   assert pg.generate_pathfinder(tmp_path, resolution=128, difficulty="easy", num=2,
                                 progress=False).endswith("pathfinder128/curv_baseline")
@@ -193,7 +204,7 @@ def test_interrupted_run_leaves_no_partial_dataset(tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     pg.generate_pathfinder(tmp_path, num=20, progress=False)
   assert len(written) == 5
-  assert os.listdir(tmp_path / "pathfinder32") == []             # no target, no staging
+  assert os.listdir(tmp_path) == []     # no target, no staging, not the folder above it
 
 
 def test_staging_of_a_killed_run_is_removed(tmp_path):

@@ -145,7 +145,7 @@ def test_capacity_command_end_to_end(tmp_path):
   assert float(row["exponent"]) >= 1
   text = (tmp_path / "capacity.md").read_text()
   assert "| synthesizer | 128 (the longest tried)" in text and "s @ 64 (" in text
-  assert "1 layers, emb 32, 2 heads, MLP 64" in text and "n^" in text
+  assert "1 layer, emb 32, 2 heads, MLP 64" in text and "n^" in text
   with Image.open(tmp_path / "capacity.png") as image:
     image.verify()
     assert image.format == "PNG"

@@ -14,7 +14,7 @@ import pytest
 import lra
 from attention_zoo.models import DualEncoderClassifier, num_params
 from experiments.common import task_configs
-from experiments.common.errors import HarnessError
+from experiments.common.errors import HarnessError, Interrupted
 from experiments.train import checkpoints as checkpoints_lib
 from experiments.train import data as data_lib
 from experiments.train import trainer
@@ -162,16 +162,26 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
                                                                        caplog):
   run, results_a, events_a = run_a
   config = run_config("listops", data_root)
-  with batches_spy(stop_before_step=6), pytest.raises(KeyboardInterrupt):
+  with batches_spy(stop_before_step=6), pytest.raises(Interrupted, match=(
+      rf"^listops / full / seed 0 interrupted at step 5 of 6; the last checkpoint is step 4 in "
+      rf"{tmp_path}/checkpoints$")):
     trainer.Trainer(config, tmp_path).run()   # steps 1-5 done, checkpoints at 2 and 4
   interrupted = read_metrics(tmp_path)
   assert without_timing(interrupted) == without_timing(events_a[:len(interrupted)])  # same seed
   assert max(e["step"] for e in interrupted) == 5 and not (tmp_path / "results.json").exists()
 
-  with batches_spy() as starts:
+  with batches_spy() as starts, caplog.at_level("INFO"):
     resumed = trainer.Trainer(config, tmp_path)
     results = resumed.run()
   assert starts == [4]
+  # Each slow part says what it is doing as it starts, not only once it is done.
+  said = [r.getMessage() for r in caplog.records if "/experiments/" in r.pathname]
+  steps = ["loading the data", "compiling the train step",
+           f"restoring the newest usable checkpoint of {tmp_path}/checkpoints (steps 2, 4)",
+           f"resumed {tmp_path} from step 4"]
+  found = [next(i for i, line in enumerate(said) if step in line) for step in steps]
+  assert found == sorted(found), said
+  caplog.clear()
   assert resumed.train_step is run.train_step   # the same compiled step: nothing compiled twice
   assert without_timing(read_metrics(tmp_path)) == without_timing(events_a)
   assert {k: results[k] for k in SAME} == {k: results_a[k] for k in SAME}
@@ -241,11 +251,15 @@ def test_a_checkpoint_of_another_model_is_refused_then_restarted_on_request(run_
   run, results_a, _ = run_a
   shutil.copytree(run.workdir, tmp_path, dirs_exist_ok=True)
   config = run_config("listops", data_root)
+  assert trainer.plan_line(config, tmp_path).endswith(f"; resumes from step 6 -> {tmp_path}")
   config.model.mlp_dim, config.model.remat = 48, "block"
-  with pytest.raises(HarnessError, match=(
-      rf"^{tmp_path}/checkpoints holds checkpoints of another model \(step 6\): model.mlp_dim is "
-      r"32 there, 48 in this config\. .*a new workdir.*--restart")):
+  refused = (rf"^{tmp_path}/checkpoints holds checkpoints of another model \(step 6\): "
+             r"model.mlp_dim is 32 there, 48 in this config\. .*a new workdir.*--restart")
+  with pytest.raises(HarnessError, match=refused):   # the dry run refuses it as the run does
+    trainer.plan_line(config, tmp_path)
+  with pytest.raises(HarnessError, match=refused):
     trainer.Trainer(config, tmp_path).run()
+  assert "resumes" not in trainer.plan_line(config, tmp_path, restart=True)
   assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in run.workdir.iterdir())
   with batches_spy() as starts:
     results = trainer.Trainer(config, tmp_path, restart=True).run()
