@@ -63,7 +63,8 @@ def resume_command(argv: list[str]) -> str:
   """The command line `argv` as `python -m <module> ...`, less --restart: run again, a training
   command resumes where it stopped (and skips what has finished)."""
   spec = getattr(sys.modules["__main__"], "__spec__", None)
-  program = ["python", "-m", spec.name] if spec is not None else ["python", argv[0]]
+  module = spec and spec.name.removesuffix(".__main__")   # a package's command: the package
+  program = ["python", "-m", module] if module else ["python", argv[0]]
   return shlex.join(program + [arg for arg in argv[1:]
                                if arg.lstrip("-").partition("=")[0] != "restart"])
 
