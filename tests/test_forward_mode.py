@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import attention_zoo as az
-from attention_zoo import conformance, reference
+from attention_zoo import reference
 from attention_zoo.ops.autodiff import autodiff_modes
+from attention_zoo.testing import conformance
 from helpers import create_variant, padding_mask, random_qkv
 
 
