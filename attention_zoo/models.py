@@ -21,6 +21,7 @@ from attention_zoo import positions, registry
 from attention_zoo.dropout import Dropout
 from attention_zoo.convolution import ShortConv
 from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
+from attention_zoo.ops.autodiff import autodiff_modes
 
 POOLINGS = ("cls", "mean")
 INTERACTIONS = ("nli", "concat")
@@ -296,7 +297,9 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
     return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
 
   run.defvjp(forward, backward)
-  out, written = run(state, x, mask, context, context_mask, packing)
+  # Forward-mode autodiff, which a custom_vjp refuses, saves nothing for a backward: plain block.
+  call = pure if autodiff_modes()[:1] == ("forward",) else run
+  out, written = call(state, x, mask, context, context_mask, packing)
   for variable, value in zip(variables_of(state), written, strict=True):
     if value is not None:
       variable.set_value(value)

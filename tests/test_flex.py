@@ -1,6 +1,7 @@
 """flex_attention against a dense float64 softmax oracle over the same mask_mod and score_mod
-(output and gradients, f32 within 1e-5), the block metadata against its definition, dropout's
-backward against its forward, and compiled memory linear in length."""
+(output, gradients, forward mode and Hessian-vector products, f32 within 1e-5 or 2e-5), the block
+metadata against its definition, dropout's backward against its forward, and compiled memory
+linear in length (backward and forward mode)."""
 import re
 from pathlib import Path
 
@@ -199,6 +200,53 @@ def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=0, err_msg=what)
 
 
+
+def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle():
+  """jax.jvp (the forward as plain JAX: JAX refuses forward mode through the custom VJP) and
+  forward over reverse, jax.jvp of jax.grad (the custom VJP's backward differentiated forward),
+  along a tangent of q, k, v and the arrays score_mod closes over; a causal mask, padded keys,
+  GQA, soft-capping, a relative-position bias and a key gate."""
+  q_len, kv_len, kv_heads = SHAPES[0]
+  at = aligned(q_len, kv_len)
+  mask_mod = lambda b, h, q, kv: kv <= at(q)
+  block_mask = flex.create_block_mask(mask_mod, None, None, q_len, kv_len, **BLOCKS)
+  kv_mask = np.ones((BATCH, kv_len), bool)
+  kv_mask[1, -5:] = False
+
+  def score_mod(bias, gate):
+    return lambda s, b, h, q, kv: (softcap(s, b, h, q, kv)
+                                   + bias[h, jnp.clip(at(q) - kv, 0, kv_len - 1)] + gate[b, kv])
+
+  ours = lambda q, k, v, bias, gate: flex.flex_attention(
+      q, k, v, block_mask=block_mask, score_mod=score_mod(bias, gate), kv_mask=kv_mask)
+  oracle = lambda q, k, v, bias, gate: dense_oracle(
+      q, k, v, mask_mod=mask_mod, score_mod=score_mod(bias, gate), kv_mask=kv_mask)
+  shapes = [(BATCH, q_len, HEADS, HEAD_DIM)] + [(BATCH, kv_len, kv_heads, HEAD_DIM)] * 2 + [
+      (HEADS, kv_len), (BATCH, kv_len)]
+  args = [normal(seed, shape, 0.5 if seed == 4 else 1.0) for seed, shape in enumerate(shapes)]
+  tangents = [normal(10 + seed, shape) for seed, shape in enumerate(shapes)]
+  cotangent = normal(20, shapes[0])
+
+  def derivatives(f, args, tangents):
+    """(J t, H t) of f and of L = Σ cotangent · f."""
+    grad = jax.grad(lambda *args: jnp.sum(f(*args) * cotangent), argnums=tuple(range(5)))
+    return jax.jvp(lambda *args: (f(*args), grad(*args)), args, tangents)[1]
+
+  jvp_out, hvp = jax.jit(derivatives, static_argnums=0)(ours, args, tangents)
+  with jax.enable_x64(True):
+    want_jvp, want_hvp = derivatives(oracle, args, tangents)
+  for what, g, w in zip(("J t", "H t: q", "k", "v", "bias", "gate"), (jvp_out, *hvp),
+                        (want_jvp, *want_hvp)):
+    assert np.abs(np.asarray(w)).max() > 1e-2, what
+    np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=what)
+
+
+def test_reverse_over_forward_is_refused_with_the_order_that_works():
+  q = normal(0, (BATCH, 16, HEADS, HEAD_DIM))
+  f = lambda q: jnp.sum(flex.flex_attention(q, q, q) ** 2)
+  with pytest.raises(ValueError, match=r"jax.grad of jax.jvp.*jax.jvp of jax.grad"):
+    jax.grad(lambda q: jax.jvp(f, (q,), (q,))[1])(q)
+
 def test_block_mask_states_follow_their_definition():
   """A tile is FULL when mask_mod holds on all its real entries, EMPTY on none, else PARTIAL;
   its lists hold exactly the non-empty blocks, ascending, and take O(blocks) memory."""
@@ -279,6 +327,24 @@ def test_compiled_memory_is_linear_in_length():
   at_2k, at_8k = temp_bytes(2048), temp_bytes(8192)
   assert at_8k <= 4.5 * at_2k, f"{at_8k / 2**20:.1f} MiB at 8K vs {at_2k / 2**20:.1f} MiB at 2K"
 
+
+
+@pytest.mark.slow
+def test_forward_mode_compiled_memory_is_linear_in_length():
+  """jax.jvp through a 128-token sliding window (the plain forward's loops, differentiated by
+  JAX): 8K at most 4.5x 2K in temp bytes, as the custom VJP's backward."""
+  def temp_bytes(n):
+    block_mask = flex.create_block_mask(lambda b, h, q, kv: jnp.abs(q - kv) <= 128, None, None,
+                                        n, n)
+    attend = lambda q, k, v: flex.flex_attention(q, k, v, block_mask=block_mask)
+    q = jax.ShapeDtypeStruct((1, n, 2, 32), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, n, 1, 32), jnp.float32)
+    pushforward = jax.jit(lambda args, tangents: jax.jvp(attend, args, tangents))
+    compiled = pushforward.lower((q, kv, kv), (q, kv, kv)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  at_2k, at_8k = temp_bytes(2048), temp_bytes(8192)
+  assert at_8k <= 4.5 * at_2k, f"{at_8k / 2**20:.1f} MiB at 8K vs {at_2k / 2**20:.1f} MiB at 2K"
 
 def python_block(page: str, marker: str) -> str:
   text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")

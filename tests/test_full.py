@@ -129,6 +129,20 @@ def test_auto_takes_cudnn_only_where_it_computes_the_call_as_given(dtype, head_d
   assert not full.auto_picks_cudnn(q, k, causal=causal, dropout=dropout, backend="cpu")
 
 
+def test_auto_routes_forward_mode_to_xla_and_cudnn_refuses_it(monkeypatch):
+  """JAX's cuDNN attention is a custom VJP, which JAX refuses in forward mode: under jax.jvp
+  impl='auto' takes the xla path even for bf16 on a GPU, and impl='cudnn' says why it cannot."""
+  attn = az.create("full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0))
+  routed = []
+  monkeypatch.setattr(full.FullAttention, "_cudnn", lambda self, q, *args: routed.append(q) or q)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 8), jnp.bfloat16)
+  _, tangent = jax.jvp(lambda q: attn(q, q, q), (q,), (q,))
+  assert not routed and bool(jnp.any(tangent != 0))
+  reason = full.cudnn_refusal(q, q, causal=False, dropout=False, forward_mode=True)
+  assert "forward mode" in reason and "impl='xla'" in reason
+
+
 def test_auto_routes_a_gpu_call_by_its_dtype(monkeypatch):
   attn = az.create("full", num_heads=2, head_dim=8, rngs=nnx.Rngs(0))
   routed = []

@@ -263,6 +263,25 @@ def test_remat_model_differentiates_under_plain_jax_transforms(attention):
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+
+def test_remat_model_differentiates_in_forward_mode():
+  """jax.jvp and a Hessian-vector product (jax.jvp of jax.grad) in the parameters: the remat
+  wrapper is a custom VJP, which JAX refuses to differentiate forward, so forward mode runs the
+  plain block (it saves nothing to recompute); both equal the model without remat."""
+  tokens = _tokens((2, 12), seed=4)
+  derivatives = {}
+  for remat in ("none", "block"):
+    config = dataclasses.replace(TINY, remat=remat)
+    graphdef, params, rest = nnx.split(Classifier(config, rngs=nnx.Rngs(5)), nnx.Param, ...)
+    loss = lambda params: jnp.sum(nnx.merge(graphdef, params, rest)(tokens) ** 2)
+    tangent = jax.tree.map(lambda p: jnp.full_like(p, 0.01), params)
+    derivatives[remat] = jax.tree.leaves(jax.jit(lambda params, tangent: jax.jvp(
+        lambda params: (loss(params), jax.grad(loss)(params)), (params,), (tangent,))[1])(
+            params, tangent))
+  for got, want in zip(derivatives["block"], derivatives["none"], strict=True):
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_remat_model_still_decodes_with_its_cache():
   model = DecoderLM(dataclasses.replace(TINY, remat="block"), rngs=nnx.Rngs(3))
   prompt = _tokens((2, 4), seed=2)

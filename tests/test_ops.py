@@ -3,6 +3,8 @@ written independently of the ops, and the quadratic form of scalar-gated linear 
 both forms of every op, chunk sizes, carried states, masks, gradients of every input, the
 reduction identities, the delta rule's exact overwrite, bf16 inputs, extreme gates and compiled
 memory."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,6 +201,36 @@ def test_gradients_equal_float64_autodiff_of_the_recurrence(name, form, gate):
     assert_close(grads[key], expected[key], 1e-4, f"d{key}")
 
 
+@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
+def test_forward_mode_and_hessian_vector_products_equal_float64_autodiff_of_the_recurrence(name):
+  """jax.jvp of the chunk form (its triangular inverse has a custom JVP, where a custom VJP would
+  refuse forward mode) and forward over reverse, jax.jvp of jax.grad: the Hessian-vector product
+  of Σ o·do + Σ S_T·dS, along a tangent of every input."""
+  mask = jnp.asarray(masks()["holes_empty"][0][None].repeat(B, 0))
+  x = make_inputs(name)
+  rng = np.random.default_rng(3)
+  tangent = {key: jnp.asarray(rng.normal(size=value.shape), jnp.float32)
+             for key, value in x.items()}
+  do = jnp.asarray(rng.normal(size=(B, T, H, V)), jnp.float32)
+  dS = jnp.asarray(rng.normal(size=(B, H, K, V)), jnp.float32)
+
+  def derivatives(fn, x, tangent, do, dS):
+    """(d(o, S_T), d grads) along tangent."""
+    both = lambda x: (fn(x), loss_grads(fn, x, do, dS))
+    return jax.jvp(both, (x,), (tangent,))[1]
+
+  chunk = lambda x: call(name, "chunk", x, mask=mask)
+  (do_t, dstate_t), hvp = jax.jit(functools.partial(derivatives, chunk))(x, tangent, do, dS)
+  with jax.enable_x64(True):
+    f64 = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
+    expected = derivatives(lambda x: reference_of(x, mask), *f64((x, tangent, do, dS)))
+    (do_ref, dstate_ref), hvp_ref = jax.tree.map(np.asarray, expected)
+  assert_close(do_t, do_ref, 1e-4, "jvp of o")
+  assert_close(dstate_t, dstate_ref, 1e-4, "jvp of the final state")
+  for key in x:
+    assert_close(hvp[key], hvp_ref[key], 1e-4, f"Hessian-vector product, d{key}")
+
+
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
 def test_gated_delta_rule_with_zero_gate_is_the_delta_rule(form):
   x = make_inputs("gated_delta_rule")
@@ -294,7 +326,8 @@ def test_bfloat16_inputs_are_close_to_float32(name):
 @pytest.mark.parametrize("size", [12, 64])
 def test_blocked_triangular_inverse_and_its_gradient(size):
   """(I + A)^{-1} by blocks (12: one block by substitution; 64: four, merged pairwise) against
-  numpy's inverse in float64; its closed-form backward against autodiff of jnp.linalg.inv."""
+  numpy's inverse in float64; its closed-form derivative, forward and backward, against autodiff
+  of jnp.linalg.inv."""
   from attention_zoo.ops.engine import unit_lower_inverse
   rng = np.random.default_rng(4)
   A = np.tril(rng.normal(size=(3, size, size)) * 0.3, -1)
@@ -305,6 +338,10 @@ def test_blocked_triangular_inverse_and_its_gradient(size):
     grad = jax.jit(jax.grad(lambda A: jnp.sum(unit_lower_inverse(A) * dX)))(jnp.asarray(A))
     dense = jax.grad(lambda A: jnp.sum(jnp.linalg.inv(jnp.eye(size) + A) * dX))(jnp.asarray(A))
     np.testing.assert_allclose(grad, np.tril(dense, -1), rtol=1e-10, atol=1e-12)
+    dA = np.tril(dX, -1)   # forward mode (the rule both directions come from): a lower tangent
+    _, tangent = jax.jit(lambda A, dA: jax.jvp(unit_lower_inverse, (A,), (dA,)))(A, dA)
+    _, dense = jax.jvp(lambda A: jnp.linalg.inv(jnp.eye(size) + A), (A,), (dA,))
+    np.testing.assert_allclose(tangent, dense, rtol=1e-10, atol=1e-12)
 
 
 def test_bad_inputs_are_refused_with_what_is_expected():

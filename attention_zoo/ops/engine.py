@@ -118,7 +118,7 @@ def _decayed_products(a, b, G, strict: bool):
   return _decayed_products_vector(a, b, G, strict)
 
 
-@jax.custom_vjp
+@jax.custom_jvp
 def unit_lower_inverse(A):
   """(I + A)^{-1} for strictly lower-triangular A [..., C, C]. Blocked, as flash-linear-
   attention's solve_tril: blocks of b <= 16 rows inverted by forward substitution, then merged
@@ -147,18 +147,15 @@ def unit_lower_inverse(A):
   return X[..., 0, :, :]
 
 
-def _unit_lower_inverse_fwd(A):
+@unit_lower_inverse.defjvp
+def _unit_lower_inverse_jvp(primals, tangents):
+  """d(I + A)^{-1} = -X dA X, dA kept strictly lower as A is. Linear in dA, so reverse mode
+  transposes it (dA = -Xᵀ dX Xᵀ, strictly lower) and keeps only X, and forward mode (jax.jvp,
+  Hessian-vector products) works too, which a custom_vjp would refuse."""
+  (A,), (dA,) = primals, tangents
   X = unit_lower_inverse(A)
-  return X, X
-
-
-def _unit_lower_inverse_bwd(X, dX):
-  """d(I + A)^{-1} = -X dA X, so dA = -Xᵀ dX Xᵀ, kept strictly lower as A is."""
-  dA = -_einsum("...ji,...jk,...lk->...il", X, dX, X)
-  return (jnp.where(jnp.tril(jnp.ones(dA.shape[-2:], bool), -1), dA, 0.0),)
-
-
-unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
+  dA = jnp.where(jnp.tril(jnp.ones(dA.shape[-2:], bool), -1), dA, 0.0)
+  return X, -_einsum("...ij,...jk,...kl->...il", X, dA, X)
 
 
 def chunk_recurrence(q, k, v, g, beta, initial_state, chunk_size: int):

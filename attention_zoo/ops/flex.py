@@ -25,9 +25,13 @@ while tracing, so a jitted call does not recompute it.
 lists: `lax.map` over query blocks, a loop over each block's listed key blocks; the
 backward (custom VJP) recomputes every tile from the saved log-sum-exp, key block by key block
 over the query blocks that visit it (FlashAttention-2's order), so memory is linear in length
-both ways. Arrays that score_mod (or a `tile_score`) closes over get gradients; those of
-mask_mod do not. A query that sees no key returns 0 (and passes no gradient). Lengths that are
-not multiples of the blocks are padded, and the padding masked.
+both ways. Under forward-mode differentiation (jax.jvp, jacfwd: autodiff.py), which JAX refuses
+through a custom VJP, the forward runs as plain JAX and JAX differentiates its loops, still in
+linear memory; forward over reverse (jax.jvp of jax.grad, jax.hessian) keeps the custom VJP,
+whose backward is plain JAX; reverse over forward (jax.grad of jax.jvp) is refused (the plain
+loops run a data-dependent number of steps). Arrays that score_mod (or a `tile_score`) closes
+over get gradients; those of mask_mod do not. A query that sees no key returns 0 (and passes no
+gradient). Lengths that are not multiples of the blocks are padded, and the padding masked.
 
 For the variants: `causal_mask`, `softcap` and `alibi` build the zoo's causal rule, soft-capping
 and ALiBi, `score_function` composes the last two (cap first, then the bias), `with_segments`
@@ -58,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_zoo.ops import softmax, tiles
+from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.ops.blocks import ceil_div, pad_to_multiple
 
 EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is under a mask
@@ -548,8 +553,19 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   mask_fn, mask_consts = convert(block_mask.mask_mod, *index)
   plan = _Plan(tile_fn, mod_fn, mask_fn, scale, bq, bk, group, float(dropout_rate))
   rng = dropout_rng if dropout_rate > 0 else None
-  out = _attend(plan, q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts,
-                tile_consts, mod_consts)                                 # [nq, b, kvh, rows, dv]
+  args = (q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts, tile_consts,
+          mod_consts)
+  modes = autodiff_modes()
+  if modes[:1] == ("forward",):   # the forward as plain JAX, which JAX differentiates forward
+    if "reverse" in modes:
+      raise ValueError(
+          "flex_attention: reverse mode over forward mode (jax.grad of jax.jvp) is not "
+          "supported: the plain forward's key-block loops run a data-dependent number of steps, "
+          "which JAX cannot reverse. Differentiate forward over reverse instead (jax.jvp of "
+          "jax.grad, as jax.hessian does)")
+    out = _forward(plan, *args)[0]
+  else:
+    out = _attend(plan, *args)                                    # [nq, b, kvh, rows, dv]
   out = out.reshape(-1, batch, kv_heads, group, bq, out.shape[-1])
   out = jnp.moveaxis(out, 0, 3).reshape(batch, kv_heads, group, -1, out.shape[-1])[:, :, :, :q_len]
   return jnp.moveaxis(out, 3, 1).reshape(batch, q_len, num_heads, -1)

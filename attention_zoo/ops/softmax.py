@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attention_zoo.ops.autodiff import autodiff_modes
+
 def causal_allowed(q_positions, k_positions, q_len: int, kv_len: int):
   """Bottom-right causal rule: query i sees key j iff j <= i + (kv_len - q_len).
 
@@ -82,7 +84,8 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
   ℓ = rowsum(P) and dS = (P ∘ keep / (1 - rate)) ∘ (dO/ℓ · Vᵀ) - P ∘ rowsum(dO/ℓ ∘ out).
   It saves only P besides the inputs, and each product is laid out so that no [q, k] array is
   ever transposed. The query heads sharing a K/V head are stacked as rows ([b, kvh, g·q, d]),
-  so every product is one matmul per kv head.
+  so every product is one matmul per kv head. Under forward-mode differentiation (jax.jvp,
+  jacfwd; see autodiff.py) the forward runs as plain JAX, which JAX differentiates itself.
   """
   b, q_len, num_heads, head_dim = q.shape
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
@@ -104,7 +107,11 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
     q_ids, kv_ids = segment_ids
     kv_mask = (kv_mask[:, None, None, :]
                & (jnp.tile(q_ids, (1, group))[:, None, :, None] == kv_ids[:, None, None, :]))
-  out = _dense_attention(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)
+  if autodiff_modes()[:1] == ("forward",):   # the same forward, plain: JAX differentiates it
+    slopes = None if slopes is None else jax.lax.stop_gradient(slopes)
+    out = _dense_forward(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)[0]
+  else:
+    out = _dense_attention(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)
   out = jnp.moveaxis(out.reshape(b, num_kv_heads, group, q_len, head_dim), 3, 1)
   out = out.reshape(b, q_len, num_heads, head_dim)
   if q_mask is not None:
@@ -142,7 +149,9 @@ def _dense_probs(geo, q_rows, k, kv_mask, slopes):
     q_pos = jnp.arange(q_rows.shape[2])[:, None] % geo.q_len               # [g·q, 1]
     allowed = allowed & causal_allowed(q_pos, k_pos, geo.q_len, geo.kv_len)  # [b, 1, g·q, kv]
   scores = jnp.where(allowed, scores, MASK_VALUE)
-  row_max = jnp.max(scores, axis=-1, keepdims=True)                         # [b, kvh, g·q, 1]
+  # A constant to the derivatives (the result does not depend on it): a differentiated max would
+  # divide by its count of ties, 0/0 when XLA rounds the max and the scores apart (forward mode).
+  row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))  # [b, kvh, g·q, 1]
   # A row that sees no key has row_max = MASK_VALUE; subtracting 0 there makes its P all 0.
   probs = jnp.exp(scores - jnp.where(row_max == MASK_VALUE, 0.0, row_max))
   total = jnp.sum(probs, axis=-1, keepdims=True)

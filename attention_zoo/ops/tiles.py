@@ -77,7 +77,9 @@ def softmax_update(state, scores, v, kept=None):
   v [..., bk, d]; kept: None, or attention dropout's keep / (1 - rate) [..., rows, bk], which
   scales the weights that reach V (not the normaliser)."""
   acc, m, row_sum = state
-  m_new = jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True))           # [..., rows, 1]
+  # m is a constant to derivatives (out and lse do not depend on it): a differentiated max would
+  # divide by its count of ties, 0/0 when XLA rounds the max and the scores apart (forward mode).
+  m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(scores, axis=-1, keepdims=True)))
   m_used = jnp.where(m_new == MASK_VALUE, 0.0, m_new)                      # no key seen yet: P = 0
   p = jnp.exp2(scores - m_used)                                            # [..., rows, bk]
   rescale = jnp.exp2(m - m_used)                                           # [..., rows, 1]

@@ -15,17 +15,19 @@ head_dim 8). Each class says how to build it there in its class attributes: `TES
 values only). `settings(name)` reads them.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
-dropout, exact (spec.exact: output and gradients of a freshly built module equal
-`reference.dense_attention` over the variant's `pattern()`), decode (spec.can_decode:
-one-token steps equal the causal forward).
+dropout, forward_mode (jax.jvp agrees with the VJP and Hessian-vector products are symmetric, or
+the variant refuses forward mode with a ValueError: n/a), exact (spec.exact: output and
+gradients of a freshly built module equal `reference.dense_attention` over the variant's
+`pattern()`), decode (spec.can_decode: one-token steps equal the causal forward).
 
 Sequence mixers (`register_mixer`) are built as layers on x [2, 20, 32] (4 heads, 2 kv heads,
 head_dim 8) and checked for MIXER_CHECKS: shapes, options, jit, grad (every parameter gets a
 finite, non-zero gradient), bf16 (compute dtype), padding (changing padded tokens, appending
 padding or prepending it changes no real output, causal and bidirectional), causal (no output
 before a changed token moves by more than 1e-6, also for bidirectional=False in an encoder),
-masked_rows, determinism, decode (a prefill of several tokens then one-token steps, with holes
-in the mask, equal the parallel forward: recurrent state and convolution cache), bidirectional
+masked_rows, determinism, forward_mode (as for attention, differentiated in x), decode (a
+prefill of several tokens then one-token steps, with holes in the mask, equal the parallel
+forward: recurrent state and convolution cache), bidirectional
 (the encoder form is the mean of the forward pass and flip(f(flip(x), flip(mask))), and
 causal=True ignores the option).
 """
@@ -386,6 +388,56 @@ def check_dropout(name):
   return err
 
 
+def _forward_mode(module, call, args, seed):
+  """Forward-mode autodiff of `call(module, *args)` (an array), differentiated in args: jax.jvp
+  agrees with the VJP (the dot-product test ⟨u, J t⟩ = ⟨Jᵀ u, t⟩), and Hessian-vector products of
+  L = ⟨u, out⟩ (jax.jvp of jax.grad) are non-zero and symmetric, ⟨s, H t⟩ = ⟨t, H s⟩ (a
+  derivative missing a term breaks both). The directions are independent where a custom VJP gives
+  the backward (the dense and block-sparse paths); a custom JVP rule gives both (the chunk ops'
+  triangular inverse: tests/test_ops.py holds its float64 oracle). A ValueError from jax.jvp is a
+  refusal: n/a."""
+  graphdef, state = nnx.split(module)
+  f = lambda *args: call(nnx.merge(graphdef, state), *args)
+  keys = jax.random.split(jax.random.key(seed), 2 * len(args) + 1)
+  normal = lambda key, like: jax.random.normal(key, like.shape, like.dtype)
+  t = tuple(normal(key, x) for key, x in zip(keys, args))
+  s = tuple(normal(key, x) for key, x in zip(keys[len(args):], args))
+  u = normal(keys[-1], jax.eval_shape(f, *args))
+  grad = jax.grad(lambda *args: jnp.sum(f(*args) * u), argnums=tuple(range(len(args))))
+
+  @jax.jit   # one program for both directions: (∇L, J·tangents, H·tangents)
+  def pushforward(tangents):
+    (_, gradients), (jvp_out, hvp_out) = jax.jvp(lambda *args: (f(*args), grad(*args)), args,
+                                                 tangents)
+    return gradients, jvp_out, hvp_out
+
+  try:
+    gradients, jvp_t, h_t = pushforward(t)
+  except ValueError as e:
+    return f"refuses forward mode: {str(e).splitlines()[0]}"
+  _, _, h_s = pushforward(s)
+  dot = lambda xs, ys: float(sum(jnp.vdot(x, y) for x, y in zip(xs, ys)))
+  norm = lambda xs: float(jnp.sqrt(dot(xs, xs)))
+  err = abs(float(jnp.vdot(u, jvp_t)) - dot(gradients, t)) / (norm([u]) * norm([jvp_t]))
+  expect(err <= 1e-5, f"jax.jvp disagrees with the VJP: relative error {err:.2e} in "
+                      f"<u, J t> = <J^T u, t>", err)
+  expect(all_finite((jvp_t, h_t, h_s)), "forward-mode derivatives contain NaN or Inf")
+  expect(norm(h_t) > 0, "the Hessian-vector product is zero")
+  asymmetry = abs(dot(s, h_t) - dot(t, h_s)) / (norm(s) * norm(h_t) + norm(t) * norm(h_s))
+  expect(asymmetry <= 1e-5, f"Hessian-vector products are not symmetric: <s, H t> - <t, H s> is "
+                            f"{asymmetry:.2e} of their scale", asymmetry)
+  return max(err, asymmetry)
+
+
+@_check
+def check_forward_mode(name):
+  causal = registry.spec(name).supports_causal
+  q, k, v = inputs(15)
+  mask = padding_mask(LEN)
+  return _forward_mode(build(name, causal=causal),
+                       lambda m, q, k, v: m(q, k, v, q_mask=mask, kv_mask=mask), (q, k, v), 15)
+
+
 def _exact_cases(spec):
   cases = [dict(causal=False, q_len=LEN, kv_len=LEN)]
   if spec.supports_causal:
@@ -621,6 +673,13 @@ def check_mixer_determinism(name):
             max_err(first, apply_mixer(a, x, deterministic=False)))
   expect(err == 0.0, "same seed and inputs gave different outputs", err)
   return 0.0
+
+
+@_mixer_check
+def check_mixer_forward_mode(name):
+  mask = padding_mask(LEN)
+  return _forward_mode(build_mixer(name, causal=True), lambda m, x: m(x, mask=mask),
+                       (mixer_input(15),), 15)
 
 
 @_mixer_check

@@ -29,7 +29,9 @@ are added inside the tiles (the Pallas kernels give them no gradient); `softcap`
 tiles, forward and backward; segment ids (packed sequences) are compared in every visited tile
 by the Pallas kernels (read block by block like the padding mask) and skip the tiles between
 documents on the chunked path. The Pallas modules (and
-jax.experimental.pallas) are imported only when a module that uses them is built.
+jax.experimental.pallas) are imported only when a module that uses them is built. Forward-mode
+autodiff (jax.jvp, jax.jacfwd, jax.hessian) works with "chunked" (flex's forward, plain JAX);
+"pallas" refuses it with a ValueError (Pallas kernels have no forward-mode rule).
 """
 from __future__ import annotations
 
@@ -38,7 +40,9 @@ import jax
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
 from attention_zoo.ops.flash import kernel_module
+from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.options import Choice, Int
+from attention_zoo.registry import available, get
 
 IMPLS = ("auto", "pallas", "chunked")
 BLOCK_OPTIONS = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
@@ -85,12 +89,25 @@ class FlashAttention(Attention):
       if self.options[name] is not None and not allowed(self.options[name]):
         raise self.option_error(name, f"{expected}, or None, for impl='pallas'")
 
+  def forward_mode_error(self) -> ValueError:
+    """Forward-mode autodiff (JAX would fail inside the Pallas kernels, which have no JVP rule)."""
+    built_in = [name for name in available("attention")
+                if name != "flash" and get(name).__module__.startswith("attention_zoo.")]
+    return ValueError(
+        "flash with impl='pallas' cannot be differentiated in forward mode (jax.jvp, jax.jacfwd, "
+        "or forward over reverse: jax.hessian, Hessian-vector products): its Pallas kernels "
+        "have no forward-mode rule. impl='chunked' computes the same attention in plain JAX and "
+        f"supports it, as do the other built-in attention variants ({', '.join(built_in)}) "
+        "and every built-in mixer")
+
   def pattern(self, q_len: int, kv_len: int):
     return softmax.causal_pattern(q_len, kv_len, self.causal)
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
     del q_mask, deterministic   # the base zeroes masked query rows; no dropout
+    if self.impl == "pallas" and "forward" in autodiff_modes():
+      raise self.forward_mode_error()
     blocks = {name: self.options[name] for name in BLOCK_OPTIONS}
     return kernel_module(self.kernels).flash_attention(
         q, k, v, kv_mask, alibi_slopes, causal=self.causal, scale=self.scale,

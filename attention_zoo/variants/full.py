@@ -8,10 +8,12 @@ copy for GQA/MQA) and a hand-written backward that saves only the weights;
 `impl="cudnn"` calls `jax.nn.dot_product_attention(implementation="cudnn")` and runs only on
 an NVIDIA GPU (f32 inputs are rounded to bf16 for it); `impl="auto"` (the default) takes cuDNN
 for a call it computes without rounding: on a GPU, bf16/f16 inputs, head_dim <= 128 and a
-multiple of 8, no attention dropout, no causal cross-attention, no `softcap`; every other call
-takes "xla", so f32 stays exact everywhere. jax.nn.dot_product_attention has no soft-capping, so
-impl="cudnn" refuses softcap (auto takes "xla" for it); segment ids (packed sequences) are a
-dense [b, 1, q, kv] mask for cuDNN and part of the mask on the xla path.
+multiple of 8, no attention dropout, no causal cross-attention, no `softcap`, no forward-mode
+autodiff (JAX's cuDNN attention is a custom VJP, which JAX cannot differentiate forward; the xla
+path can: ops/autodiff.py); every other call takes "xla", so f32 stays exact everywhere.
+jax.nn.dot_product_attention has no soft-capping, so impl="cudnn" refuses softcap (auto takes
+"xla" for it); segment ids (packed sequences) are a dense [b, 1, q, kv] mask for cuDNN and part
+of the mask on the xla path.
 """
 from __future__ import annotations
 
@@ -20,14 +22,19 @@ import jax.numpy as jnp
 
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
+from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.options import Choice
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128
 
 
-def cudnn_refusal(q, k, *, causal: bool, dropout: bool, softcap=None) -> str | None:
+def cudnn_refusal(q, k, *, causal: bool, dropout: bool, softcap=None,
+                  forward_mode: bool = False) -> str | None:
   """Why the cuDNN path cannot compute this call, or None when it can."""
+  if forward_mode:
+    return ("JAX's cuDNN attention is a custom VJP, which JAX cannot differentiate in forward "
+            "mode (jax.jvp, jax.jacfwd, jax.hessian); use impl='xla' or 'auto'")
   if softcap is not None:
     return "jax.nn.dot_product_attention has no soft-capping; use impl='xla' with softcap"
   if dropout:
@@ -38,12 +45,14 @@ def cudnn_refusal(q, k, *, causal: bool, dropout: bool, softcap=None) -> str | N
   return None
 
 
-def auto_picks_cudnn(q, k, *, causal: bool, dropout: bool, backend: str, softcap=None) -> bool:
+def auto_picks_cudnn(q, k, *, causal: bool, dropout: bool, backend: str, softcap=None,
+                     forward_mode: bool = False) -> bool:
   """impl='auto': cuDNN only where it is exact to the inputs' precision and supported."""
   head_dim = q.shape[-1]
   return (backend == "gpu" and q.dtype in CUDNN_DTYPES
           and head_dim <= CUDNN_MAX_HEAD_DIM and head_dim % 8 == 0
-          and cudnn_refusal(q, k, causal=causal, dropout=dropout, softcap=softcap) is None)
+          and cudnn_refusal(q, k, causal=causal, dropout=dropout, softcap=softcap,
+                            forward_mode=forward_mode) is None)
 
 
 @register("full", exact=True, supports_causal=True, supports_cross=True, complexity="O(n²)",
@@ -65,7 +74,8 @@ class FullAttention(Attention):
              segment_ids=None):
     dropout_rng = self.dropout_rng(deterministic)
     impl = self.options["impl"]
-    cases = dict(causal=self.causal, dropout=dropout_rng is not None, softcap=self.softcap)
+    cases = dict(causal=self.causal, dropout=dropout_rng is not None, softcap=self.softcap,
+                 forward_mode="forward" in autodiff_modes())
     if impl == "auto":
       impl = ("cudnn" if auto_picks_cudnn(q, k, backend=jax.default_backend(), **cases)
               else "xla")
