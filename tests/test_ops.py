@@ -10,13 +10,16 @@ import pytest
 
 from attention_zoo import ops
 from tests import ops_reference
+from tests.ops_reference import assert_close, loss_grads
 
 B, T, H, K, V = 2, 37, 2, 8, 6
 CHUNK = 16            # the tests' chunk size: T = 37 spans a partial third chunk
-# The four ops: their gate (None, scalar [B, T, H] or per channel [B, T, H, K]) and whether
-# they take beta (the delta rule).
+# The ops of the engine's first recurrence: their gate (None, scalar [B, T, H] or per channel
+# [B, T, H, K]) and whether they take beta (the delta rule). DPLR and the delta product:
+# tests/test_ops_dplr_product.py; packed sequences: tests/test_ops_segments.py.
 OPS = {"simple_gla": ("scalar", False), "gla": ("channel", False),
-       "delta_rule": (None, True), "gated_delta_rule": ("scalar", True)}
+       "delta_rule": (None, True), "gated_delta_rule": ("scalar", True),
+       "kda": ("channel", True)}
 JITTED = {name: jax.jit(getattr(ops, name),
                         static_argnames=("chunk_size",) if name.startswith("chunk") else ())
           for name in ops.__all__}
@@ -59,14 +62,6 @@ def reference_of(x, mask):
 def reference(x, mask=None):
   with jax.enable_x64(True):
     return jax.tree.map(np.asarray, reference_of(x, mask))
-
-
-def assert_close(actual, expected, rtol, what=""):
-  """Relative error in the max norm: max |actual - expected| <= rtol * max |expected|."""
-  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-  assert np.all(np.isfinite(actual)), f"{what}: non-finite values"
-  error = np.max(np.abs(actual - expected)) / max(np.max(np.abs(expected)), 1e-30)
-  assert error <= rtol, f"{what}: relative error {error:.3g} > {rtol:g}"
 
 
 # chunk 32: two sub-chunks of GLA's per-channel products; 64 > T
@@ -166,14 +161,6 @@ def test_batch_rows_are_independent(name):
     np.testing.assert_array_equal(state[0], state_mixed[0])
 
 
-def loss_grads(fn, x, do, dS):
-  """Gradients of Σ o·do + Σ S_T·dS with respect to every input of x."""
-  def loss(x):
-    o, state = fn(x)
-    return jnp.sum(o * do) + jnp.sum(state * dS)
-  return jax.grad(loss)(x)
-
-
 GRADIENT_CASES = [(name, form, None) for name in OPS for form in ("chunk", "recurrent")] + [
     (name, "chunk", gate) for name in OPS if OPS[name][0] for gate in (-20.0, -1e-7)]
 
@@ -206,6 +193,14 @@ def test_gated_delta_rule_with_zero_gate_is_the_delta_rule(form):
   plain = {key: value for key, value in zero.items() if key != "g"}
   for got, want in zip(call("gated_delta_rule", form, zero), call("delta_rule", form, plain)):
     assert_close(got, want, 1e-6)
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_kda_with_a_channel_constant_gate_is_the_gated_delta_rule(form):
+  x = make_inputs("gated_delta_rule")
+  channel = {**x, "g": jnp.repeat(x["g"][..., None], K, axis=-1)}
+  for got, want in zip(call("kda", form, channel), call("gated_delta_rule", form, x)):
+    assert_close(got, want, 1e-5)
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
@@ -267,17 +262,19 @@ def test_delta_rule_overwrites_and_additive_rule_adds(form, kw):
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
-@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule", "kda"])
 def test_beta_zero_leaves_the_state_unchanged(name, form):
-  """o_t = exp(G_t) S0ᵀ (s q_t), S_T = exp(G_T) S0 with G the cumulative gate."""
+  """o_t = (s q_t ⊙ exp(G_t))ᵀ S0, S_T = Diag(exp G_T) S0 with G the cumulative gate (per
+  channel for KDA)."""
   x = make_inputs(name)
   x["beta"] = jnp.zeros_like(x["beta"])
   o, state = call(name, form, x)
-  G = np.cumsum(np.asarray(x["g"], np.float64), axis=1) if "g" in x else np.zeros((B, T, H))
+  g = np.asarray(x["g"], np.float64) if "g" in x else np.zeros((B, T, H))
+  G = np.cumsum(np.broadcast_to(g if g.ndim == 4 else g[..., None], (B, T, H, K)), axis=1)
   S0 = np.asarray(x["initial_state"], np.float64)
-  expected = np.einsum("bthk,bhkv->bthv", np.asarray(x["q"]) * K ** -0.5, S0)
-  assert_close(o, np.exp(G)[..., None] * expected, 1e-5, "o")
-  assert_close(state, np.exp(G[:, -1])[..., None, None] * S0, 1e-5, "final state")
+  expected = np.einsum("bthk,bhkv->bthv", np.asarray(x["q"]) * K ** -0.5 * np.exp(G), S0)
+  assert_close(o, expected, 1e-5, "o")
+  assert_close(state, np.exp(G[:, -1])[..., None] * S0, 1e-5, "final state")
 
 
 @pytest.mark.parametrize("name", OPS)
