@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attention_zoo import ops
-from tests import test_ops, test_ops_dplr_product
+from tests import test_ops
 from tests.ops_reference import assert_close
 
 B, T, H, K, V = 2, 37, 2, 8, 6
@@ -32,18 +32,7 @@ def padding_mask():
   return mask
 
 
-def recurrent_op(name):
-  """(make_inputs, call(x, **kw) -> (o, S)) of a recurrent op, chunk or token form."""
-  form, rule = name.split("_", 1)
-  if rule in test_ops.OPS:
-    module, make = test_ops, lambda: test_ops.make_inputs(rule)
-  else:
-    module, make = test_ops_dplr_product, lambda: test_ops_dplr_product.make_inputs(rule)
-  return make, lambda x, **kw: module.call(rule, form, x, **kw)
-
-
-RECURRENT = [f"{form}_{rule}" for rule in [*test_ops.OPS, *test_ops_dplr_product.ARGS]
-             for form in ("chunk", "recurrent")]
+RECURRENT = [f"{form}_{rule}" for rule in test_ops.OPS for form in ("chunk", "recurrent")]
 
 
 def split_apart(call, x, mask):
@@ -99,8 +88,9 @@ def assert_packed_equals_apart(call, x):
 
 @pytest.mark.parametrize("name", RECURRENT)
 def test_packed_segments_equal_the_segments_run_apart(name):
-  make, call = recurrent_op(name)
-  assert_packed_equals_apart(call, make())
+  form, rule = name.split("_", 1)
+  assert_packed_equals_apart(lambda x, **kw: test_ops.call(rule, form, x, **kw),
+                             test_ops.make_inputs(rule))
 
 
 def test_forgetting_attention_packed_segments_equal_the_segments_run_apart():
