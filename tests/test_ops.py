@@ -1,8 +1,9 @@
-"""attention_zoo.ops against float64 oracles (tests/ops_reference.py: a token-by-token scan
-written independently of the ops, and the quadratic form of scalar-gated linear attention):
-both forms of every op, chunk sizes, carried states, masks, gradients of every input, the
-reduction identities, the delta rule's exact overwrite, bf16 inputs, extreme gates and compiled
-memory."""
+"""attention_zoo.ops against float64 oracles (tests/ops_reference.py: token-by-token scans
+written independently of the ops from each recurrence's equations, and the quadratic form of
+scalar-gated linear attention): both forms of every recurrent op, chunk sizes, carried states,
+masks, gradients of every input, the reduction identities (among them DPLR to the delta rule,
+the gated delta rule and KDA), the delta rule's exact overwrite, beta in (0, 2), bf16 inputs,
+extreme gates and compiled memory. Packed sequences: tests/test_ops_segments.py."""
 import functools
 
 import jax
@@ -12,63 +13,76 @@ import pytest
 
 from attention_zoo import ops
 from tests import ops_reference
+from tests.ops_reference import assert_close, loss_grads
 
 B, T, H, K, V = 2, 37, 2, 8, 6
 CHUNK = 16            # the tests' chunk size: T = 37 spans a partial third chunk
-# The four ops: their gate (None, scalar [B, T, H] or per channel [B, T, H, K]) and whether
-# they take beta (the delta rule).
-OPS = {"simple_gla": ("scalar", False), "gla": ("channel", False),
-       "delta_rule": (None, True), "gated_delta_rule": ("scalar", True)}
+STEPS = 3             # the delta product's steps per token: chunks of 16 steps cut tokens apart
+# The recurrent ops: their gate (None, scalar [B, T, H] or per channel [B, T, H, K]) and their
+# inputs after q, k, v.
+OPS = {"simple_gla": ("scalar", ("g",)), "gla": ("channel", ("g",)),
+       "delta_rule": (None, ("beta",)), "gated_delta_rule": ("scalar", ("g", "beta")),
+       "kda": ("channel", ("g", "beta")), "gated_delta_product": ("scalar", ("g", "beta")),
+       "dplr_delta_rule": ("channel", ("a", "b", "g"))}
+DELTA_OPS = [name for name in OPS if "beta" in OPS[name][1]]
 JITTED = {name: jax.jit(getattr(ops, name),
                         static_argnames=("chunk_size",) if name.startswith("chunk") else ())
           for name in ops.__all__}
 
 
-def make_inputs(name, *, length=T, seed=0, gate=None):
-  """Random inputs of op `name`: {q, k, v, g?, beta?, initial_state}, float32. Delta-rule keys
-  are L2-normalised (as the layers give them). `gate`: a constant log-gate instead of random."""
-  gate_kind, delta = OPS[name]
+def make_inputs(name, *, length=T, seed=0, gate=None, steps=STEPS, beta_max=1.0):
+  """Random inputs of op `name`: {q, k, v, its inputs, initial_state}, float32. Delta-rule
+  keys are L2-normalised (as the layers give them), beta = beta_max · σ(·); the delta product
+  has `steps` keys, values and betas per token ([B, T, steps, ...]); DPLR's a = -κ̂,
+  b = κ̂ ⊙ σ(·) with κ̂ a unit key (as RWKV-7 gives them). `gate`: a constant log-gate instead
+  of random log-sigmoid gates."""
+  gate_kind, inputs = OPS[name]
   rng = np.random.default_rng(seed)
   normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
-  x = {"q": normal(B, length, H, K), "k": normal(B, length, H, K), "v": normal(B, length, H, V)}
-  if delta:
-    x["k"] /= np.linalg.norm(x["k"], axis=-1, keepdims=True)
+  sigmoid = lambda z: 1 / (1 + np.exp(-z))
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  per_step = (steps,) if name == "gated_delta_product" else ()
+  x = {"q": normal(B, length, H, K), "k": normal(B, length, *per_step, H, K),
+       "v": normal(B, length, *per_step, H, V)}
+  if "beta" in inputs:
+    x["k"] = unit(x["k"])
+    x["beta"] = beta_max * sigmoid(normal(B, length, *per_step, H))
+  if name == "dplr_delta_rule":
+    key = unit(normal(B, length, H, K))
+    x["a"], x["b"] = -key, key * sigmoid(normal(B, length, H, K))
   if gate_kind:
     shape = (B, length, H) + ((K,) if gate_kind == "channel" else ())
     # log-sigmoid gates, decays from about 0.3 to 0.99 per step
     x["g"] = (np.full(shape, gate, np.float32) if gate is not None
-              else np.log(1 / (1 + np.exp(-normal(*shape) - 2))))
-  if delta:
-    x["beta"] = 1 / (1 + np.exp(-normal(B, length, H)))
+              else np.log(sigmoid(normal(*shape) + 2)))
   x["initial_state"] = normal(B, H, K, V)
   return {key: jnp.asarray(value) for key, value in x.items()}
 
 
 def call(name, form, x, **kw):
-  """ops.<form>_<name> on the inputs dict x (positional q, k, v, g, beta)."""
-  args = [x[key] for key in ("q", "k", "v", "g", "beta") if key in x]
+  """ops.<form>_<name> on the inputs dict x (positional q, k, v and the op's inputs)."""
+  args = [x[key] for key in ("q", "k", "v", *OPS[name][1])]
   kw = {"initial_state": x.get("initial_state"), **kw}
   if form == "chunk":
     kw.setdefault("chunk_size", CHUNK)
   return JITTED[f"{form}_{name}"](*args, **kw)
 
 
-def reference_of(x, mask):
-  return ops_reference.recurrence(x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
-                                  scale=K ** -0.5, initial_state=x["initial_state"], mask=mask)
+def reference_of(name, x, mask):
+  """The float64 recurrence of op `name` on x (call inside jax.enable_x64)."""
+  oracle = {"dplr_delta_rule": ops_reference.dplr_recurrence,
+            "gated_delta_product": ops_reference.delta_product_recurrence}.get(name)
+  if oracle is None:
+    return ops_reference.recurrence(x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
+                                    scale=K ** -0.5, initial_state=x["initial_state"],
+                                    mask=mask)
+  return oracle(*(x[key] for key in ("q", "k", "v", *OPS[name][1])), scale=K ** -0.5,
+                initial_state=x["initial_state"], mask=mask)
 
 
-def reference(x, mask=None):
+def reference(name, x, mask=None):
   with jax.enable_x64(True):
-    return jax.tree.map(np.asarray, reference_of(x, mask))
-
-
-def assert_close(actual, expected, rtol, what=""):
-  """Relative error in the max norm: max |actual - expected| <= rtol * max |expected|."""
-  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-  assert np.all(np.isfinite(actual)), f"{what}: non-finite values"
-  error = np.max(np.abs(actual - expected)) / max(np.max(np.abs(expected)), 1e-30)
-  assert error <= rtol, f"{what}: relative error {error:.3g} > {rtol:g}"
+    return jax.tree.map(np.asarray, reference_of(name, x, mask))
 
 
 # chunk 32: two sub-chunks of GLA's per-channel products; 64 > T
@@ -82,7 +96,7 @@ def test_forms_equal_the_float64_recurrence(name, form, kw):
   """Every chunk size (1; 8, 16 and 32, T = 37 not a multiple; 64 > T) and the token form."""
   x = make_inputs(name)
   o, state = call(name, form, x, **kw)
-  o_ref, state_ref = reference(x)
+  o_ref, state_ref = reference(name, x)
   assert o.dtype == jnp.float32 and o.shape == (B, T, H, V)
   assert state.dtype == jnp.float32 and state.shape == (B, H, K, V)
   assert_close(o, o_ref, 1e-5, "o")
@@ -97,7 +111,7 @@ def test_chunk_form_in_float64_equals_the_recurrence_to_rounding(name):
     x64 = {key: value.astype(jnp.float64) for key, value in x.items()}
     o, state = call(name, "chunk", x64)
     assert o.dtype == jnp.float64 and state.dtype == jnp.float64
-    o_ref, state_ref = reference(x64)
+    o_ref, state_ref = reference(name, x64)
   assert_close(o, o_ref, 1e-12, "o")
   assert_close(state, state_ref, 1e-12, "final state")
 
@@ -136,7 +150,7 @@ def test_masked_tokens_are_skipped(name, mask_name, form):
   x_dirty = {key: (jnp.where(mask.reshape(B, T, *[1] * (value.ndim - 2)), value, jnp.nan)
                    if key != "initial_state" else value) for key, value in x.items()}
   o, state = call(name, form, x_dirty, mask=jnp.asarray(mask))
-  o_ref, state_ref = reference(x, mask)
+  o_ref, state_ref = reference(name, x, mask)
   assert_close(o, o_ref, 1e-5, "o")
   assert_close(state, state_ref, 1e-5, "final state")
   assert np.all(np.asarray(o)[~mask] == 0)
@@ -168,23 +182,16 @@ def test_batch_rows_are_independent(name):
     np.testing.assert_array_equal(state[0], state_mixed[0])
 
 
-def loss_grads(fn, x, do, dS):
-  """Gradients of Σ o·do + Σ S_T·dS with respect to every input of x."""
-  def loss(x):
-    o, state = fn(x)
-    return jnp.sum(o * do) + jnp.sum(state * dS)
-  return jax.grad(loss)(x)
-
-
 GRADIENT_CASES = [(name, form, None) for name in OPS for form in ("chunk", "recurrent")] + [
     (name, "chunk", gate) for name in OPS if OPS[name][0] for gate in (-20.0, -1e-7)]
 
 
 @pytest.mark.parametrize("name,form,gate", GRADIENT_CASES)
 def test_gradients_equal_float64_autodiff_of_the_recurrence(name, form, gate):
-  """Every input, including g, beta and the initial state, with a masked hole; also at a
+  """Every input, including g, beta, a, b and the initial state, with masked holes; also at a
   log-gate of -20 per step and of -1e-7 (no decay to float32): the chunk form's dg comes from
-  cumulative sums whose rounding could swamp it."""
+  cumulative sums whose rounding could swamp it (the cancelling pairs of the delta product's
+  undecayed steps and of DPLR's rows decayed to the token before, at the holes, included)."""
   mask = jnp.asarray(masks()["holes_empty"][0][None].repeat(B, 0))
   x = make_inputs(name, gate=gate)
   rng = np.random.default_rng(2)
@@ -195,7 +202,7 @@ def test_gradients_equal_float64_autodiff_of_the_recurrence(name, form, gate):
                                        dS))(x)
   with jax.enable_x64(True):
     f64 = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
-    expected = loss_grads(lambda x: reference_of(x, mask), f64(x), *f64((do, dS)))
+    expected = loss_grads(lambda x: reference_of(name, x, mask), f64(x), *f64((do, dS)))
     expected = jax.tree.map(np.asarray, expected)
   for key in x:
     assert_close(grads[key], expected[key], 1e-4, f"d{key}")
@@ -241,10 +248,67 @@ def test_gated_delta_rule_with_zero_gate_is_the_delta_rule(form):
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
-def test_gla_with_a_channel_constant_gate_is_simple_gla(form):
-  x = make_inputs("simple_gla")
+def test_dplr_with_a_equal_to_minus_beta_k_is_the_delta_rule(form):
+  """a = -beta k̂, b = k̂, g = 0 give the transition I - beta k̂ k̂ᵀ of the delta rule; its write
+  beta k̂ vᵀ needs the write key beta k̂ (or the value beta v). Negative control: with the key
+  k̂ and the value v unscaled the write is k̂ vᵀ, not the delta rule's."""
+  x = make_inputs("delta_rule")
+  beta, key = x["beta"][..., None], x["k"]
+  want = call("delta_rule", form, x)
+  dplr = lambda k, v: call("dplr_delta_rule", form,
+                           {**x, "k": k, "v": v, "a": -beta * key, "b": key,
+                            "g": jnp.zeros_like(key)})
+  for got in (dplr(beta * key, x["v"]), dplr(key, beta * x["v"])):
+    assert_close(got[0], want[0], 1e-5, "o")
+    assert_close(got[1], want[1], 1e-5, "final state")
+  unscaled = dplr(key, x["v"])
+  assert np.max(np.abs(np.asarray(unscaled[0]) - np.asarray(want[0]))) > 1e-2
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("name", ["gated_delta_rule", "kda"])
+def test_dplr_with_decayed_a_is_the_gated_delta_rule_and_kda(name, form):
+  """(I - beta k kᵀ) Diag(e^g) S = Diag(e^g) S + k (-beta (e^g ⊙ k))ᵀ S: a = -beta e^g ⊙ k̂,
+  b = k̂, write key beta k̂ (a scalar gate broadcast over the channels)."""
+  x = make_inputs(name)
+  beta, key = x["beta"][..., None], x["k"]
+  g = jnp.broadcast_to(x["g"] if OPS[name][0] == "channel" else x["g"][..., None], key.shape)
+  got = call("dplr_delta_rule", form, {**x, "k": beta * key, "a": -beta * jnp.exp(g) * key,
+                                       "b": key, "g": g})
+  want = call(name, form, x)
+  assert_close(got[0], want[0], 1e-5, "o")
+  assert_close(got[1], want[1], 1e-5, "final state")
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_one_step_product_is_the_gated_delta_rule(form):
+  x = make_inputs("gated_delta_product", steps=1)
+  single = {**x, **{key: x[key][:, :, 0] for key in ("k", "v", "beta")}}
+  for got, want in zip(call("gated_delta_product", form, x),
+                       call("gated_delta_rule", form, single)):
+    assert_close(got, want, 1e-6)
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("name", DELTA_OPS)
+def test_beta_up_to_two_is_not_clipped(name, form):
+  """beta in (0, 2) (`allow_neg_eigval`: the transition's eigenvalue 1 - beta down to -1)
+  against the float64 recurrences, which do not clip either."""
+  x = make_inputs(name, beta_max=2.0)
+  assert float(jnp.max(x["beta"])) > 1.5
+  o, state = call(name, form, x)
+  o_ref, state_ref = reference(name, x)
+  assert_close(o, o_ref, 1e-5, "o")
+  assert_close(state, state_ref, 1e-5, "final state")
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("channel_op,scalar_op", [("gla", "simple_gla"),
+                                                  ("kda", "gated_delta_rule")])
+def test_a_channel_constant_gate_is_the_scalar_gate(channel_op, scalar_op, form):
+  x = make_inputs(scalar_op)
   channel = {**x, "g": jnp.repeat(x["g"][..., None], K, axis=-1)}
-  for got, want in zip(call("gla", form, channel), call("simple_gla", form, x)):
+  for got, want in zip(call(channel_op, form, channel), call(scalar_op, form, x)):
     assert_close(got, want, 1e-5)
 
 
@@ -299,17 +363,19 @@ def test_delta_rule_overwrites_and_additive_rule_adds(form, kw):
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
-@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
+@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule", "kda"])
 def test_beta_zero_leaves_the_state_unchanged(name, form):
-  """o_t = exp(G_t) S0ᵀ (s q_t), S_T = exp(G_T) S0 with G the cumulative gate."""
+  """o_t = (s q_t ⊙ exp(G_t))ᵀ S0, S_T = Diag(exp G_T) S0 with G the cumulative gate (per
+  channel for KDA)."""
   x = make_inputs(name)
   x["beta"] = jnp.zeros_like(x["beta"])
   o, state = call(name, form, x)
-  G = np.cumsum(np.asarray(x["g"], np.float64), axis=1) if "g" in x else np.zeros((B, T, H))
+  g = np.asarray(x["g"], np.float64) if "g" in x else np.zeros((B, T, H))
+  G = np.cumsum(np.broadcast_to(g if g.ndim == 4 else g[..., None], (B, T, H, K)), axis=1)
   S0 = np.asarray(x["initial_state"], np.float64)
-  expected = np.einsum("bthk,bhkv->bthv", np.asarray(x["q"]) * K ** -0.5, S0)
-  assert_close(o, np.exp(G)[..., None] * expected, 1e-5, "o")
-  assert_close(state, np.exp(G[:, -1])[..., None, None] * S0, 1e-5, "final state")
+  expected = np.einsum("bthk,bhkv->bthv", np.asarray(x["q"]) * K ** -0.5 * np.exp(G), S0)
+  assert_close(o, expected, 1e-5, "o")
+  assert_close(state, np.exp(G[:, -1])[..., None] * S0, 1e-5, "final state")
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -361,16 +427,32 @@ def test_bad_inputs_are_refused_with_what_is_expected():
     ops.chunk_delta_rule(q, k, v, beta, mask=jnp.ones((B, T)))
   with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
     ops.chunk_delta_rule(q, k, v, beta, chunk_size=0)
+  x = make_inputs("dplr_delta_rule")
+  q, k, v, a, b, g = (x[key] for key in ("q", "k", "v", "a", "b", "g"))
+  with pytest.raises(ValueError, match=r"chunk_dplr_delta_rule: b must be \[2, 37, 2, 8\]"):
+    ops.chunk_dplr_delta_rule(q, k, v, a, b[..., 0], g)
+  with pytest.raises(ValueError, match=r"recurrent_dplr_delta_rule: g must be \[2, 37, 2, 8\]"):
+    ops.recurrent_dplr_delta_rule(q, k, v, a, b, g[..., 0])
+  x = make_inputs("gated_delta_product")
+  q, k, v, g, beta = (x[key] for key in ("q", "k", "v", "g", "beta"))
+  with pytest.raises(ValueError, match=r"k \[B, T, n, H, K\] \(n steps per token\)"):
+    ops.chunk_gated_delta_product(q, k[:, :, 0], v, g, beta)
+  with pytest.raises(ValueError, match=r"v must be \[B, T, n, H, V\] = \(2, 37, 3, 2, V\)"):
+    ops.chunk_gated_delta_product(q, k, v[:, :, :2], g, beta)
+  with pytest.raises(ValueError, match=r"beta must be \[2, 37, 3, 2\]"):
+    ops.recurrent_gated_delta_product(q, k, v, g, beta[:, :, 0])
+  with pytest.raises(ValueError, match=r"mask must be \[2, 37\]"):
+    ops.chunk_gated_delta_product(q, k, v, g, beta, mask=jnp.ones((2, 37 * 3), bool))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,gate", [(name, gate) for name in OPS
                                        for gate in ((-20.0, -1e-7) if OPS[name][0] else (None,))])
 def test_extreme_gates_at_length_have_finite_outputs_and_gradients(name, gate):
-  """T = 4096, float32, a log-gate of -20 per step or -1e-7 (the delta rule: random inputs),
-  every input's gradient."""
+  """T = 4096 (the delta product: 2 steps per token), float32, a log-gate of -20 per step or
+  -1e-7 (the delta rule: random inputs), every input's gradient."""
   length = 4096
-  x = make_inputs(name, length=length, gate=gate)
+  x = make_inputs(name, length=length, gate=gate, steps=2)
   fn = lambda x: call(name, "chunk", x, chunk_size=64)
   o, state = jax.jit(fn)(x)
   grads = jax.jit(lambda x: loss_grads(fn, x, jnp.ones_like(o), jnp.ones_like(state)))(x)

@@ -2,22 +2,30 @@
 and its own modules, so a JAX user without Flax can use it (`import attention_zoo.ops` loads no
 other part of the package).
 
-Exported here, the sequence-mixing ops: gated linear attention and the (gated) delta rule, each
-in a chunkwise-parallel form (`chunk_*`, for training and prefill) and a token-by-token form
-(`recurrent_*`, the reference and the decode step), all on one recurrence engine (engine.py);
-and FoX's forgetting attention. Layout as flash-linear-attention's: q, k [B, T, H, K],
-v [B, T, H, V]; every recurrence returns (o, final_state [B, H, K, V]).
+Exported here, the sequence-mixing ops: gated linear attention, the delta rule family (DeltaNet,
+Gated DeltaNet, Kimi Delta Attention, Gated DeltaProduct) and the diagonal-plus-low-rank delta
+rule (RWKV-7's), each in a chunkwise-parallel form (`chunk_*`, for training and prefill) and a
+token-by-token form (`recurrent_*`, the reference and the decode step), all on the recurrence
+engine (engine.py); and FoX's forgetting attention. Layout as flash-linear-attention's: q, k
+[B, T, H, K], v [B, T, H, V]; every recurrence returns (o, final_state [B, H, K, V]); all take
+packed sequences (segment_ids).
 
 The attention maths, in its modules: softmax.py (the numerics the variants share and the dense
 path), oracle.py (the dense oracle), blocks.py (lengths in blocks), tiles.py (the online
 softmax of one tile), flex.py (the block-mask engine, flex_attention), flash/ (FlashAttention:
 chunked, and the Pallas kernels).
 """
-from attention_zoo.ops.delta_rule import (chunk_delta_rule, chunk_gated_delta_rule,
-                                          recurrent_delta_rule, recurrent_gated_delta_rule)
+from attention_zoo.ops.delta_rule import (chunk_delta_rule, chunk_gated_delta_product,
+                                          chunk_gated_delta_rule, chunk_kda,
+                                          recurrent_delta_rule, recurrent_gated_delta_product,
+                                          recurrent_gated_delta_rule, recurrent_kda)
+from attention_zoo.ops.dplr import chunk_dplr_delta_rule, recurrent_dplr_delta_rule
 from attention_zoo.ops.forgetting_attention import forgetting_attention, forgetting_attention_step
 from attention_zoo.ops.gla import chunk_gla, chunk_simple_gla, recurrent_gla, recurrent_simple_gla
 
-__all__ = ["chunk_delta_rule", "chunk_gated_delta_rule", "chunk_gla", "chunk_simple_gla",
+__all__ = ["chunk_delta_rule", "chunk_dplr_delta_rule", "chunk_gated_delta_product",
+           "chunk_gated_delta_rule", "chunk_gla", "chunk_kda", "chunk_simple_gla",
            "forgetting_attention", "forgetting_attention_step", "recurrent_delta_rule",
-           "recurrent_gated_delta_rule", "recurrent_gla", "recurrent_simple_gla"]
+           "recurrent_dplr_delta_rule", "recurrent_gated_delta_product",
+           "recurrent_gated_delta_rule", "recurrent_gla", "recurrent_kda",
+           "recurrent_simple_gla"]

@@ -1,4 +1,4 @@
-r"""One linear recurrence behind every op of this package, in two forms.
+r"""The linear recurrences behind every op of this package, each in two forms.
 
 Per batch row and head, a state S [K, V] evolves over tokens t with a log-decay g_t <= 0 (one
 scalar, or one per key channel) and an optional write strength beta_t:
@@ -9,10 +9,19 @@ scalar, or one per key channel) and an optional write strength beta_t:
     S_t = S̃_t + k_t u_tᵀ                                  write
     o_t = S_tᵀ q_t             (q already scaled)          read, after the write
 
-`token_recurrence` runs this literally, a `lax.scan` over t (the reference form, and decoding).
-`chunk_recurrence` splits T into N chunks of C tokens. With chunk-local cumulative gates
-G_r = Σ_{s <= r} g_s (never a global cumsum: it would reach -1e4 and lose every digit of
-G_i - G_j in float32) and S the state entering the chunk, every chunk satisfies
+The diagonal-plus-low-rank (DPLR) recurrence adds a rank-1 correction read from the state
+before the decay, with its own directions a_t, b_t [K]:
+
+    S_t = Diag(exp g_t) S_{t-1} + b_t (a_tᵀ S_{t-1}) + k_t v_tᵀ,      o_t = S_tᵀ q_t
+
+Packed sequences: at a segment start (`resets`) S_{t-1} is replaced by 0 first, so each segment
+runs as if alone.
+
+`token_recurrence` and `token_dplr_recurrence` run these literally, a `lax.scan` over t (the
+reference forms, and decoding). `chunk_recurrence` and `chunk_dplr_recurrence` split T into N
+chunks of C tokens. With chunk-local cumulative gates G_r = Σ_{s <= r} g_s (never a global
+cumsum: it would reach -1e4 and lose every digit of G_i - G_j in float32) and S the state
+entering the chunk, every chunk of the first recurrence satisfies
 
     O     = (Q ⊙ e^G) S + P U'                   P_ij = Σ_d q_id k_jd e^{G_id - G_jd}, j <= i
     S_out = Diag(e^{G_C}) S + (K ⊙ e^{G_C - G})ᵀ U'
@@ -22,33 +31,58 @@ UT form (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rul
 DeltaNet folds the decay in):
 
     A  = strictly lower part of diag(beta) [Σ_d k_id k_jd e^{G_id - G_jd}]_ij      [C, C]
-    W  = (I + A)^{-1} diag(beta) (K ⊙ e^G),    U = (I + A)^{-1} diag(beta) V
-    U' = U - W S                                 (the "pseudo-values")
+    W  = -(I + A)^{-1} diag(beta) (K ⊙ e^G),    U = (I + A)^{-1} diag(beta) V
+    U' = U + W S                                 (the "pseudo-values")
 
-Everything that does not involve S (P, A, the triangular solve for W and U, the decayed keys)
-is computed for all chunks at once; only U' and S_out run in a `lax.scan` over chunks, whose
-body is under `jax.checkpoint`, so the backward pass keeps the N chunk-boundary states and no
-per-token state: memory is linear in T. The outputs are then formed for all chunks at once
-from the entering states.
+For DPLR, unrolling S_r = Diag(e^{G_r}) S + Σ_{i <= r} Diag(e^{G_r - G_i}) (k_i v_iᵀ + b_i u_iᵀ)
+with u_r = a_rᵀ S_{r-1} (what the rank-1 term writes along b_r) gives, with decays from the
+token *before* each row (G_{r-1}, G_0 = 0: a reads the undecayed state),
+
+    A_ab = [Σ_d a_id b_jd e^{G_{i-1,d} - G_jd}]_{j < i},   A_ak likewise with k     [C, C]
+    W  = (I - A_ab)^{-1} [a_r ⊙ e^{G_{r-1}}]_r,   U = (I - A_ab)^{-1} A_ak V,   u = U + W S
+    O     = (Q ⊙ e^G) S + P_qk V + P_qb u
+    S_out = Diag(e^{G_C}) S + (K ⊙ e^{G_C - G})ᵀ V + (B ⊙ e^{G_C - G})ᵀ u
+
+A_ab and A_ak are the inclusive products of the rows a_{r+1} (shifted up one token) moved down
+one row, so they reuse P's code and its numerics.
+
+Everything that does not involve S (the products, the triangular solve for W and U, the decayed
+keys) is computed for all chunks at once; only the pseudo-values and S_out run in a `lax.scan`
+over chunks, whose body is under `jax.checkpoint`, so the backward pass keeps the N
+chunk-boundary states and no per-token state: memory is linear in T. The outputs are then
+formed for all chunks at once from the entering states.
+
+Segments inside a chunk: with r_t the index of token t's segment (a running count of resets),
+pairs (i, j) of different segments are set to 0 in every product (the products are finite, so
+that is a plain select), the entering state reaches only the tokens of the segment it belongs
+to (e^G masked), only the last segment's tokens reach S_out (e^{G_C - G} masked), and the
+entering state carries on only if the chunk holds no reset (e^{G_C} masked). Chunk and segment
+boundaries need not align.
 
 Numerics. Every exponent is masked before `exp` (`where(mask, x, -inf)`, never
 `where(mask, exp(x), 0)`: exp overflows in the unused branch and its gradient becomes NaN), and
 every exponent used is <= 0, so gates of any size underflow (the true value) but never
-overflow. An exponent that is identically 0 (G_i - G_i on the diagonal) is written as the
-constant 0, and G_C - G_r as a sum: as differences of cumulative sums they would send two
-opposite O(1) gradients into the cumulative sum, whose rounding (~1e-7) then swamps the true
-dg under strong gates (~e^-20). With a scalar gate the C x C decay e^{G_i - G_j} is formed
-directly. With a per-channel gate P (and A) are not one matmul, and factoring
-e^{G_i - G_j} = e^{G_i} e^{-G_j} across a chunk overflows for strong gates; they are built from
-sub-chunks of c tokens: a pair of sub-chunks I > J is one batched matmul of (Q_I ⊙ e^{G_I - G_f})
-and (K_J ⊙ e^{G_l - G_J}) ⊙ e^{G_f - G_l}, with f the first token of I and l the last of J (all
-exponents <= 0), a diagonal pair I = J an elementwise product, one key column at a time.
+overflow. An exponent that is identically 0 is written as the constant 0, and G_C - G_r as a
+sum: as differences of cumulative sums they would send two opposite O(1) gradients into the
+cumulative sum, whose rounding (~1e-7) then swamps the true dg under strong gates (~e^-20).
+Identically 0 means that no token of the interval decays: G_i - G_i on the diagonal, and a
+pair apart only by tokens whose g is 0 by construction (masked tokens; a delta product's later
+steps), which the DPLR products, their rows decayed up to the token before, meet at every hole;
+the products count the decaying tokens of each chunk and take equal counts as the constant 0.
+With a scalar gate the C x C decay e^{G_i - G_j} is formed directly. With a per-channel gate
+the products are not one matmul, and factoring e^{G_i - G_j} = e^{G_i} e^{-G_j} across a chunk
+overflows for strong gates; they are built from sub-chunks of c tokens: a pair of sub-chunks
+I > J is one batched matmul of (Q_I ⊙ e^{G_I - G_f}) and (K_J ⊙ e^{G_l - G_J}) ⊙ e^{G_f - G_l},
+with f the first token of I and l the last of J (all exponents <= 0), a diagonal pair I = J an
+elementwise product, one key column at a time.
 Gates, cumulative sums, states, the solve and all accumulation are float32 (float64 for
-float64 inputs), matmuls at Precision.HIGHEST.
+float64 inputs), matmuls at Precision.HIGHEST. No intermediate has more than five axes (a
+rank-7 reduction made XLA's CPU backward corrupt memory: docs/xla_cpu_fault.md).
 """
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,57 +99,64 @@ SUB_CHUNK = 8
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
 
-def _pair_exponent(diff, strict: bool):
-  """diff = G_i - G_j [..., i, j] kept for j < i; 0 on the diagonal (the constant: see the
-  module docstring) unless `strict`; -inf above it."""
+def _pair_exponent(diff, same_count, strict: bool):
+  """diff = G_i - G_j [..., i, j] kept for j < i, -inf above the diagonal and, if `strict`, on
+  it; the constant 0 where no token of (j, i] decays (same_count: the diagonal, and pairs
+  apart only by tokens whose g is 0 by construction: see the module docstring)."""
   i, j = jnp.arange(diff.shape[-1])[:, None], jnp.arange(diff.shape[-1])[None, :]
-  diff = jnp.where(j < i, diff, -jnp.inf)
-  return diff if strict else jnp.where(i == j, 0.0, diff)
+  exponent = jnp.where(j <= i, jnp.where(same_count, 0.0, diff), -jnp.inf)
+  return jnp.where(i == j, -jnp.inf, exponent) if strict else exponent
 
 
-def _decayed_products_scalar(a, b, G, strict: bool):
+def _decayed_products_scalar(a, b, G, counts, strict: bool):
   """Σ_d a_id b_jd e^{G_i - G_j} over the causal pairs of each chunk, 0 elsewhere.
-  a, b [n, b, h, C, K]; G [n, b, h, C] -> [n, b, h, C, C]."""
-  exponent = _pair_exponent(G[..., :, None] - G[..., None, :], strict)
+  a, b [n, b, h, C, K]; G [n, b, h, C]; counts [n, b, 1, C] -> [n, b, h, C, C]."""
+  exponent = _pair_exponent(G[..., :, None] - G[..., None, :],
+                            counts[..., :, None] == counts[..., None, :], strict)
   return _einsum("nbhik,nbhjk->nbhij", a, b) * jnp.exp(exponent)                   # [n,b,h,C,C]
 
 
-def _decayed_products_vector(a, b, G, strict: bool):
-  """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, by sub-chunks of c
-  tokens. The leading dims are merged (M = n·b·h) and no intermediate has more than two axes
-  besides M and the channel: a rank-7 broadcast product here made XLA's CPU backward corrupt
-  memory on some CPUs (docs/xla_cpu_fault.md)."""
+def _decayed_products_vector(a, b, G, counts, strict: bool):
+  """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, and counts
+  [n, b, 1, C, 1], by sub-chunks of c tokens. The leading dims are merged (M = n·b·h) and no
+  intermediate has more than two axes besides M and the channel: a rank-7 broadcast product
+  here made XLA's CPU backward corrupt memory on some CPUs (docs/xla_cpu_fault.md)."""
   *lead, C, K = G.shape
   c = next(d for d in range(min(SUB_CHUNK, C), 0, -1) if C % d == 0)
   S = C // c
   a, b, G = (x.reshape(-1, S, c, K) for x in (a, b, G))                     # [M, S, c, K]
+  counts = jnp.broadcast_to(counts, (*lead, C, 1)).reshape(-1, S, c, 1)  # [M, S, c, 1]
   row = jnp.arange(c)[:, None]                                             # [c, 1]
+  # an exponent over no decaying token (equal counts at its ends) is the constant 0
+  zero_if_empty = lambda same_count, diff: jnp.where(same_count, 0.0, diff)
   # diagonal sub-blocks, one column j at a time: e^{G_i - G_j} elementwise over (i, channel)
   columns = []
   for j in range(c):
-    exponent = jnp.where(row > j, G - G[:, :, j:j + 1, :], -jnp.inf)        # [M, S, c, K]
-    if not strict:
-      exponent = jnp.where(row == j, 0.0, exponent)
+    exponent = zero_if_empty(counts == counts[:, :, j:j + 1], G - G[:, :, j:j + 1, :])
+    exponent = jnp.where(row > j if strict else row >= j, exponent, -jnp.inf)  # [M, S, c, K]
     columns.append(jnp.sum(a * b[:, :, j:j + 1, :] * jnp.exp(exponent), axis=-1))  # [M, S, c]
   diagonal = jnp.stack(columns, axis=-1)                                    # [M, S, c, c]
   # sub-blocks I > J: e^{G_i - G_j} = e^{G_i - G_first(I)} e^{G_first(I) - G_last(J)}
-  # e^{G_last(J) - G_j}, every exponent <= 0 (so no overflow); the identically-zero ones are
-  # the constant 0
+  # e^{G_last(J) - G_j}, every exponent <= 0 (so no overflow)
   first, last = G[:, :, :1, :], G[:, :, -1:, :]                            # [M, S, 1, K]
-  a_ref = a * jnp.exp(jnp.where(row == 0, 0.0, G - first))                 # [M, S, c, K]
-  b_ref = b * jnp.exp(jnp.where(row == c - 1, 0.0, last - G))              # [M, S, c, K]
+  first_count, last_count = counts[:, :, :1], counts[:, :, -1:]            # [M, S, 1, 1]
+  a_ref = a * jnp.exp(zero_if_empty(counts == first_count, G - first))     # [M, S, c, K]
+  b_ref = b * jnp.exp(zero_if_empty(counts == last_count, last - G))       # [M, S, c, K]
   earlier = (jnp.arange(S)[None, :] < jnp.arange(S)[:, None])[:, :, None, None]  # [S,S,1,1] J<I
-  between = jnp.where(earlier, first[:, :, None] - last[:, None, :], -jnp.inf)  # [M, S, S, 1, K]
+  between = jnp.where(earlier, zero_if_empty(first_count[:, :, None] == last_count[:, None],
+                                             first[:, :, None] - last[:, None, :]),
+                      -jnp.inf)                                             # [M, S, S, 1, K]
   b_pairs = jnp.exp(between) * b_ref[:, None]                               # [M, S, S, c, K]
   off_diagonal = _einsum("mIik,mIJjk->mIiJj", a_ref, b_pairs)               # [M, S, c, S, c]
   block_diagonal = diagonal[:, :, :, None, :] * jnp.eye(S, dtype=a.dtype)[:, None, :, None]
   return (off_diagonal + block_diagonal).reshape(*lead, C, C)                # [n,b,h,C,C]
 
 
-def _decayed_products(a, b, G, strict: bool):
+def _decayed_products(a, b, G, counts, strict: bool):
+  """a, b [n, b, h, C, K], G [n, b, h, C, 1|K], counts [n, b, 1, C, 1] -> [n, b, h, C, C]."""
   if G.shape[-1] == 1:
-    return _decayed_products_scalar(a, b, G[..., 0], strict)
-  return _decayed_products_vector(a, b, G, strict)
+    return _decayed_products_scalar(a, b, G[..., 0], counts[..., 0], strict)
+  return _decayed_products_vector(a, b, G, counts, strict)
 
 
 @jax.custom_jvp
@@ -124,27 +165,28 @@ def unit_lower_inverse(A):
   attention's solve_tril: blocks of b <= 16 rows inverted by forward substitution, then merged
   pairwise, [[X11, 0], [L21, X22]] -> [[X11, 0], [-X22 L21 X11, X22]]. For 512 chunks of 64
   with K + V = 128 right-hand sides this inverse and the product took 45 ms on a shared 2-core
-  CPU where jax.scipy.linalg.solve_triangular took 422 ms (forward)."""
+  CPU where jax.scipy.linalg.solve_triangular took 422 ms (forward). The leading dims are
+  merged and the blocks sliced out, so no array has more than four axes."""
   *lead, C, _ = A.shape
+  A = A.reshape(-1, C, C)                                    # [M, C, C]
   b = C
   while b > 16 and b % 2 == 0:
     b //= 2
   S = C // b                                                 # a power of two
-  blocks = A.reshape(*lead, S, b, S, b)
-  diagonal = jnp.stack([blocks[..., s, :, s, :] for s in range(S)], axis=-3)  # [..., S, b, b]
+  block = lambda row, col, m: A[:, row * m:(row + 1) * m, col * m:(col + 1) * m]  # [M, m, m]
+  diagonal = jnp.stack([block(s, s, b) for s in range(S)], axis=1)  # [M, S, b, b]
   X = jnp.broadcast_to(jnp.eye(b, dtype=A.dtype), diagonal.shape)
   for i in range(1, b):   # row i of X = e_i - A_i X (rows above already final)
-    X = X.at[..., i, :].add(-_einsum("...j,...jk->...k", diagonal[..., i, :], X))
+    X = X.at[..., i, :].add(-_einsum("msj,msjk->msk", diagonal[..., i, :], X))
   while S > 1:
     m = X.shape[-1]
-    blocks = A.reshape(*lead, S // 2, 2, m, S // 2, 2, m)
-    lower = jnp.stack([blocks[..., s, 1, :, s, 0, :] for s in range(S // 2)], axis=-3)
-    X11, X22 = X[..., 0::2, :, :], X[..., 1::2, :, :]                  # [..., S/2, m, m]
-    X21 = -_einsum("...ij,...jk,...kl->...il", X22, lower, X11)
+    lower = jnp.stack([block(2 * s + 1, 2 * s, m) for s in range(S // 2)], axis=1)  # L21
+    X11, X22 = X[:, 0::2], X[:, 1::2]                        # [M, S/2, m, m]
+    X21 = -_einsum("msij,msjk,mskl->msil", X22, lower, X11)
     top = jnp.concatenate([X11, jnp.zeros_like(X11)], axis=-1)
     X = jnp.concatenate([top, jnp.concatenate([X21, X22], axis=-1)], axis=-2)
     S //= 2
-  return X[..., 0, :, :]
+  return X[:, 0].reshape(*lead, C, C)
 
 
 @unit_lower_inverse.defjvp
@@ -158,114 +200,291 @@ def _unit_lower_inverse_jvp(primals, tangents):
   return X, -_einsum("...ij,...jk,...kl->...il", X, dA, X)
 
 
-def chunk_recurrence(q, k, v, g, beta, initial_state, chunk_size: int):
-  """The recurrence by chunks. q, k [B, T, H, K] (q scaled), v [B, T, H, V], g [B, T, H, 1]
-  (scalar) or [B, T, H, K], beta [B, T, H] or None (additive), initial_state [B, H, K, V]; all
-  in the compute dtype, masked tokens already neutral -> (o [B, T, H, V], S_T [B, H, K, V])."""
-  B, T, H, _ = k.shape
-  C = min(chunk_size, ceil_div(T, SUB_CHUNK) * SUB_CHUNK)   # a short T: one (padded) chunk
-  N = ceil_div(T, C)
+class Segments(NamedTuple):
+  """Where segment starts cut the chunks (see the module docstring); each broadcasts over heads
+  and features. same [n, b, 1, C, C]: tokens i and j in one segment; from_entering
+  [n, b, 1, C, 1]: token r in the segment of the state entering its chunk; to_leaving
+  [n, b, 1, C, 1]: token r in the chunk's last segment; through [n, b, 1, 1, 1]: no segment
+  starts in the chunk."""
+  same: jax.Array
+  from_entering: jax.Array
+  to_leaving: jax.Array
+  through: jax.Array
 
-  def to_chunks(x):  # [B, T, H, D] -> [N, B, H, C, D], T padded with neutral zeros
-    x = jnp.pad(x, [(0, 0), (0, N * C - T), (0, 0), (0, 0)])
-    return x.reshape(B, N, C, H, x.shape[-1]).transpose(1, 0, 3, 2, 4)
 
-  q, k, v, g = map(to_chunks, (q, k, v, g))
-  G = jnp.cumsum(g, axis=-2)                                 # [n, b, h, C, 1|K], chunk-local
-  # G_C - G_r = Σ_{s > r} g_s, summed directly (a difference would be a cancelling pair for
-  # the last real token, whose later g are padding zeros)
-  to_end = jnp.cumsum(g[..., ::-1, :], axis=-2)[..., ::-1, :]  # [n, b, h, C, 1|K], Σ_{s >= r}
+def _segments(resets, N: int, C: int) -> Segments | None:
+  """resets bool [B, T] (True where a segment starts; never at t = 0) or None."""
+  if resets is None:
+    return None
+  B, T = resets.shape
+  runs = jnp.cumsum(resets.astype(jnp.int32), axis=1)        # [B, T], the segment of each token
+  runs = jnp.pad(runs, [(0, 0), (0, N * C - T)], mode="edge")  # padding: the last segment
+  runs = runs.reshape(B, N, C).transpose(1, 0, 2)[:, :, None, :, None]  # [n, b, 1, C, 1]
+  entering = jnp.concatenate([runs[:1, ..., :1, :], runs[:-1, ..., -1:, :]])  # [n, b, 1, 1, 1]
+  last = runs[..., -1:, :]                                   # [n, b, 1, 1, 1]
+  return Segments(same=runs == runs.swapaxes(-1, -2), from_entering=runs == entering,
+                  to_leaving=runs == last, through=last == entering)
+
+
+def _decay_counts(decaying, B: int, T: int, N: int, C: int):
+  """[n, b, 1, C, 1] int32: the decaying tokens of each chunk up to each token (decaying
+  [B, T] bool, False where g is 0 by construction; None: every token; never the padding)."""
+  decaying = jnp.ones((B, T), bool) if decaying is None else decaying
+  decaying = jnp.pad(decaying, [(0, 0), (0, N * C - T)]).reshape(B, N, C).astype(jnp.int32)
+  return jnp.cumsum(decaying, axis=-1).transpose(1, 0, 2)[:, :, None, :, None]
+
+
+def _within_segments(products, segments: Segments | None):
+  """Pairs of different segments set to 0 (the products are finite: a select is safe)."""
+  return products if segments is None else jnp.where(segments.same, products, 0.0)
+
+
+def _chunk_layout(T: int, chunk_size: int) -> tuple[int, int]:
+  """(C, N): tokens per chunk (a short T: one padded chunk) and chunks."""
+  C = min(chunk_size, ceil_div(T, SUB_CHUNK) * SUB_CHUNK)
+  return C, ceil_div(T, C)
+
+
+def _to_chunks(x, N: int, C: int):
+  """[B, T, H, D] -> [N, B, H, C, D], T padded with neutral zeros."""
+  B, T, H, D = x.shape
+  x = jnp.pad(x, [(0, 0), (0, N * C - T), (0, 0), (0, 0)])
+  return x.reshape(B, N, C, H, D).transpose(1, 0, 3, 2, 4)
+
+
+def _from_chunks(o, T: int):
+  """[N, B, H, C, V] -> [B, T, H, V]."""
+  N, B, H, C, V = o.shape
+  return o.transpose(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
+
+
+def _chunk_gates(g, segments: Segments | None):
+  """From the chunked log-decays g [n, b, h, C, 1|K]: G, the chunk-local cumulative gate, and
+  the masked exponents: `read` (G where the entering state reaches the token), `to_end`
+  (G_C - G_r = Σ_{s > r} g_s where token r reaches S_out) and the state's decay
+  e^{G_C} [n, b, h, 1|K, 1] (0 past a segment start)."""
+  G = jnp.cumsum(g, axis=-2)                                 # [n, b, h, C, 1|K]
+  # G_C - G_r summed directly (a difference would be a cancelling pair for the last real
+  # token, whose later g are padding zeros)
+  to_end = jnp.cumsum(g[..., ::-1, :], axis=-2)[..., ::-1, :]  # Σ_{s >= r}
   to_end = jnp.concatenate([to_end[..., 1:, :], jnp.zeros_like(to_end[..., :1, :])], axis=-2)
-  state_decay = jnp.exp(G[..., -1:, :]).swapaxes(-1, -2)     # [n, b, h, 1|K, 1]
+  read, carry = G, G[..., -1:, :]
+  if segments is not None:
+    read = jnp.where(segments.from_entering, G, -jnp.inf)
+    to_end = jnp.where(segments.to_leaving, to_end, -jnp.inf)
+    carry = jnp.where(segments.through, carry, -jnp.inf)
+  return G, read, to_end, jnp.exp(carry).swapaxes(-1, -2)
+
+
+def _scan_chunks(initial_state, decay, writes, corrections):
+  """The sequential part: chunk by chunk S <- decay S + writes + Kᵀ U' with the pseudo-values
+  U' = U + W S; writes [n, b, h, K, V] or None, corrections (W [n, b, h, C, K],
+  U [n, b, h, C, V], K [n, b, h, C, K]) or None. -> (final state, the states entering each
+  chunk [n, b, h, K, V], U' or None)."""
+  @jax.checkpoint
+  def step(S, xs):
+    decay, writes, corrections = xs
+    S_next = decay * S if writes is None else decay * S + writes
+    if corrections is None:
+      return S_next, (S, None)
+    W, U, keys = corrections
+    pseudo_values = U + _einsum("bhck,bhkv->bhcv", W, S)     # [b, h, C, V]
+    return S_next + _einsum("bhck,bhcv->bhkv", keys, pseudo_values), (S, pseudo_values)
+
+  final_state, (entering, pseudo_values) = jax.lax.scan(
+      step, initial_state, (decay, writes, corrections))
+  return final_state, entering, pseudo_values
+
+
+def chunk_recurrence(q, k, v, g, beta, initial_state, chunk_size: int, decaying=None,
+                     resets=None):
+  """The additive or delta recurrence by chunks. q, k [B, T, H, K] (q scaled), v [B, T, H, V],
+  g [B, T, H, 1] (scalar) or [B, T, H, K], beta [B, T, H] or None (additive), initial_state
+  [B, H, K, V], all in the compute dtype, masked tokens already neutral; decaying (False
+  where g is 0 by construction) and resets bool [B, T] or None -> (o [B, T, H, V],
+  S_T [B, H, K, V])."""
+  B, T = k.shape[:2]
+  C, N = _chunk_layout(T, chunk_size)
+  q, k, v, g = (_to_chunks(x, N, C) for x in (q, k, v, g))
+  counts, segments = _decay_counts(decaying, B, T, N, C), _segments(resets, N, C)
+  G, read, to_end, decay = _chunk_gates(g, segments)
   k_to_end = k * jnp.exp(to_end)                             # [n, b, h, C, K]
-  scores = _decayed_products(q, k, G, strict=False)          # [n, b, h, C, C]
+  scores = _within_segments(_decayed_products(q, k, G, counts, strict=False),
+                            segments)                        # [n, b, h, C, C]
 
   if beta is None:
     values = v
     writes = _einsum("nbhck,nbhcv->nbhkv", k_to_end, v)      # [n, b, h, K, V]
-
-    @jax.checkpoint
-    def step(S, xs):
-      write, decay = xs
-      return decay * S + write, S
-
-    final_state, entering = jax.lax.scan(step, initial_state, (writes, state_decay))
+    final_state, entering, _ = _scan_chunks(initial_state, decay, writes, None)
   else:
-    beta = to_chunks(beta[..., None])                        # [n, b, h, C, 1]
-    strength = beta * _decayed_products(k, k, G, strict=True)  # [n, b, h, C, C], A
+    beta = _to_chunks(beta[..., None], N, C)                 # [n, b, h, C, 1]
+    strength = beta * _within_segments(_decayed_products(k, k, G, counts, strict=True),
+                                        segments)            # [n, b, h, C, C], A
     inverse = unit_lower_inverse(strength)                   # [n, b, h, C, C], (I + A)^{-1}
-    W = _einsum("nbhij,nbhjk->nbhik", inverse, beta * k * jnp.exp(G))  # [n, b, h, C, K]
+    W = -_einsum("nbhij,nbhjk->nbhik", inverse, beta * k * jnp.exp(read))  # [n, b, h, C, K]
     U = _einsum("nbhij,nbhjv->nbhiv", inverse, beta * v)     # [n, b, h, C, V]
+    final_state, entering, values = _scan_chunks(initial_state, decay, None, (W, U, k_to_end))
 
-    @jax.checkpoint
-    def step(S, xs):
-      W, U, k_to_end, decay = xs
-      pseudo_values = U - _einsum("bhck,bhkv->bhcv", W, S)   # [b, h, C, V], U'
-      S_next = decay * S + _einsum("bhck,bhcv->bhkv", k_to_end, pseudo_values)
-      return S_next, (S, pseudo_values)
-
-    final_state, (entering, values) = jax.lax.scan(
-        step, initial_state, (W, U, k_to_end, state_decay))
-
-  o = (_einsum("nbhck,nbhkv->nbhcv", q * jnp.exp(G), entering)  # [n, b, h, C, V]
+  o = (_einsum("nbhck,nbhkv->nbhcv", q * jnp.exp(read), entering)  # [n, b, h, C, V]
        + _einsum("nbhij,nbhjv->nbhiv", scores, values))
-  o = o.transpose(1, 0, 3, 2, 4).reshape(B, N * C, H, -1)[:, :T]  # [B, T, H, V]
-  return o, final_state
+  return _from_chunks(o, T), final_state
 
 
-def token_recurrence(q, k, v, g, beta, initial_state):
-  """The recurrence token by token; arguments and result as `chunk_recurrence`'s."""
+def chunk_dplr_recurrence(q, k, v, a, b, g, initial_state, chunk_size: int, decaying=None,
+                          resets=None):
+  """The DPLR recurrence by chunks. q, k, a, b, g [B, T, H, K] (q scaled), v [B, T, H, V],
+  initial_state [B, H, K, V], compute dtype, masked tokens neutral; decaying and resets as
+  `chunk_recurrence`'s -> (o [B, T, H, V], S_T [B, H, K, V])."""
+  B, T = k.shape[:2]
+  C, N = _chunk_layout(T, chunk_size)
+  q, k, v, a, b, g = (_to_chunks(x, N, C) for x in (q, k, v, a, b, g))
+  counts, segments = _decay_counts(decaying, B, T, N, C), _segments(resets, N, C)
+  G, read, to_end, decay = _chunk_gates(g, segments)
+  # a_r reads S_{r-1}, decayed up to the token before: G_{r-1} (0 for the first)
+  read_before = jnp.concatenate([jnp.zeros_like(G[..., :1, :]), G[..., :-1, :]], axis=-2)
+  if segments is not None:
+    read_before = jnp.where(segments.from_entering, read_before, -jnp.inf)
+  # row r of a_next holds a_{r+1}: the inclusive products of a_next, moved down a row, are
+  # Σ_d a_id x_jd e^{G_{i-1,d} - G_jd} for j < i
+  a_next = jnp.concatenate([a[..., 1:, :], jnp.zeros_like(a[..., :1, :])], axis=-2)
+  below = lambda products: _within_segments(jnp.concatenate(
+      [jnp.zeros_like(products[..., :1, :]), products[..., :-1, :]], axis=-2), segments)
+  A_ab = below(_decayed_products(a_next, b, G, counts, strict=False))  # [n, b, h, C, C]
+  A_ak = below(_decayed_products(a_next, k, G, counts, strict=False))  # [n, b, h, C, C]
+  inverse = unit_lower_inverse(-A_ab)                        # (I - A_ab)^{-1}
+  W = _einsum("nbhij,nbhjk->nbhik", inverse, a * jnp.exp(read_before))  # [n, b, h, C, K]
+  U = _einsum("nbhij,nbhjv->nbhiv", inverse,
+              _einsum("nbhij,nbhjv->nbhiv", A_ak, v))        # [n, b, h, C, V]
+  writes = _einsum("nbhck,nbhcv->nbhkv", k * jnp.exp(to_end), v)  # [n, b, h, K, V]
+  final_state, entering, low_rank_values = _scan_chunks(
+      initial_state, decay, writes, (W, U, b * jnp.exp(to_end)))
+
+  to_v = _within_segments(_decayed_products(q, k, G, counts, strict=False), segments)  # P_qk
+  to_low_rank = _within_segments(_decayed_products(q, b, G, counts, strict=False),
+                                 segments)                   # P_qb
+  o = (_einsum("nbhck,nbhkv->nbhcv", q * jnp.exp(read), entering)  # [n, b, h, C, V]
+       + _einsum("nbhij,nbhjv->nbhiv", to_v, v)
+       + _einsum("nbhij,nbhjv->nbhiv", to_low_rank, low_rank_values))
+  return _from_chunks(o, T), final_state
+
+
+def _token_scan(update, initial_state, q, xs, resets):
+  """The token forms' loop: for each t, S <- 0 at a segment start, S <- update(S, *xs_t),
+  o_t = Sᵀ q_t. q [B, T, H, K], xs a tuple of [B, T, ...] arrays (None allowed), resets bool
+  [B, T] or None -> (o [B, T, H, V], S_T)."""
   time_major = lambda x: jnp.moveaxis(x, 1, 0)               # [B, T, ...] -> [T, B, ...]
 
-  def step(S, xs):
-    q_t, k_t, v_t, g_t, beta_t = xs          # [B, H, K], [B, H, K], [B, H, V], [B, H, 1|K], [B, H]
-    S = jnp.exp(g_t)[..., None] * S                          # [B, H, K, V], S̃_t
-    if beta_t is not None:
-      v_t = beta_t[..., None] * (v_t - _einsum("bhk,bhkv->bhv", k_t, S))  # [B, H, V], u_t
-    S = S + k_t[..., :, None] * v_t[..., None, :]
+  def step(S, inputs):
+    q_t, reset_t, xs_t = inputs
+    if reset_t is not None:
+      S = jnp.where(reset_t[:, None, None, None], 0.0, S)
+    S = update(S, *xs_t)                                     # [B, H, K, V]
     return S, _einsum("bhk,bhkv->bhv", q_t, S)               # [B, H, V]
 
-  xs = (q, k, v, g, beta)
-  final_state, o = jax.lax.scan(step, initial_state, jax.tree.map(time_major, xs))
+  final_state, o = jax.lax.scan(step, initial_state, jax.tree.map(time_major, (q, resets, xs)))
   return jnp.moveaxis(o, 0, 1), final_state
 
 
-def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_state, mask,
-        chunk_size: int | None):
-  """Validates the op `name`'s inputs, neutralises masked tokens and runs the chunk form
-  (chunk_size given) or the token form. g None: no decay; beta None: the additive rule.
-  -> (o like v, final state [B, H, K, V] float32, float64 for float64 inputs)."""
+def token_recurrence(q, k, v, g, beta, initial_state, resets=None):
+  """The additive or delta recurrence token by token; arguments and result as
+  `chunk_recurrence`'s."""
+  def update(S, k_t, v_t, g_t, beta_t):      # [B, H, K], [B, H, V], [B, H, 1|K], [B, H] or None
+    S = jnp.exp(g_t)[..., None] * S                          # [B, H, K, V], S̃_t
+    if beta_t is not None:
+      v_t = beta_t[..., None] * (v_t - _einsum("bhk,bhkv->bhv", k_t, S))  # [B, H, V], u_t
+    return S + k_t[..., :, None] * v_t[..., None, :]
+  return _token_scan(update, initial_state, q, (k, v, g, beta), resets)
+
+
+def token_dplr_recurrence(q, k, v, a, b, g, initial_state, resets=None):
+  """The DPLR recurrence token by token; arguments and result as `chunk_dplr_recurrence`'s."""
+  def update(S, k_t, v_t, a_t, b_t, g_t):                    # [B, H, K|V]
+    read = _einsum("bhk,bhkv->bhv", a_t, S)                  # [B, H, V], a_tᵀ S_{t-1}
+    return (jnp.exp(g_t)[..., None] * S + b_t[..., :, None] * read[..., None, :]
+            + k_t[..., :, None] * v_t[..., None, :])
+  return _token_scan(update, initial_state, q, (k, v, a, b, g), resets)
+
+
+def check_shapes(name: str, expected: dict):
+  """ValueError naming the first argument whose shape is not the expected one;
+  expected: {argument: (value or None, shape)}."""
+  for arg, (value, shape) in expected.items():
+    if value is not None and tuple(value.shape) != tuple(shape):
+      raise ValueError(f"{name}: {arg} must be {list(shape)}, got {list(value.shape)}")
+
+
+def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask, segment_ids,
+             chunk_size):
+  """Validates op `name`'s inputs (per_token: {argument: (value or None, per_channel)}, the
+  argument [B, T, H, K] if per_channel else [B, T, H]) and brings them to the compute dtype,
+  masked tokens neutral (a masked token reads nothing and leaves the state as it was).
+  -> (q scaled, k, v, {argument: value}, initial state, mask, resets or None, output
+  dtype)."""
   out_dtype, dtype = v.dtype, jnp.promote_types(v.dtype, jnp.float32)
   if q.ndim != 4 or k.shape != q.shape:
     raise ValueError(f"{name}: q and k must both be [B, T, H, K], got {q.shape} and {k.shape}")
   B, T, H, K = q.shape
   if v.ndim != 4 or v.shape[:3] != (B, T, H):
     raise ValueError(f"{name}: v must be [B, T, H, V] = ({B}, {T}, {H}, V) like q, got {v.shape}")
-  gate_shape = (B, T, H, K) if per_channel_gate else (B, T, H)
-  expected = {"g": gate_shape, "beta": (B, T, H), "initial_state": (B, H, K, v.shape[-1]),
-              "mask": (B, T)}
-  for arg, value in (("g", g), ("beta", beta), ("initial_state", initial_state),
-                     ("mask", mask)):
-    if value is not None and value.shape != expected[arg]:
-      raise ValueError(f"{name}: {arg} must be {list(expected[arg])}, got {list(value.shape)}")
+  check_shapes(name, {**{arg: (value, (B, T, H, K) if per_channel else (B, T, H))
+                         for arg, (value, per_channel) in per_token.items()},
+                      "initial_state": (initial_state, (B, H, K, v.shape[-1])),
+                      "mask": (mask, (B, T)), "segment_ids": (segment_ids, (B, T))})
   if mask is not None and mask.dtype != jnp.bool_:
     raise ValueError(f"{name}: mask must be bool (True = real token), got {mask.dtype}")
+  if segment_ids is not None and not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+    raise ValueError(f"{name}: segment_ids must be integers (each run of equal ids is one "
+                     f"sequence), got {segment_ids.dtype}")
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
     raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")
   if scale is None:
     scale = K ** -0.5
 
   keep = jnp.ones((B, T), bool) if mask is None else mask
-  def neutral(x):  # a masked token reads nothing and leaves the state as it was
+  def neutral(x):
     return None if x is None else jnp.where(
         keep.reshape(B, T, *[1] * (x.ndim - 2)), x.astype(dtype), 0)
-  g = jnp.zeros((B, T, H), dtype) if g is None else g
-  q, k, v, g, beta = map(neutral, (q, k, v, g if per_channel_gate else g[..., None], beta))
-  q = q * scale
+  q, k, v = map(neutral, (q, k, v))
   state = (jnp.zeros((B, H, K, v.shape[-1]), dtype) if initial_state is None
            else initial_state.astype(dtype))
+  resets = None if segment_ids is None else jnp.pad(
+      segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)])  # [B, T], False at t = 0
+  return (q * scale, k, v, {arg: neutral(value) for arg, (value, _) in per_token.items()},
+          state, mask, resets, out_dtype)
+
+
+def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_state, mask,
+        segment_ids, chunk_size: int | None, gated_tokens=None):
+  """Validates the op `name`'s inputs, neutralises masked tokens and runs the additive or delta
+  recurrence in the chunk form (chunk_size given) or the token form. g None: no decay; beta
+  None: the additive rule; gated_tokens bool [B, T] or None (all): False where the caller's g
+  is 0 by construction. -> (o like v, final state [B, H, K, V] float32, float64 for float64
+  inputs)."""
+  q, k, v, x, state, mask, resets, out_dtype = _prepare(
+      name, q, k, v, {"g": (g, per_channel_gate), "beta": (beta, False)}, scale=scale,
+      initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=chunk_size)
+  g = jnp.zeros(q.shape[:3], q.dtype) if x["g"] is None else x["g"]
+  g = g if per_channel_gate else g[..., None]                # [B, T, H, 1|K]
+  # the tokens whose g may be nonzero (with no gate none), for the constant-0 exponents
+  decaying = jnp.full(q.shape[:2], x["g"] is not None)
+  for flags in (mask, gated_tokens):
+    decaying = decaying if flags is None else decaying & flags
   if chunk_size is None:
-    o, state = token_recurrence(q, k, v, g, beta, state)
+    o, state = token_recurrence(q, k, v, g, x["beta"], state, resets)
   else:
-    o, state = chunk_recurrence(q, k, v, g, beta, state, chunk_size)
+    o, state = chunk_recurrence(q, k, v, g, x["beta"], state, chunk_size, decaying, resets)
+  return o.astype(out_dtype), state
+
+
+def run_dplr(name: str, q, k, v, a, b, g, *, scale, initial_state, mask, segment_ids,
+             chunk_size: int | None):
+  """As `run`, for the DPLR recurrence (a, b, g [B, T, H, K])."""
+  q, k, v, x, state, mask, resets, out_dtype = _prepare(
+      name, q, k, v, {"a": (a, True), "b": (b, True), "g": (g, True)}, scale=scale,
+      initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=chunk_size)
+  if chunk_size is None:
+    o, state = token_dplr_recurrence(q, k, v, x["a"], x["b"], x["g"], state, resets)
+  else:
+    o, state = chunk_dplr_recurrence(q, k, v, x["a"], x["b"], x["g"], state, chunk_size, mask,
+                                     resets)
   return o.astype(out_dtype), state

@@ -32,6 +32,10 @@ Padding (mask False): a padded token is never attended, its output is 0, and its
 as 0 (f = 1), so it does not decay the tokens around it: a left-padded sequence gives the same
 outputs as the unpadded one.
 
+Packed sequences (segment_ids): each run of equal ids is attended as if alone, through the
+engine's segment block mask (`flex.with_segments`, on the runs: equal ids in separate runs are
+separate sequences); c_i − c_j of a pair in one run sums only that run's gates.
+
 Decoding: `forgetting_attention_step` evaluates the newest query densely against a cache of
 (k, v, log f); see its docstring.
 """
@@ -44,7 +48,7 @@ from attention_zoo.ops import flex, softmax, tiles
 from attention_zoo.ops.flash import chunked
 
 
-def _check(q, k, v, log_f, mask, *, decode: bool):
+def _check(q, k, v, log_f, mask, *, decode: bool, segment_ids=None):
   """ValueError naming the first argument whose shape does not fit q's."""
   q_dims = "[B, H, D]" if decode else "[B, T, H, D]"
   if q.ndim != (3 if decode else 4):
@@ -65,6 +69,10 @@ def _check(q, k, v, log_f, mask, *, decode: bool):
                      f"query head, got {log_f.shape}")
   if mask is not None and mask.shape != (batch, length):
     raise ValueError(f"mask must be bool [B, T] = {(batch, length)} or None, got {mask.shape}")
+  if segment_ids is not None and (segment_ids.shape != (batch, length)
+                                  or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
+    raise ValueError(f"segment_ids must be int [B, T] = {(batch, length)} or None, got "
+                     f"{segment_ids.dtype} {segment_ids.shape}")
 
 
 def cumsum_two_float(x, axis: int):
@@ -88,21 +96,28 @@ def cumsum_two_float(x, axis: int):
 
 
 def forgetting_attention(q, k, v, log_f, *, scale: float | None = None, mask=None,
-                         block_size: int | None = None):
+                         segment_ids=None, block_size: int | None = None):
   """FoX attention. q [B, T, H, D]; k, v [B, T, KVH, D] (H % KVH == 0); log_f [B, T, H], the
   log forget gate (<= 0, e.g. jax.nn.log_sigmoid of the gate logits); mask bool [B, T] or None
-  (True = real token). scale: None for D^(-1/2). block_size: queries and keys per tile, forward
-  and backward (None: the flash chunked default). Returns [B, T, H, D] in q's dtype;
+  (True = real token); segment_ids int [B, T] or None (packed sequences: each run of equal ids
+  attended as if alone). scale: None for D^(-1/2). block_size: queries and keys per tile,
+  forward and backward (None: the flash chunked default). Returns [B, T, H, D] in q's dtype;
   differentiable in q, k, v and log_f.
   """
-  _check(q, k, v, log_f, mask, decode=False)
+  _check(q, k, v, log_f, mask, decode=False, segment_ids=segment_ids)
   batch, length, _, head_dim = q.shape
   mask = jnp.ones((batch, length), bool) if mask is None else jnp.asarray(mask, bool)
   log_f = jnp.where(mask[..., None], log_f.astype(jnp.float32), 0.0)       # f = 1 at padding
+  block_mask = chunked.block_mask(length, length, causal=True, block_q=block_size,
+                                  block_k=block_size)
+  if segment_ids is not None:
+    # runs, not ids: a new run wherever the id changes
+    runs = jnp.cumsum(jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)]),
+                      axis=1)                                              # [B, T]
+    block_mask = flex.with_segments(block_mask, runs, runs)
   out = flex.flex_attention(
-      q, k, v, block_mask=chunked.block_mask(length, length, causal=True, block_q=block_size,
-                                             block_k=block_size),
-      score_mod=_forget_gate_bias(log_f, k.shape[2]), scale=scale, kv_mask=mask)
+      q, k, v, block_mask=block_mask, score_mod=_forget_gate_bias(log_f, k.shape[2]),
+      scale=scale, kv_mask=mask)
   return jnp.where(mask[:, :, None, None], out, 0).astype(q.dtype)
 
 
