@@ -1,6 +1,6 @@
 """The block-sparse engine for variant authors: attention_zoo.ops.flex's functions (the engine
-itself: `create_block_mask`, `flex_attention`, the mask and score functions, `dense_mask`),
-and `attend`, a variant's whole `attend()` over a mask function:
+itself: `create_block_mask`, `block_mask_from_states`, `flex_attention`, the mask and score
+functions, `dense_mask`), and `attend`, a variant's whole `attend()` over a mask function:
 
     def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
                segment_ids=None):
@@ -15,14 +15,15 @@ from __future__ import annotations
 from typing import Callable
 
 from attention_zoo.ops.flex import (DEFAULT_BLOCK, EMPTY, FULL, PARTIAL, BlockMask, alibi,
-                                    aligned_positions, causal_mask, create_block_mask,
-                                    dense_mask, flex_attention, full_block_mask, kernel_lists,
-                                    pattern_attention, score_function, softcap, with_segments)
+                                    aligned_positions, block_mask_from_states, causal_mask,
+                                    create_block_mask, dense_mask, flex_attention,
+                                    full_block_mask, kernel_lists, pattern_attention,
+                                    score_function, softcap, with_segments)
 
 __all__ = ["DEFAULT_BLOCK", "EMPTY", "FULL", "PARTIAL", "BlockMask", "alibi", "aligned_positions",
-           "attend", "causal_mask", "create_block_mask", "dense_mask", "flex_attention",
-           "full_block_mask", "kernel_lists", "pattern_attention", "score_function", "softcap",
-           "with_segments"]
+           "attend", "block_mask_from_states", "causal_mask", "create_block_mask", "dense_mask",
+           "flex_attention", "full_block_mask", "kernel_lists", "pattern_attention",
+           "score_function", "softcap", "with_segments"]
 
 
 def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool, alibi_slopes,

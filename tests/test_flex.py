@@ -309,6 +309,105 @@ def test_dropout_backward_matches_its_forward():
   np.testing.assert_allclose(analytic, numerical, rtol=1e-3, atol=1e-3)
 
 
+def lse_oracle(q, k, mask_mod, kv_mask):
+  """log Σ_allowed exp(q·k / sqrt(d)) in float64 [b, q_len, h]; -inf where nothing is allowed."""
+  with jax.enable_x64(True):
+    b, q_len, h, d = q.shape
+    k = jnp.repeat(jnp.asarray(k, jnp.float64), h // k.shape[2], axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", jnp.asarray(q, jnp.float64), k) * d ** -0.5
+    allowed = jnp.broadcast_to(mask_mod(*grid(b, h, q_len, k.shape[1])), scores.shape)
+    allowed = allowed & jnp.asarray(kv_mask)[:, None, None, :]
+    lse = jax.nn.logsumexp(jnp.where(allowed, scores, -jnp.inf), axis=-1)   # [b, h, q]
+    return jnp.swapaxes(lse, 1, 2)
+
+
+def test_the_log_sum_exp_and_its_gradient_equal_the_dense_oracle():
+  """return_lse: the rows' log-sum-exp (-inf where a row sees no key) and a loss of both outputs
+  differentiated through the engine's backward."""
+  n = 23
+  mask_mod = empty_rows(n, n)
+  block_mask = flex.create_block_mask(mask_mod, None, None, n, n, **BLOCKS)
+  kv_mask = np.ones((BATCH, n), bool)
+  kv_mask[1, -4:] = False
+  q, k, v = normal(0, (BATCH, n, HEADS, HEAD_DIM)), *(normal(s, (BATCH, n, 2, HEAD_DIM))
+                                                      for s in (1, 2))
+  weights, lse_weights = normal(3, q.shape), normal(4, (BATCH, n, HEADS))
+
+  def loss(attend):
+    def value(q, k, v):
+      out, lse = attend(q, k, v)
+      return jnp.sum(weights * out) + jnp.sum(lse_weights * jnp.where(lse > -jnp.inf, lse, 0.0))
+    return value
+
+  ours = lambda q, k, v: flex.flex_attention(q, k, v, block_mask=block_mask, kv_mask=kv_mask,
+                                             return_lse=True)
+  oracle = lambda q, k, v: (dense_oracle(q, k, v, mask_mod=mask_mod, kv_mask=kv_mask),
+                            lse_oracle(q, k, mask_mod, kv_mask))
+  lse = jax.jit(ours)(q, k, v)[1]
+  want = lse_oracle(q, k, mask_mod, kv_mask)
+  assert lse.shape == (BATCH, n, HEADS) and lse.dtype == jnp.float32
+  np.testing.assert_array_equal(np.isinf(lse), np.isinf(want))
+  assert np.isinf(want).any() and np.isfinite(want).any()
+  np.testing.assert_allclose(np.where(np.isinf(want), 0, lse), np.where(np.isinf(want), 0, want),
+                             atol=1e-5, rtol=0)
+  got = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, k, v)
+  with jax.enable_x64(True):
+    expected = jax.grad(loss(oracle), argnums=(0, 1, 2))(q, k, v)
+  for what, g, w in zip("qkv", got, expected):
+    np.testing.assert_allclose(g, w, atol=1e-5, rtol=0, err_msg=f"d{what}")
+
+
+def test_attention_over_disjoint_keys_merges_by_the_log_sum_exp():
+  """Even and odd key blocks in two calls, weighed by softmax of their lse: causal attention,
+  forward and gradients."""
+  n = 29
+  halves = [lambda b, h, qi, kv, parity=parity: (kv <= qi) & ((kv // 8) % 2 == parity)
+            for parity in (0, 1)]
+
+  def merged(q, k, v):
+    parts = [flex.flex_attention(q, k, v, return_lse=True, block_mask=flex.create_block_mask(
+        half, None, None, n, n, **BLOCKS)) for half in halves]
+    lse = jnp.stack([lse for _, lse in parts], -1)                          # [b, n, h, 2]
+    share = az.reference.masked_softmax(lse, lse > -jnp.inf)
+    return sum(share[..., i, None] * out for i, (out, _) in enumerate(parts))
+
+  assert_matches(merged, lambda q, k, v: dense_oracle(q, k, v, mask_mod=causal(n, n)), n, n, 2)
+
+
+def test_block_mask_from_states_equals_create_block_mask():
+  mask_mod = sliding_window(37, 29)
+  built = flex.create_block_mask(mask_mod, None, None, 37, 29, **BLOCKS)
+  given = flex.block_mask_from_states(built.states(), mask_mod, 37, 29, **BLOCKS)
+  for field in ("kv_num_blocks", "kv_indices", "kv_full", "q_num_blocks", "q_indices", "q_full"):
+    np.testing.assert_array_equal(getattr(given, field), getattr(built, field), err_msg=field)
+  with pytest.raises(ValueError, match=r"\[·, ·, 5, 4\]"):
+    flex.block_mask_from_states(built.states()[..., :3], mask_mod, 37, 29, **BLOCKS)
+
+
+def test_mask_data_traced_in_a_loop_body_is_differentiable():
+  """Segment ids computed inside a lax.map body and closed over by mask_mod: the backward, traced
+  outside that body, gets them as arguments (jax.closure_convert would leave integer arrays in
+  the closure, where they leak)."""
+  n = 20
+  cuts = jnp.asarray([[6, 13], [9, 15]])
+
+  def segment_ids(cut):   # [n]
+    return (jnp.arange(n)[:, None] >= cut).sum(-1)
+
+  def ours(q, k, v):
+    def row(args):
+      q, k, v, cut = args
+      ids = segment_ids(cut)
+      mask = flex.create_block_mask(lambda b, h, qi, kv: ids[qi] == ids[kv], None, None, n, n,
+                                    **BLOCKS)
+      return flex.flex_attention(q[None], k[None], v[None], block_mask=mask)[0]
+    return jax.lax.map(row, (q, k, v, cuts))
+
+  ids = jnp.stack([segment_ids(cut) for cut in cuts])
+  same = lambda b, h, qi, kv: ids[b, qi] == ids[b, kv]
+  assert_matches(ours, lambda q, k, v: dense_oracle(q, k, v, mask_mod=same), n, n, 2)
+
+
 @pytest.mark.slow
 def test_compiled_memory_is_linear_in_length():
   """A 128-token sliding window, forward+backward: 8K at most 4.5x 2K in temp bytes."""

@@ -33,6 +33,11 @@ loops run a data-dependent number of steps). Arrays that score_mod (or a `tile_s
 over get gradients; those of mask_mod do not. A query that sees no key returns 0 (and passes no
 gradient). Lengths that are not multiples of the blocks are padded, and the padding masked.
 
+`block_mask_from_states` builds the metadata from tile states a caller derived itself (a
+pattern that is data, as MoBA's per-query block selection), and `flex_attention(...,
+return_lse=True)` also returns each row's log-sum-exp, differentiable, so attention over
+disjoint key sets computed in separate calls merges exactly.
+
 For the variants: `causal_mask`, `softcap` and `alibi` build the zoo's causal rule, soft-capping
 and ALiBi, `score_function` composes the last two (cap first, then the bias), `with_segments`
 ANDs a block mask with "same segment" (packed sequences), `pattern_attention` is flex_attention
@@ -187,6 +192,22 @@ def full_block_mask(q_len: int, kv_len: int, *, block_q: int = DEFAULT_BLOCK,
   with jax.ensure_compile_time_eval():
     lists = _both_lists(jnp.full((1, 1, num_q, num_k), FULL, jnp.int8))
   return BlockMask(*lists, None, q_len, kv_len, block_q, block_k)
+
+
+def block_mask_from_states(states, mask_mod: Callable | None, q_len: int, kv_len: int, *,
+                           block_q: int, block_k: int) -> BlockMask:
+  """A BlockMask from tile states the caller derived itself: int [B|1, H|1, nq, nk] of EMPTY,
+  PARTIAL (mask_mod evaluated in the tile) and FULL, nq = ceil(q_len / block_q), nk likewise.
+  For a pattern that is data (a selection per query, inside jit) and whose tiles are cheaper to
+  derive from the data than by evaluating mask_mod everywhere. Traced states give traced lists,
+  as wide as nk (and nq)."""
+  want = (ceil_div(q_len, block_q), ceil_div(kv_len, block_k))
+  if states.ndim != 4 or tuple(states.shape[-2:]) != want:
+    raise ValueError(f"flex: states must be [B|1, H|1, nq, nk] = [·, ·, {want[0]}, {want[1]}] "
+                     f"for q_len={q_len}, kv_len={kv_len} in blocks of {block_q} x {block_k}; "
+                     f"got {states.shape}")
+  return BlockMask(*_both_lists(jnp.asarray(states, jnp.int8)), mask_mod, q_len, kv_len,
+                   block_q, block_k)
 
 
 def causal_mask(q_len: int, kv_len: int) -> Callable:
@@ -398,7 +419,9 @@ class _Plan:
 def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, tile_consts,
              mod_consts):
   """q_blocks [nq, b, kvh, rows, d'], k [b, kvh, kv_len, d'], v [b, kvh, kv_len, dv], kv_valid
-  bool [b, 1, 1, kv_len] -> out [nq, b, kvh, rows, dv] (q's dtype), lse₂ [nq, b, kvh, rows, 1]."""
+  bool [b, 1, 1, kv_len] -> out [nq, b, kvh, rows, dv] (q's dtype), lse₂ [nq, b, kvh, rows, 1]
+  (0 for a row that saw no key, as the backward wants it) and the natural-unit log-sum-exp that
+  flex_attention returns (-inf for such a row)."""
   counts, indices, full = visits[:3]
   _, batch, kv_heads, rows, _ = q_blocks.shape
   bk = plan.block_k
@@ -417,8 +440,10 @@ def _forward(plan: _Plan, q_blocks, k, v, kv_valid, visits, rng, mask_consts, ti
       return tiles.softmax_update(state, scores, _slice(v, j, bk),
                                    plan.kept(rng, i, j, scores.shape))
 
-    out, lse = tiles.softmax_finish(jax.lax.fori_loop(0, counts[i], key_block, init))
-    return out.astype(q_blocks.dtype), lse
+    state = jax.lax.fori_loop(0, counts[i], key_block, init)
+    out, lse = tiles.softmax_finish(state)
+    seen = state[2] > 0
+    return out.astype(q_blocks.dtype), lse, jnp.where(seen, lse / tiles.LOG2E, -jnp.inf)
 
   return jax.lax.map(query_block, (jnp.arange(q_blocks.shape[0]), q_blocks))
 
@@ -428,17 +453,20 @@ def _slice(x, j, block: int, axis: int = 2):
   return jax.lax.dynamic_slice_in_dim(x, j * block, block, axis=axis)
 
 
-def _backward(plan: _Plan, residuals, d_out):
+def _backward(plan: _Plan, residuals, cotangents):
   """FlashAttention-2's backward over the visited tiles, key block by key block: dKᵀ, dVᵀ of a
   key block accumulate over the query blocks that see it (transposed, [d, bk], so the tiles P
   and dS are never transposed), each tile adds its share of dQ; arrays that tile_score and
-  score_mod close over get their share too."""
+  score_mod close over get their share too. The log-sum-exp's cotangent d_lse adds
+  d_lse · ∂lse/∂s = d_lse · P to dS, i.e. Δ - d_lse in place of Δ."""
   q_blocks, k, v, kv_valid, visits, rng, mask_consts, tile_consts, mod_consts, out, lse = residuals
+  d_out, d_lse = cotangents
   counts, indices, full = visits[3:]
   _, batch, kv_heads, _, _ = q_blocks.shape
   bk = plan.block_k
   d_out = d_out.astype(q_blocks.dtype)
   delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
+  delta = delta - d_lse
   consts = (*tile_consts, *mod_consts)
   trained = [jnp.issubdtype(c.dtype, jnp.inexact) for c in consts]
   zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
@@ -495,19 +523,33 @@ def _backward(plan: _Plan, residuals, d_out):
           d_consts[:len(tile_consts)], d_consts[len(tile_consts):])
 
 
+def _hoist_all(fn: Callable, *example):
+  """(fn', consts): fn'(*args, *consts) == fn(*args), with every array fn closes over in
+  consts. jax.closure_convert hoists only values that may carry a tangent, so an integer array
+  traced in a loop body (a mask's data: segment ids, a selection) would stay closed over and
+  leak into the backward, which is traced outside that body; a mask gets no gradient, so all of
+  its arrays can travel as arguments."""
+  closed = jax.make_jaxpr(fn)(*example)
+
+  def converted(*args):
+    return jax.core.eval_jaxpr(closed.jaxpr, args[len(example):], *args[:len(example)])[0]
+  return converted, list(closed.consts)
+
+
 def _attend_fwd(plan, *args):
-  out, lse = _forward(plan, *args)
-  return out, (*args, out, lse)
+  out, lse, natural_lse = _forward(plan, *args)
+  return (out, natural_lse), (*args, out, lse)
 
 
-_attend = jax.custom_vjp(lambda plan, *args: _forward(plan, *args)[0], nondiff_argnums=(0,))
+# -> (out, natural-unit log-sum-exp); either may go unused.
+_attend = jax.custom_vjp(lambda plan, *args: _forward(plan, *args)[::2], nondiff_argnums=(0,))
 _attend.defvjp(_attend_fwd, _backward)
 
 
 def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
                    score_mod: Callable | None = None, scale: float | None = None, kv_mask=None,
                    tile_score: Callable | None = None, dropout_rate: float = 0.0,
-                   dropout_rng=None):
+                   dropout_rng=None, return_lse: bool = False):
   """Softmax attention over `block_mask`'s pattern. q [b, q_len, h, d']; k [b, kv_len, kvh, d'];
   v [b, kv_len, kvh, dv]; kv_mask bool [b, kv_len] (True = real key) or None. Returns
   [b, q_len, h, dv] in q's dtype; a query that sees no key gives 0.
@@ -515,6 +557,11 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   block_mask None: every key (blocks of DEFAULT_BLOCK). scale None: 1/sqrt(d'). score_mod,
   tile_score: see the module docstring. dropout_rate with a dropout_rng: attention dropout on
   the tiles' weights (the same draws in the backward).
+
+  return_lse: also return each row's log-sum-exp of its (modified, masked) scores, natural
+  units, f32 [b, q_len, h] (-inf for a row that sees no key; of the weights before dropout),
+  as (out, lse); it is differentiable, so outputs over disjoint sets of keys can be merged
+  exactly (softmax over their lse weighs them).
   """
   batch, q_len, num_heads, head_dim = q.shape
   kv_len, kv_heads = k.shape[1], k.shape[2]
@@ -550,7 +597,8 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   tile_fn, tile_consts = convert(tile_score, q_blocks[0], k[:, :, :bk], index[1])
   scores_example = jnp.zeros((batch, kv_heads, group * bq, bk), jnp.float32)
   mod_fn, mod_consts = convert(score_mod, scores_example, *index)
-  mask_fn, mask_consts = convert(block_mask.mask_mod, *index)
+  mask_fn, mask_consts = (None, []) if block_mask.mask_mod is None else _hoist_all(
+      block_mask.mask_mod, *index)
   plan = _Plan(tile_fn, mod_fn, mask_fn, scale, bq, bk, group, float(dropout_rate))
   rng = dropout_rng if dropout_rate > 0 else None
   args = (q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts, tile_consts,
@@ -563,9 +611,13 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
           "supported: the plain forward's key-block loops run a data-dependent number of steps, "
           "which JAX cannot reverse. Differentiate forward over reverse instead (jax.jvp of "
           "jax.grad, as jax.hessian does)")
-    out = _forward(plan, *args)[0]
+    out, _, lse = _forward(plan, *args)
   else:
-    out = _attend(plan, *args)                                    # [nq, b, kvh, rows, dv]
-  out = out.reshape(-1, batch, kv_heads, group, bq, out.shape[-1])
-  out = jnp.moveaxis(out, 0, 3).reshape(batch, kv_heads, group, -1, out.shape[-1])[:, :, :, :q_len]
-  return jnp.moveaxis(out, 3, 1).reshape(batch, q_len, num_heads, -1)
+    out, lse = _attend(plan, *args)                               # [nq, b, kvh, rows, ·]
+
+  def in_sequence(x):   # [nq, b, kvh, g·bq, c] -> [b, q_len, h, c]
+    x = x.reshape(-1, batch, kv_heads, group, bq, x.shape[-1])
+    x = jnp.moveaxis(x, 0, 3).reshape(batch, kv_heads, group, -1, x.shape[-1])[:, :, :, :q_len]
+    return jnp.moveaxis(x, 3, 1).reshape(batch, q_len, num_heads, -1)
+
+  return (in_sequence(out), in_sequence(lse)[..., 0]) if return_lse else in_sequence(out)
