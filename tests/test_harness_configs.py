@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -360,6 +361,62 @@ def test_lra_schedules_follow_the_reference_formulas():
   with pytest.raises(cli.HarnessError, match="unknown schedule factor.*'exp_decay'.*rsqrt_decay"):
     build.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
                                  steps_per_cycle=1)
+
+
+def pytorch_one_cycle(step, *, max_lr=1e-4, total_steps=5000, pct_start=0.2, div_factor=25.0,
+                      final_div_factor=1e4, base_momentum=0.85, max_momentum=0.95):
+  """(lr, β1) of torch.optim.lr_scheduler.OneCycleLR (two phases, anneal_strategy="linear",
+  cycle_momentum=True) at scheduler step `step`, transcribed from its get_lr."""
+  initial = max_lr / div_factor
+  phases = [(pct_start * total_steps - 1, initial, max_lr, max_momentum, base_momentum),
+            (total_steps - 1, max_lr, initial / final_div_factor, base_momentum, max_momentum)]
+  start = 0
+  for i, (end, lr_start, lr_end, m_start, m_end) in enumerate(phases):
+    if step <= end or i == len(phases) - 1:
+      pct = (step - start) / (end - start)
+      return (lr_end - lr_start) * pct + lr_start, (m_end - m_start) * pct + m_start
+    start = end
+
+
+def test_one_cycle_schedule_and_b1_follow_pytorch():
+  """The light preset's schedule: the rate and Adam's β1 at every phase boundary and between."""
+  config = cli.task_config("listops", "full", "light")
+  resolved = build.resolve(config)
+  _, schedule = build.optimizer(resolved)
+  b1 = build.b1_schedule(resolved.schedule)
+  for step in (0, 1, 500, 999, 1000, 2999, 4998, 4999):
+    lr, momentum = pytorch_one_cycle(step)
+    assert float(schedule(step)) == pytest.approx(lr, rel=1e-5), step
+    assert float(b1(step)) == pytest.approx(momentum, rel=1e-6), step
+  assert float(schedule(0)) == pytest.approx(4e-6) and float(schedule(4999)) == pytest.approx(4e-10)
+  assert float(b1(0)) == pytest.approx(0.95) and float(b1(999)) == pytest.approx(0.85)
+  with pytest.raises(cli.HarnessError, match="2 <= schedule.warmup_steps < schedule.steps_per"):
+    build.learning_rate_schedule("one_cycle", base_learning_rate=1, warmup_steps=10,
+                                 steps_per_cycle=10)
+  with pytest.raises(cli.HarnessError, match="cycle_b1 follows the one_cycle factor"):
+    build.b1_schedule({**resolved.schedule.to_dict(), "factors": common.RSQRT})
+
+
+def test_cycled_b1_is_the_current_beta_of_pytorchs_adam():
+  """With a β1 schedule, each update is PyTorch Adam's with that step's β1, its bias
+  correction 1 - β1_t^t included (AdamW, weight decay 0, eps added to the corrected sqrt(v))."""
+  options = type("O", (), dict(name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0,
+                               grad_clip_norm=0.0))
+  lrs, betas = [1e-2, 2e-2, 3e-2], [0.95, 0.9, 0.85]
+  tx = build.make_optimizer(options, lambda count: jnp.asarray(lrs)[count],
+                            b1=lambda count: jnp.asarray(betas)[count])
+  params = {"w": jnp.array([1.0, -2.0])}
+  state = tx.init(params)
+  m = v = np.zeros(2)
+  w = np.array([1.0, -2.0])
+  for t, grad in enumerate([np.array([0.5, -1.0]), np.array([2.0, 0.1]), np.array([-1.0, 3.0])]):
+    updates, state = tx.update({"w": jnp.asarray(grad, jnp.float32)}, state, params)
+    params = optax.apply_updates(params, updates)
+    b1 = betas[t]
+    m = b1 * m + (1 - b1) * grad
+    v = 0.999 * v + 0.001 * grad ** 2
+    w = w - lrs[t] * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v / (1 - 0.999 ** (t + 1))) + 1e-6)
+    np.testing.assert_allclose(params["w"], w, rtol=1e-5)
 
 
 def test_optimizers_weight_decay_and_clipping():
