@@ -336,9 +336,13 @@ class Trainer:
 
   # -- evaluation --------------------------------------------------------------------------
 
-  def evaluate(self, batches, model_state) -> dict[str, float]:
-    """Loss and accuracy of (params, rest) over `batches` (data.validation_batches or
-    data.test_batches)."""
+  def evaluate(self, split: str, model_state, evaluation: int = 0) -> dict[str, float]:
+    """Loss, accuracy and example count of (params, rest) on the split: the validation batches
+    of the run's evaluation number `evaluation` (data.validation_batches), or the test batches
+    (data.test_batches)."""
+    ds = self.datasets[split]
+    batches = (data_lib.validation_batches(ds, self.config, evaluation) if split == "validation"
+               else data_lib.test_batches(ds, self.config))
     totals = None
     for batch in batches:
       sums = self.eval_step(model_state, data_lib.to_device(batch, self.batch_sharding))
@@ -426,8 +430,7 @@ class Trainer:
         if step % config.eval_every == 0 or last:
           self._check_finite(pending, step, checkpoints)
           evaluation = -(-step // config.eval_every) - 1   # 0 for the first
-          batches = data_lib.validation_batches(self.datasets["validation"], config, evaluation)
-          result = self.evaluate(batches, (self.state.params, self.state.rest))
+          result = self.evaluate("validation", (self.state.params, self.state.rest), evaluation)
           writer.write(step, eval_loss=result["loss"], eval_accuracy=result["accuracy"])
           record["last_eval_accuracy"] = result["accuracy"]
           if result["accuracy"] > record["best_eval_accuracy"]:
@@ -465,9 +468,8 @@ class Trainer:
     """Test accuracy under both policies, each labelled: the final step's model (what the
     released LRA code reported) and the best-validation model (chosen on validation only)."""
     config = self.config
-    test = lambda: data_lib.test_batches(self.datasets["test"], config)
-    final = self.evaluate(test(), (self.state.params, self.state.rest))
-    best = self.evaluate(test(), self.best)
+    final = self.evaluate("test", (self.state.params, self.state.rest))
+    best = self.evaluate("test", self.best)
     writer.write(config.num_train_steps, test_loss_final=final["loss"],
                  test_accuracy_final=final["accuracy"],
                  test_loss_best_validation=best["loss"],

@@ -310,8 +310,8 @@ def test_test_accuracy_of_the_final_and_the_best_validation_model(data_root, tmp
   config = config_for("listops", data_root, "num_train_steps=3", "eval_every=1", *LISTOPS_SIZES)
   real, fake = trainer.Trainer.evaluate, iter([0.2, 0.6, 0.4])
 
-  def evaluate(self, split, model_state):
-    result = real(self, split, model_state)
+  def evaluate(self, split, model_state, evaluation=0):
+    result = real(self, split, model_state, evaluation)
     return {**result, "accuracy": next(fake)} if split == "validation" else result
 
   monkeypatch.setattr(trainer.Trainer, "evaluate", evaluate)

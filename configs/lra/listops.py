@@ -98,7 +98,7 @@ LIGHT = {
         _OPTIONS + "n_hashes": (2, "lra_config.py:53"),
         _OPTIONS + "chunk_len": (64, "HF ReformerConfig default lsh_attn_chunk_length"),
         _OPTIONS + "n_buckets": (64, "HF: num_buckets None -> 2 x 2048 / 64"),
-        _OPTIONS + "scale": (1.0, "HF _len_and_dim_norm: keys x / |x|, logits q·k̂"),
+        _OPTIONS + "scale": (1.0, "HF _len_and_dim_norm: unit keys x / ‖x‖, logits q·k̂"),
         _OPTIONS + "dropout_rate": (0.0, "HF lsh_attention_probs_dropout_prob default"),
         _OPTIONS + "eval_rotations": ("fresh", "HF hash_seed None: new rotations every call"),
         _OPTIONS + "duplicate_correction": (False, "HF LSHSelfAttention has none"),
