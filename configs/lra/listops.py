@@ -113,6 +113,8 @@ LIGHT = {
                                                       "class attribute"),
     },
     "performer": {
+        "model.attention_dropout_rate": (0.0, "FastAttention drops nothing: the 0.1 of "
+                                              "lra_config.py:21 reaches softmax only"),
         _OPTIONS + "kernel": ("softmax", "attention_performer.py:15: generalized_attention "
                                          "left False, so kernel_fn=ReLU is unused"),
         _OPTIONS + "features": ("random", "performer-pytorch 0.15 FastAttention"),
