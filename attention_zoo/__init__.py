@@ -6,20 +6,55 @@
     layer = az.create_mixer("gated_deltanet", emb_dim=64, num_heads=4, rngs=nnx.Rngs(0))
     y = layer(x, mask=mask)                     # any name: a mixer, or attention with projections
 
-The package's modules are all imported here, so a new variant is one new file with one
-`@register` (or `@register_mixer`) line; variants outside the package are loaded with
-`az.load_plugins([...])` (module names or .py files). attention_zoo/plugins.py says how.
+This module is the package's face: it imports nothing when the package loads and resolves each
+public name on first use, so `import attention_zoo.ops` (pure JAX) loads no Flax and no other
+part of the package. The first use of a public name imports the built-in variants and mixers
+(attention_zoo/variants/, attention_zoo/mixers/: a new one is a new file there with one
+`@register` or `@register_mixer` line, and no list names it); variants outside the package are
+loaded with `az.load_plugins([...])` (module names or .py files). The modules (az.reference,
+az.registry, az.models, ...) are imported when first named, az.registry and az.plugins with the
+built-ins. The package's own modules import the registry by its full path (a module the
+built-ins import that named it through this face would load them while half-imported).
+docs/architecture.md shows the layers.
 """
-from attention_zoo import plugins, reference
-from attention_zoo.base import Attention
-from attention_zoo.options import Bool, Choice, Float, Int
-from attention_zoo.plugins import PluginError, load_plugins
-from attention_zoo.mixer import Mixer
-from attention_zoo.registry import (AttentionSpec, available, create, create_mixer, register,
-                                    register_mixer, scoped_registry, spec, state_size)
+import importlib
+import importlib.util
 
-plugins.import_package_modules(__name__, __path__)
+# Public name -> the module that defines it.
+_DEFINED_IN = {
+    **dict.fromkeys(("Attention", "Mixer", "register", "register_mixer"), "contract"),
+    **dict.fromkeys(("AttentionSpec", "available", "create", "scoped_registry", "spec",
+                     "state_size"), "registry"),
+    "create_mixer": "layers",
+    **dict.fromkeys(("Bool", "Choice", "Float", "Int"), "options"),
+    **dict.fromkeys(("PluginError", "load_plugins"), "plugins"),
+}
 
-__all__ = ["Attention", "AttentionSpec", "Bool", "Choice", "Float", "Int", "Mixer", "PluginError",
-           "available", "create", "create_mixer", "load_plugins", "reference", "register",
-           "register_mixer", "scoped_registry", "spec", "state_size"]
+# Modules whose functions read the name table: naming them loads the built-ins too.
+_TABLE_MODULES = ("plugins", "registry")
+
+__all__ = sorted([*_DEFINED_IN, "reference"])
+
+
+def _load_builtins():
+  """Imports the built-in variants and mixers: importing their packages registers them."""
+  import attention_zoo.mixers  # noqa: F401
+  import attention_zoo.variants  # noqa: F401
+
+
+def __getattr__(name: str):
+  if name in _DEFINED_IN:
+    _load_builtins()
+    value = getattr(importlib.import_module(f"{__name__}.{_DEFINED_IN[name]}"), name)
+  elif importlib.util.find_spec(f"{__name__}.{name}") is not None:   # a module of the package
+    if name in _TABLE_MODULES:
+      _load_builtins()
+    value = importlib.import_module(f"{__name__}.{name}")
+  else:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted({*globals(), *__all__})

@@ -37,7 +37,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import reference, registry
+import attention_zoo.mixers  # noqa: F401  (registers the built-in mixers)
+import attention_zoo.variants  # noqa: F401  (registers the built-in variants, built here by name)
+from attention_zoo import registry
+from attention_zoo.ops import softmax
 
 
 # -- attention_fn --------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def padding_from_mask(mask, batch_shape, q_len: int, kv_len: int, *, causal: boo
   if check:
     rebuilt = q_mask[:, None, :, None] & kv_mask[:, None, None, :]       # [b, 1, q, kv]
     if causal:
-      rebuilt = rebuilt & reference.causal_pattern(q_len, kv_len, True)[None]
+      rebuilt = rebuilt & softmax.causal_pattern(q_len, kv_len, True)[None]
     factors = jnp.all(rebuilt == mask)
     if isinstance(factors, jax.core.Tracer):
       jax.debug.callback(_raise_unless_factors, factors, name, causal)

@@ -1,11 +1,18 @@
-"""The layers every model shares: multi-head attention around any registered variant, the MLP,
-and the short causal convolution (beside attention in a block, and inside the sequence mixers)."""
+"""The layers every model shares: multi-head attention around any registered variant (the
+projection layer), the MLP, and `create_mixer`, any registered name as a layer on x.
+
+They build variants and mixers by name, so they import the packages of the built-in ones, which
+registers them.
+"""
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import nnx
 
+import attention_zoo.mixers  # noqa: F401  (registers the built-in mixers)
+import attention_zoo.variants  # noqa: F401  (registers the built-in attention variants)
 from attention_zoo import positions, registry
+from attention_zoo.dropout import Dropout
 
 
 class MultiHeadAttention(nnx.Module):
@@ -103,7 +110,7 @@ class MLP(nnx.Module):
                approximate_gelu: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
     self.up = nnx.Linear(emb_dim, mlp_dim, dtype=dtype, rngs=rngs)
     self.down = nnx.Linear(mlp_dim, emb_dim, dtype=dtype, rngs=rngs)
-    self.dropout = nnx.Dropout(dropout_rate, rngs=rngs)
+    self.dropout = Dropout(dropout_rate, rngs=rngs)
     self.approximate_gelu = approximate_gelu
 
   def __call__(self, x, *, deterministic: bool = True):
@@ -111,39 +118,29 @@ class MLP(nnx.Module):
     return self.down(self.dropout(hidden, deterministic=deterministic))
 
 
-class ShortConv(nnx.Module):
-  """A causal depthwise convolution over the last `kernel_size` positions (the short
-  convolution Zoology puts beside attention; Arora et al. 2023):
+def create_mixer(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,
+                 qkv_dim: int | None = None, causal: bool = False, max_len: int | None = None,
+                 position_kind: str = "none", dtype=None, rngs, **options):
+  """Builds any registered name as a layer x [b, n, emb] -> [b, n, emb]: a mixer, or an
+  attention variant inside `MultiHeadAttention` (its q/k/v/out projections). Both are called
+  `layer(x, mask=..., deterministic=..., decode=...)`.
 
-      y_t = b + Σ_{i < k} w_i ⊙ x_{t-i}          x, y [b, n, emb]; w [k, emb]
-
-  It hands each position its recent neighbours (a key to the value after it), so attention
-  is left with the long-range part. The sequence mixers (DeltaNet, Mamba2, ...) run it on their
-  projections (their authors' kernel 4, followed by SiLU). For decoding it keeps the last
-  k - 1 inputs, so any number of tokens can be fed at a time.
+  qkv_dim (default emb_dim) / num_heads is the head dimension. position_kind ("rope", "alibi")
+  applies to attention scores; a mixer has none and accepts only "none" (RetNet rotates its own
+  q and k).
   """
-
-  def __init__(self, features: int, kernel_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    if kernel_size < 1:
-      raise ValueError(f"short_conv must be a kernel size >= 1 (0 = none), got {kernel_size}")
-    self.kernel_size, self.dtype = kernel_size, dtype
-    self.weight = nnx.Param(nnx.initializers.normal(kernel_size ** -0.5)(
-        rngs.params(), (kernel_size, features)))
-    self.bias = nnx.Param(jnp.zeros((features,)))
-    self.state = nnx.data(None)   # [b, k - 1, emb] in decoding, set by init_cache
-
-  def init_cache(self, batch_size: int, dtype=jnp.float32):
-    self.state = nnx.Cache(jnp.zeros((batch_size, self.kernel_size - 1, self.weight.shape[1]),
-                                     dtype))
-
-  def __call__(self, x, *, decode: bool = False):
-    k, n = self.kernel_size, x.shape[1]
-    if decode:
-      window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)   # [b, k - 1 + n, emb]
-      self.state[...] = window[:, n:]
-    else:
-      window = jnp.pad(x, ((0, 0), (k - 1, 0), (0, 0)))
-    weight = self.weight[...].astype(self.dtype)
-    # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
-    out = sum(weight[i] * window[:, k - 1 - i:k - 1 - i + n] for i in range(k))
-    return out + self.bias[...].astype(self.dtype)
+  cls = registry.get(name)
+  dtype = jnp.float32 if dtype is None else dtype
+  if cls.spec.kind == "attention":
+    return MultiHeadAttention(emb_dim, num_heads, num_kv_heads=num_kv_heads, qkv_dim=qkv_dim,
+                              attention=name, attention_options=options, causal=causal,
+                              max_len=max_len, position_kind=position_kind, dtype=dtype, rngs=rngs)
+  if position_kind != "none":
+    raise ValueError(f"mixer {name!r} forms no attention scores, so position_kind must be 'none' "
+                     f"(got {position_kind!r}); add positions to the embeddings instead")
+  qkv_dim = emb_dim if qkv_dim is None else qkv_dim
+  if qkv_dim % num_heads:
+    raise ValueError(f"qkv_dim ({qkv_dim}) must be divisible by num_heads ({num_heads})")
+  return cls(emb_dim=emb_dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
+             head_dim=qkv_dim // num_heads, causal=causal, max_len=max_len, dtype=dtype,
+             rngs=rngs, **options)

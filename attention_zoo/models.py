@@ -18,7 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo import positions, registry
-from attention_zoo.layers import MLP, MultiHeadAttention, ShortConv
+from attention_zoo.dropout import Dropout
+from attention_zoo.convolution import ShortConv
+from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
 
 POOLINGS = ("cls", "mean", "padded_mean")
 INTERACTIONS = ("nli", "concat")
@@ -115,7 +117,7 @@ class Block(nnx.Module):
     self.short_conv = (ShortConv(config.emb_dim, config.short_conv, dtype=dtype, rngs=rngs)
                        if config.short_conv else None)
     self.conv_norm = norm() if config.short_conv else None
-    self.self_attention = registry.create_mixer(
+    self.self_attention = create_mixer(
         config.attention, emb_dim=config.emb_dim, causal=causal,
         position_kind=config.positions if score_positions else "none", **dims,
         **attention_options)
@@ -126,7 +128,7 @@ class Block(nnx.Module):
     self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate,
                    approximate_gelu=config.gelu_approximate, dtype=dtype, rngs=rngs)
     self.mlp_norm = norm()
-    self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+    self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
   def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False,
                packing=None):
@@ -176,7 +178,7 @@ class Stack(nnx.Module):
                 if cls_token else None)
     self.learned_positions = (positions.LearnedPositions(max_len, config.emb_dim, rngs=rngs)
                               if config.positions == "learned" else None)
-    self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
+    self.dropout = Dropout(config.dropout_rate, rngs=rngs)
     self.blocks = nnx.List([Block(config, causal=causal, cross=cross, max_len=max_len, rngs=rngs)
                             for _ in range(config.num_layers)])
     if config.share_attention_across_layers:

@@ -3,10 +3,10 @@
     import attention_zoo as az
     az.load_plugins(["my_package.my_attention", "path/to/cosine.py"])   # -> the names added
 
-The package's own variants and mixers register when `import attention_zoo` imports every module
-of the package (`import_package_modules`): a new one is a new file with one `@register` (or
-`@register_mixer`) line, and no list names it. The one module left out is the conformance
-command, which `python -m attention_zoo.conformance` imports itself.
+The package's own variants and mixers register when their packages, attention_zoo.variants and
+attention_zoo.mixers, import every module in them (`import_package_modules`): a new one is a new
+file with one `@register` (or `@register_mixer`) line, and no list names it. The package's face
+imports those two packages on the first use of a public name (`az.available()`, `az.create`...).
 
 Any other variant is a plug-in: a module whose import registers it, loaded with `load_plugins`,
 by its module name (importable from sys.path or the current directory: `my_attention` for
@@ -27,19 +27,14 @@ import pkgutil
 import sys
 from typing import Iterable
 
-from attention_zoo import registry
-
-
-# Run with `python -m`: importing it with the package would make runpy warn that it is imported
-# twice.
-_COMMANDS = {"conformance"}
+from attention_zoo.registry import available, get
 
 
 def import_package_modules(package: str, path) -> None:
-  """Imports every module of `package` (its folder list `path`) but the commands and private
-  modules, registering the variants and mixers they define."""
+  """Imports every module of `package` (its folder list `path`) but private ones, registering
+  the variants and mixers they define."""
   for module in pkgutil.iter_modules(path):
-    if module.name not in _COMMANDS and not module.name.startswith("_"):
+    if not module.name.startswith("_"):
       importlib.import_module(f"{package}.{module.name}")
 
 
@@ -96,9 +91,9 @@ def import_plugin(target: str) -> str:
 
 def registered_by(module_name: str) -> list[str]:
   """The registered names whose class is defined in `module_name` or a module inside it."""
-  return [n for n in registry.available()
-          if registry.get(n).__module__ == module_name
-          or registry.get(n).__module__.startswith(module_name + ".")]
+  return [n for n in available()
+          if get(n).__module__ == module_name
+          or get(n).__module__.startswith(module_name + ".")]
 
 
 def load_plugins(targets: Iterable[str]) -> list[str]:
@@ -108,7 +103,7 @@ def load_plugins(targets: Iterable[str]) -> list[str]:
   """
   if isinstance(targets, str):
     targets = [targets]
-  before = set(registry.available())
+  before = set(available())
   for target in targets:
     import_plugin(target)
-  return sorted(set(registry.available()) - before)
+  return sorted(set(available()) - before)

@@ -1,15 +1,18 @@
-"""Name -> attention variant or sequence mixer: `register`, `register_mixer`, `create`,
-`create_mixer`, `available`, `accepting_alibi`, `accepting`, `spec`, `state_size`,
-`scoped_registry`.
+"""The name table: name -> attention variant or sequence mixer. `available`, `accepting_alibi`,
+`accepting`, `get`, `spec`, `create`, `state_size`, `scoped_registry`; `add` enters a class.
 
 Two kinds of class share one namespace. An attention variant (a subclass of
 `attention_zoo.Attention`, `@register`) maps q, k, v to an output; a sequence mixer (a subclass
-of `attention_zoo.mixer.Mixer`, `@register_mixer`) maps a block's input x to its output and owns
-its projections, gates, convolution and norm. Each is registered under a name with the facts a
-caller needs before building it: whether it is exact, causal, cross-capable, its cost, its
-paper, and its options (the class attribute `OPTIONS`, merged with the options every class of its
-kind has), each with its default and its type. `create_mixer` builds any name as a layer on x:
-a mixer itself, or an attention variant inside `attention_zoo.layers.MultiHeadAttention`.
+of `attention_zoo.Mixer`, `@register_mixer`) maps a block's input x to its output and owns its
+projections, gates, convolution and norm. Each is registered under a name with the facts a
+caller needs before building it (its `AttentionSpec`): whether it is exact, causal,
+cross-capable, its cost, its paper, and its options (the class attribute `OPTIONS`, merged with
+the options every class of its kind has), each with its default and its type.
+
+This module imports no variant and no contract: the decorators (attention_zoo.contract) enter
+classes here, and whoever needs the built-in variants (the package's face, the layers that
+build variants by name) imports attention_zoo.variants and attention_zoo.mixers, which register
+them. `attention_zoo.layers.create_mixer` builds any name as a layer on x.
 """
 from __future__ import annotations
 
@@ -51,89 +54,12 @@ class AttentionSpec:
     return {name: spec.python_type for name, spec in self.option_specs.items()}
 
 
-def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: bool,
-             complexity: str, paper: str, can_decode: bool = False,
-             supports_alibi: bool = False, shared_qk: bool = False,
-             needs_max_len: bool = False, supports_dropout: bool = True,
-             supports_softcap: bool = False, supports_segment_ids: bool = False):
-  """Class decorator: `@register("cosine", exact=False, ...)` on an `Attention` subclass.
-
-  supports_softcap adds the shared `softcap` option (base.SOFTCAP_OPTION) to the class's options;
-  supports_segment_ids lets calls pass q_segment_ids / kv_segment_ids.
-
-  TypeError for a class that is not an `Attention`, options not declared as
-  `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for a
-  name already taken by another class.
-  """
-  from attention_zoo.base import SOFTCAP_OPTION, Attention  # late: base imports this module
-
-  def wrap(cls):
-    if not (isinstance(cls, type) and issubclass(cls, Attention)):
-      raise TypeError(f"@register({name!r}) needs a subclass of attention_zoo.Attention, "
-                      f"got {cls!r}")
-    _check_free(name, cls)
-    declared = cls.declared_options()
-    _check_typed(cls, declared)
-    if supports_softcap:
-      declared = {**declared, "softcap": SOFTCAP_OPTION}
-    if exact and cls.pattern is Attention.pattern:
-      raise TypeError(f"{cls.__qualname__} is registered with exact=True but defines no "
-                      f"pattern(q_len, kv_len): the pattern its softmax runs over is what the "
-                      f"exactness is checked against")
-    cls.spec = AttentionSpec(
-        name=name, exact=exact, supports_causal=supports_causal, supports_cross=supports_cross,
-        complexity=complexity, paper=paper,
-        options={k: option.default for k, option in declared.items()}, option_specs=declared,
-        can_decode=can_decode, supports_alibi=supports_alibi, shared_qk=shared_qk,
-        needs_max_len=needs_max_len, supports_dropout=supports_dropout,
-        supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids)
-    _REGISTRY[name] = cls
-    return cls
-
-  return wrap
-
-
-def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True):
-  """Class decorator: `@register_mixer("gla", complexity="O(n·d²)", paper=...)` on a `Mixer`
-  subclass (attention_zoo.mixer). A mixer is causal (an encoder runs it both ways: the
-  `bidirectional` option), inexact, self-only, without ALiBi or attention dropout.
-
-  TypeError for a class that is not a `Mixer` or options not declared as `attention_zoo.options`
-  types; ValueError for a name already taken by another class.
-  """
-  from attention_zoo.mixer import Mixer  # late import: mixer imports this module
-
-  def wrap(cls):
-    if not (isinstance(cls, type) and issubclass(cls, Mixer)):
-      raise TypeError(f"@register_mixer({name!r}) needs a subclass of attention_zoo.mixer.Mixer, "
-                      f"got {cls!r}")
-    _check_free(name, cls)
-    declared = cls.declared_options()
-    _check_typed(cls, declared)
-    cls.spec = AttentionSpec(
-        name=name, exact=False, supports_causal=True, supports_cross=False,
-        complexity=complexity, paper=paper,
-        options={k: option.default for k, option in declared.items()}, option_specs=declared,
-        can_decode=can_decode, supports_dropout=False, kind="mixer")
-    _REGISTRY[name] = cls
-    return cls
-
-  return wrap
-
-
-def _check_free(name: str, cls: type):
+def add(name: str, cls: type) -> None:
+  """Enters `cls` (whose `spec` is set) under `name`; ValueError for a name another class holds.
+  Called by the registration decorators (attention_zoo.contract), which check the class first."""
   if name in _REGISTRY and _REGISTRY[name] is not cls:
     raise ValueError(f"{name!r} is already registered by {_REGISTRY[name].__qualname__}")
-
-
-def _check_typed(cls: type, declared: dict):
-  untyped = {k: v for k, v in declared.items() if not isinstance(v, options_lib.Option)}
-  if untyped:
-    raise TypeError(
-        f"{cls.__qualname__}.OPTIONS must map each name to an option type from "
-        f"attention_zoo.options (Int, Float, Bool, Choice); got "
-        + ", ".join(f"{k}={v!r}" for k, v in sorted(untyped.items()))
-        + " (e.g. {'temperature': Float(1.0, above=0)})")
+  _REGISTRY[name] = cls
 
 
 KINDS = ("attention", "mixer")
@@ -182,37 +108,6 @@ def create(name: str, *, num_heads: int, head_dim: int, num_kv_heads: int | None
                      f"create_mixer({name!r}, emb_dim=..., num_heads=..., ...)")
   return cls(num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads, causal=causal,
              max_len=max_len, rngs=rngs, **options)
-
-
-def create_mixer(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,
-                 qkv_dim: int | None = None, causal: bool = False, max_len: int | None = None,
-                 position_kind: str = "none", dtype=None, rngs, **options):
-  """Builds any registered name as a layer x [b, n, emb] -> [b, n, emb]: a mixer, or an
-  attention variant inside `attention_zoo.layers.MultiHeadAttention` (its q/k/v/out
-  projections). Both are called `layer(x, mask=..., deterministic=..., decode=...)`.
-
-  qkv_dim (default emb_dim) / num_heads is the head dimension. position_kind ("rope", "alibi")
-  applies to attention scores; a mixer has none and accepts only "none" (RetNet rotates its own
-  q and k).
-  """
-  import jax.numpy as jnp
-
-  from attention_zoo.layers import MultiHeadAttention  # late import: layers imports this module
-  cls = get(name)
-  dtype = jnp.float32 if dtype is None else dtype
-  if cls.spec.kind == "attention":
-    return MultiHeadAttention(emb_dim, num_heads, num_kv_heads=num_kv_heads, qkv_dim=qkv_dim,
-                              attention=name, attention_options=options, causal=causal,
-                              max_len=max_len, position_kind=position_kind, dtype=dtype, rngs=rngs)
-  if position_kind != "none":
-    raise ValueError(f"mixer {name!r} forms no attention scores, so position_kind must be 'none' "
-                     f"(got {position_kind!r}); add positions to the embeddings instead")
-  qkv_dim = emb_dim if qkv_dim is None else qkv_dim
-  if qkv_dim % num_heads:
-    raise ValueError(f"qkv_dim ({qkv_dim}) must be divisible by num_heads ({num_heads})")
-  return cls(emb_dim=emb_dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
-             head_dim=qkv_dim // num_heads, causal=causal, max_len=max_len, dtype=dtype,
-             rngs=rngs, **options)
 
 
 def state_size(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import conformance
 
 
 @az.register("cosine", exact=False, supports_causal=True, supports_cross=True, complexity="O(n²)",
@@ -22,6 +21,9 @@ from attention_zoo import conformance
                    "(arXiv:2111.09883)")
 class CosineAttention(az.Attention):
   OPTIONS = {"init_temperature": az.Float(0.1, above=0)}   # τ at initialisation, then learned
+  # How the conformance suite builds it at its small shapes (length 20, head_dim 8): a softer τ
+  # than the default; a blockwise variant would set a block size below the length here.
+  TEST_OPTIONS = {"init_temperature": 0.5}
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)   # validates heads, causal, every option; sets self.options, ...
@@ -42,8 +44,3 @@ class CosineAttention(az.Attention):
     return az.reference.masked_softmax_attention(
         q, unit(k), v, q_mask=q_mask, kv_mask=kv_mask, causal=self.causal, scale=1.0,
         dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic))
-
-
-# How the conformance suite builds it at its small shapes (length 20, head_dim 8): here a softer
-# τ than the default; a blockwise variant would set a block size below the length here.
-conformance.configure("cosine", options={"init_temperature": 0.5})

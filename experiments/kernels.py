@@ -2,7 +2,7 @@ r"""The benchmark's modes that take one kernel alone (`python -m experiments.ben
 
 ops            the linear-recurrence ops of attention_zoo.ops, forward+backward, against causal
                `full` attention and against the gated delta rule's token-by-token form
-flash          the FlashAttention kernels (attention_zoo.flash: Pallas on a GPU or TPU, the
+flash          the FlashAttention kernels (attention_zoo.ops.flash: Pallas on a GPU or TPU, the
                chunked pure-JAX path) against cuDNN and XLA, after a correctness check
 approximation  how far each approximate variant is from the exact attention it stands for
 
@@ -13,11 +13,11 @@ XLA), then timed by measure.time_calls (median of --repeats calls after --warmup
 --time_budget_s. Writes benchmark_ops.csv and .md.
 
 flash. Implementations (--impls):
-  pallas   attention_zoo.flash's kernels: Triton on a GPU, Mosaic on a TPU; on a CPU only with
+  pallas   attention_zoo.ops.flash's kernels: Triton on a GPU, Mosaic on a TPU; on a CPU only with
            --interpret (the GPU kernels interpreted: a correctness run, its times mean nothing)
   cudnn    jax.nn.dot_product_attention(implementation="cudnn", is_causal=...) (GPU only)
   xla      the `full` variant's dense XLA path (reference.masked_softmax_attention)
-  chunked  attention_zoo.flash's pure-JAX path
+  chunked  attention_zoo.ops.flash's pure-JAX path
 Shapes follow the FlashAttention papers: batch = --tokens / length, heads = --hidden / head_dim
 (16k tokens, hidden 2048), unless --batch_size / --num_heads are given. FLOPs = 4·b·h·n²·d,
 halved for causal; backward = 2.5 × forward, so forward+backward = 3.5 × forward. Times are
@@ -50,7 +50,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import ops, reference
-from attention_zoo.flash import chunked, pallas_gpu, pallas_tpu
+from attention_zoo.ops.flash import chunked, pallas_gpu, pallas_tpu
 from experiments import benchmark_output, cli, measure, provenance
 from experiments.workloads import Status, attention_flops, length_label
 

@@ -3,7 +3,7 @@ registering."""
 import pytest
 
 import attention_zoo as az
-from attention_zoo import conformance
+from attention_zoo.testing import conformance
 
 
 @pytest.mark.parametrize("prop", list(conformance.CHECKS))

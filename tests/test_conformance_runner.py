@@ -12,7 +12,8 @@ import textwrap
 import pytest
 
 import attention_zoo as az
-from attention_zoo import conformance
+from attention_zoo.testing import conformance
+from attention_zoo.variants.local import LocalAttention
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,11 +125,11 @@ def test_the_example_plugin_passes_every_property_from_its_path():
   assert all(status == "PASS" for prop, status in statuses.items()
              if prop not in ("exact", "decode"))
   assert result.stdout.startswith("cosine  (approximate, O(n²), causal, cross) "
-                                  "with init_temperature=0.5\n")   # its configure() applied
+                                  "with init_temperature=0.5\n")   # its TEST_OPTIONS applied
 
 
 def test_builtin_modules(capsys):
-  code = conformance.main(["attention_zoo.full", "attention_zoo.nystromformer",
+  code = conformance.main(["attention_zoo.variants.full", "attention_zoo.variants.nystromformer",
                            "--checks=padding,causal"])
   report = capsys.readouterr().out
   assert code == 0, report
@@ -144,7 +145,7 @@ def test_usage_errors_exit_2(scratch, capsys):
   assert "cannot import 'no_such_module_anywhere'" in capsys.readouterr().err
   assert conformance.main(["plain_module"]) == 2
   assert "'plain_module' registers no attention variant" in capsys.readouterr().err
-  assert conformance.main(["attention_zoo.full", "--checks=padding,nope"]) == 2
+  assert conformance.main(["attention_zoo.variants.full", "--checks=padding,nope"]) == 2
   assert "unknown check(s) nope; choose from shapes" in capsys.readouterr().err
   assert conformance.main(["--checks=padding"]) == 2
   assert "name at least one module" in capsys.readouterr().err
@@ -153,7 +154,7 @@ def test_usage_errors_exit_2(scratch, capsys):
 CONTENT_ROUTED = '''
 import jax.numpy as jnp
 import attention_zoo as az
-from attention_zoo import conformance, reference
+from attention_zoo import reference
 
 
 @az.register("routed", exact=False, supports_causal=True, supports_cross=False,
@@ -162,23 +163,23 @@ class Routed(az.Attention):
   """Causal attention whose keys also depend on a future query, as content routing may: outputs
   before t do not depend on the values at t and after, but do on the queries there."""
   OPTIONS = {"block_size": az.Int(64, minimum=1)}
+  TEST_OPTIONS = {"block_size": 4}
+  CONTENT_ROUTING = {content_routing}
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
     assert self.options["block_size"] == 4, "the suite builds it with its settings"
     k = k * (1 + jnp.mean(q ** 2, axis=(1, 2, 3)))[:, None, None, None]   # every query's norm
     return reference.masked_softmax_attention(q, k, v, q_mask=q_mask, kv_mask=kv_mask,
                                               causal=self.causal, scale=self.scale)
-
-{configure}
 '''
 
 
 @pytest.mark.parametrize("content_routing", [True, False])
 def test_a_plugin_declares_its_suite_settings(content_routing, scratch, capsys):
-  """configure(): the options the suite builds it with, and content routing for causality."""
-  configure = (f"conformance.configure('routed', options={{'block_size': 4}}, "
-               f"content_routing={content_routing})")
-  (scratch / "routed_plugin.py").write_text(CONTENT_ROUTED.replace("{configure}", configure))
+  """Class attributes: TEST_OPTIONS, the options the suite builds it with, and CONTENT_ROUTING
+  for causality; the plug-in imports nothing of the suite."""
+  (scratch / "routed_plugin.py").write_text(
+      CONTENT_ROUTED.replace("{content_routing}", str(content_routing)))
   code = conformance.main(["routed_plugin", "--checks=shapes,causal"])
   report = capsys.readouterr().out
   assert status_lines(report) == {"shapes": "PASS",
@@ -187,9 +188,15 @@ def test_a_plugin_declares_its_suite_settings(content_routing, scratch, capsys):
   assert conformance.settings("routed") == conformance.Settings({"block_size": 4}, content_routing)
 
 
-def test_configure_checks_its_options(scratch):
-  with pytest.raises(ValueError, match="local: option block_size=0 is invalid"):
-    conformance.configure("local", options={"block_size": 0})
+def test_registration_checks_the_test_options(scratch):
+  class TooSmall(LocalAttention):
+    TEST_OPTIONS = {"block_size": 0}
+
+  with pytest.raises(ValueError, match=r"too_small \(TEST_OPTIONS\): option block_size=0 is "
+                                       r"invalid"):
+    az.register("too_small", exact=True, supports_causal=True, supports_cross=True,
+                complexity="O(n·b)", paper="-")(TooSmall)
+  assert "too_small" not in az.available()
   with pytest.raises(ValueError, match="unknown attention 'not_registered'"):
-    conformance.configure("not_registered", options={})
-  assert conformance.settings("local").options == {"block_size": 6}    # unchanged
+    conformance.settings("not_registered")
+  assert conformance.settings("local").options == {"block_size": 6}    # its own, unchanged

@@ -1,6 +1,5 @@
-"""Registry, base class, plug-in loader and reference: the public contract every variant and
+"""Registry, contract, plug-in loader, reference and the face: the public contract every variant and
 plug-in relies on."""
-import ast
 import pkgutil
 import subprocess
 import sys
@@ -209,7 +208,7 @@ def test_max_len_is_checked():
 def test_scoped_registry_undoes_registrations_and_their_modules(tmp_path, monkeypatch):
   (tmp_path / "scoped_plugin.py").write_text(textwrap.dedent("""
       import attention_zoo as az
-      from attention_zoo.full import FullAttention
+      from attention_zoo.variants.full import FullAttention
 
       @az.register("scoped_plugin", exact=True, supports_causal=True, supports_cross=True,
                    complexity="O(n^2)", paper="test")
@@ -239,7 +238,7 @@ def plugin_dir(tmp_path, monkeypatch):
   folder.mkdir()
   (folder / "file_plugin.py").write_text(textwrap.dedent("""
       import attention_zoo as az
-      from attention_zoo.full import FullAttention
+      from attention_zoo.variants.full import FullAttention
 
       @az.register("file_plugin", exact=True, supports_causal=True, supports_cross=True,
                    complexity="O(n^2)", paper="test")
@@ -253,12 +252,69 @@ def plugin_dir(tmp_path, monkeypatch):
     yield folder
 
 
-def test_importing_the_package_imports_its_modules_but_the_command():
-  """A variant's file is registered by being in the package, with no list naming it; the
-  conformance command is left to `python -m`."""
-  package_modules = {module.name for module in pkgutil.iter_modules(az.__path__)}
-  imported = {name.split(".")[1] for name in sys.modules if name.startswith("attention_zoo.")}
-  assert package_modules - imported <= {"conformance"}
+def test_the_first_use_of_the_face_imports_every_variant_and_mixer_module():
+  """A variant's or mixer's file is registered by being in attention_zoo/variants/ or
+  attention_zoo/mixers/, with no list naming it: the face's first use of a public name (here
+  az.available) imports every module of the two packages."""
+  az.available()
+  for package in ("variants", "mixers"):
+    package_modules = {module.name for module in pkgutil.iter_modules([str(PACKAGE / package)])}
+    imported = {name.rpartition(".")[2] for name in sys.modules
+                if name.startswith(f"attention_zoo.{package}.")}
+    assert package_modules and package_modules <= imported, package
+  registered_in = {az.registry.get(name).__module__.split(".")[1] for name in az.available()}
+  assert registered_in == {"variants", "mixers"}
+
+
+FIRST_USE = textwrap.dedent("""
+    import sys
+    import attention_zoo.ops
+    print("flax" in sys.modules, sorted(m for m in sys.modules if m.startswith("attention_zoo")
+                                        and not m.startswith("attention_zoo.ops")))
+    import attention_zoo as az
+    print(len(az.available()))
+    """)
+
+
+@pytest.mark.slow
+def test_the_ops_load_alone_and_the_face_loads_the_builtins_on_first_use():
+  """`import attention_zoo.ops` (pure JAX) loads no Flax and no other part of the package; then
+  az.available() lists every built-in, as in this process."""
+  result = subprocess.run([sys.executable, "-c", FIRST_USE], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+                          timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split("\n")[:2] == ["False ['attention_zoo']", str(len(az.available()))]
+
+
+EACH_MODULE_FIRST = textwrap.dedent("""
+    import importlib, pkgutil, sys
+    import attention_zoo
+    names = sorted(m.name for m in pkgutil.walk_packages(attention_zoo.__path__, "attention_zoo."))
+    failed = []
+    for name in names:
+      for loaded in [m for m in sys.modules if m.split(".")[0] == "attention_zoo"]:
+        del sys.modules[loaded]
+      try:
+        importlib.import_module(name)
+        builtins = importlib.import_module("attention_zoo").available()
+      except Exception as e:
+        failed.append(f"{name}: {type(e).__name__}: {e}")
+    print(len(names), len(builtins), failed)
+    """)
+
+
+@pytest.mark.slow
+def test_every_module_imports_first_on_its_own():
+  """Any module of the package can be the first one imported (none relies on another having
+  been imported before it, and none half-imported meets the face loading the built-ins), and
+  the face then lists every built-in."""
+  result = subprocess.run([sys.executable, "-c", EACH_MODULE_FIRST], capture_output=True,
+                          text=True, cwd=PACKAGE.parent, env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+                          timeout=600)
+  assert result.returncode == 0, result.stderr
+  modules = sum(1 for _ in PACKAGE.rglob("*.py")) - 1          # the face is imported each time
+  assert result.stdout.split("\n")[0] == f"{modules} {len(az.available())} []", result.stdout
 
 
 def test_load_plugins_by_path_from_the_working_directory(plugin_dir):
@@ -295,16 +351,6 @@ def test_load_plugins_errors_name_the_plugin_and_the_cause(plugin_dir, monkeypat
 
 # -- what the package imports ---------------------------------------------------------------
 
-def test_the_package_imports_nothing_from_the_harness():
-  """attention_zoo stands alone: no import of experiments, configs, lra or ml_collections."""
-  harness = {"experiments", "configs", "lra", "ml_collections"}
-  for path in PACKAGE.rglob("*.py"):
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-               else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-      assert not {n.split(".")[0] for n in names} & harness, (path, names)
-
-
 @pytest.mark.slow
 def test_pallas_is_imported_only_for_a_pallas_path():
   """Building and running full, and flash on its chunked path, leaves Pallas unimported."""
@@ -317,10 +363,10 @@ def test_pallas_is_imported_only_for_a_pallas_path():
       for name, options in [("full", {}), ("flash", {"impl": "chunked"})]:
         az.create(name, num_heads=2, head_dim=4, rngs=nnx.Rngs(0), **options)(q, q, q)
       print(sorted(m for m in sys.modules if m.startswith("jax.experimental.pallas")
-                   or m.startswith("attention_zoo.flash.pallas")))
+                   or m.startswith("attention_zoo.ops.flash.pallas")))
       az.create("flash", num_heads=2, head_dim=4, rngs=nnx.Rngs(0), impl="pallas")
       print("jax.experimental.pallas" in sys.modules,
-            "attention_zoo.flash.pallas_gpu" in sys.modules)
+            "attention_zoo.ops.flash.pallas_gpu" in sys.modules)
       """)
   result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, env={"JAX_PLATFORMS": "cpu", "PATH": ""},

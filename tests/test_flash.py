@@ -10,7 +10,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import attention_zoo as az
 from attention_zoo import flex, reference
-from attention_zoo.flash import pallas_gpu, pallas_tpu
+from attention_zoo.ops.flash import pallas_gpu, pallas_tpu
 
 # several tiles at n <= 50; the chunked path (flex) runs its backward on the forward's tiles
 BLOCKS = {"pallas": dict(block_q=16, block_k=16, block_q_bwd=8, block_k_bwd=16),

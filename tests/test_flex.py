@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import attention_zoo as az
-from attention_zoo import conformance, flex
+from attention_zoo import flex
+from attention_zoo.testing import conformance
 from helpers import normal
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from attention_zoo import reference
-from attention_zoo.flash import common
-from attention_zoo.ops.forgetting_attention import forgetting_attention, forgetting_attention_step
+from attention_zoo.ops.forgetting_attention import (cumsum_two_float, forgetting_attention,
+                                                   forgetting_attention_step)
 
 NUM_HEADS, HEAD_DIM = 4, 8
 
@@ -152,7 +152,7 @@ def test_two_float_cumsum_keeps_differences_at_length():
   """c_i - c_j from the pair is exact to f32 rounding of the difference at 8K tokens, where
   c reaches -8e3 and a plain f32 cumsum keeps it only to ~5e-4."""
   log_f = -np.random.default_rng(6).uniform(0.01, 2.0, (1, 8192)).astype(np.float32)
-  hi, lo = (np.asarray(x, np.float64) for x in jax.jit(common.cumsum_two_float,
+  hi, lo = (np.asarray(x, np.float64) for x in jax.jit(cumsum_two_float,
                                                      static_argnums=1)(log_f, 1))
   exact = np.cumsum(log_f.astype(np.float64), axis=1)
   assert np.max(np.abs(hi + lo - exact)) < 1e-6

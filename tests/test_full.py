@@ -8,7 +8,9 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import full, reference
+from attention_zoo import reference
+from attention_zoo.ops import softmax
+from attention_zoo.variants import full
 
 
 @pytest.mark.parametrize("q_len, kv_len, num_kv_heads, causal", [
@@ -81,8 +83,8 @@ def test_full_dropout_gradients_equal_autodiff_of_its_forward():
                  dropout_rate=0.3, dropout_rng=jax.random.key(9))
 
   def by_autodiff(q, k, v):   # the same forward, differentiated by JAX instead of the custom VJP
-    with unittest.mock.patch.object(reference, "_dense_attention",
-                                    lambda *args: reference._dense_forward(*args)[0]):
+    with unittest.mock.patch.object(softmax, "_dense_attention",
+                                    lambda *args: softmax._dense_forward(*args)[0]):
       return reference.masked_softmax_attention(q, k, v, **options)
 
   cotangent = jax.random.normal(kc, q.shape)

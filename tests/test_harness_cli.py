@@ -23,7 +23,7 @@ SMALL = {"model.num_layers": 1, "model.emb_dim": 16, "model.num_heads": 2, "mode
          "schedule.steps_per_cycle": 100}
 PLUGIN = '''
 import attention_zoo as az
-from attention_zoo.full import FullAttention
+from attention_zoo.variants.full import FullAttention
 
 @az.register("harness_cli_plugin", exact=True, supports_causal=True, supports_cross=True,
              complexity="O(n^2)", paper="full attention under another name")

@@ -205,7 +205,9 @@ def test_no_config_file_imports_the_project():
   """configs/ is data: it may import ml_collections, the standard library and other configs,
   never the library, the data package or the harness."""
   project = {"attention_zoo", "lra", "experiments"}
-  for path in sorted(REPO.joinpath("configs").rglob("*.py")):
+  paths = sorted(REPO.joinpath("configs").rglob("*.py"))
+  assert paths, "the glob found nothing"
+  for path in paths:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
       names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -1,6 +1,6 @@
 """Oracles for the kernelised variants, `performer` and `linear_transformer`.
 
-The explicit O(n²) formulas are written here independently of `attention_zoo.kernelized`:
+The explicit O(n²) formulas are written here independently of `attention_zoo.variants.kernelized`:
 A[i, j] = φ(q_i)·φ(k_j) over the allowed pairs, out = A V / A 1.
 """
 import functools
@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from attention_zoo import reference
-from attention_zoo.conformance import apply
+from attention_zoo.testing.conformance import apply
 from helpers import create_variant as build
 from helpers import padding_mask, random_qkv, rel_err
 

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo.conformance import apply
+from attention_zoo.testing.conformance import apply
 from helpers import create_variant, random_qkv, rel_err
 
 

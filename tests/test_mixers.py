@@ -207,19 +207,23 @@ def oracle_retnet(mixer, x):
 
 def oracle_mamba2(mixer, x):
   h, p, n, d_inner = mixer.num_heads, mixer.p, mixer.n, mixer.d_inner
-  z, xbc, dt = split_heads(mixer.in_proj(x)[0], d_inner, d_inner + 2 * n, h)
+  groups = mixer.num_kv_heads
+  z, xbc, dt = split_heads(mixer.in_proj(x)[0], d_inner, d_inner + 2 * groups * n, h)
   xbc = silu(mixer.conv(jnp.asarray(xbc, jnp.float32)[None]))[0]
-  xs, B, C = split_heads(xbc, d_inner, n, n)
+  xs, B, C = split_heads(xbc, d_inner, groups * n, groups * n)
   T = xs.shape[0]
   delta = softplus(dt + np.asarray(mixer.decay.dt_bias[...]))           # Δ [T, h]
   A = -np.exp(np.asarray(mixer.decay.A_log[...], np.float64))
   xs = xs.reshape(T, h, p)
-  heads = lambda a: np.broadcast_to(a[:, None], (T, h, n))              # B, C shared (1 group)
+  heads = lambda a: np.repeat(a.reshape(T, groups, n), h // groups, axis=1)  # B, C per group
   y = recurrence64(heads(C), heads(B), xs * delta[..., None],
                    np.broadcast_to(np.exp(delta * A)[..., None], (T, h, n)))
   y = y + np.asarray(mixer.D[...])[:, None] * xs                       # D skip
-  y = mixer.norm(jnp.asarray(y.reshape(1, T, 1, d_inner), jnp.float32), z.reshape(1, T, 1, -1))
-  return mixer.out(y.reshape(1, T, d_inner))[0]
+  # RMSNormGated(d_inner, group_size=d_inner / groups): gate, RMS per group, scale per channel
+  y = (y.reshape(T, d_inner) * silu(z)).reshape(T, groups, -1)
+  y = y / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + mixer.norm.eps)
+  y = y.reshape(T, d_inner) * np.asarray(mixer.norm.scale[...], np.float64)
+  return mixer.out(jnp.asarray(y[None], jnp.float32))[0]
 
 
 def oracle_fox(mixer, x):
@@ -241,9 +245,11 @@ ORACLES = {"deltanet": lambda m, x: oracle_delta(m, x, gated=False),
 
 @pytest.mark.parametrize("name", az.available("mixer"))
 def test_layer_equals_its_equation_in_float64(name):
-  groups = {"num_kv_heads": 1} if name == "mamba2" else {}   # B, C in one group (the authors')
+  groups = {"num_kv_heads": 2} if name == "mamba2" else {}   # B, C and the norm in 2 groups
   mixer = az.create_mixer(name, emb_dim=16, num_heads=2, causal=True, rngs=nnx.Rngs(1), **groups,
                           **OPTIONS[name])
+  if name == "mamba2":   # a scale per channel, not one shared by the groups
+    mixer.norm.scale[...] = jax.random.uniform(jax.random.key(3), mixer.norm.scale.shape) + 0.5
   x = jax.random.normal(jax.random.key(2), (1, 11, 16))
   got = mixer(x)[0]
   want = ORACLES[name](mixer, x)

@@ -247,7 +247,7 @@ def test_shared_attention_parameters_are_one_parameter_whose_gradient_sums_the_l
 
 
 def test_short_conv_is_a_causal_depthwise_convolution():
-  from attention_zoo.models import ShortConv
+  from attention_zoo.convolution import ShortConv
 
   conv = ShortConv(4, 3, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 7, 4))

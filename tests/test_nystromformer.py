@@ -1,8 +1,9 @@
 """Nyströmformer: the paper's formula, convergence to softmax attention, padding (memory:
 test_scaling.py).
 
-The oracle is written independently of `attention_zoo.nystromformer`, in float64 numpy, the way
-the paper's code forms landmarks (a reshape into equal segments, so lengths divisible by m).
+The oracle is written independently of `attention_zoo.variants.nystromformer`, in float64
+numpy, the way the paper's code forms landmarks (a reshape into equal segments, so lengths
+divisible by m).
 """
 import jax
 import jax.numpy as jnp
@@ -11,8 +12,9 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import nystromformer, reference
-from attention_zoo.conformance import apply
+from attention_zoo import reference
+from attention_zoo.testing.conformance import apply
+from attention_zoo.variants import nystromformer
 from helpers import create_variant, random_qkv
 
 

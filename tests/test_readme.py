@@ -98,7 +98,8 @@ INVALID = {
     "benchmark mode": (["experiments.benchmark", "--mode=approximation", "--out=x",
                         "--attentions=nosuch"], "unknown attention 'nosuch'"),
     "generate": (["lra.generate", "pathfinder", "--out=x"], "pathfinder needs --num"),
-    "conformance": (["attention_zoo.conformance", "--checks=nosuch", "attention_zoo.full"],
+    "conformance": (["attention_zoo.conformance", "--checks=nosuch",
+                     "attention_zoo.variants.full"],
                     "unknown check(s) nosuch"),
 }
 
@@ -179,14 +180,15 @@ def test_anchors_follow_githubs_rule(tmp_path):
                            "the-variants-impl-choices"}
 
 
-def test_layout_names_every_entry_point_and_bench_part():
+def test_layout_names_every_entry_point_and_harness_module_and_points_to_the_layers():
   layout = README.split("## Layout", 1)[1].split("\n## ", 1)[0]
-  entry_points = [p.stem for p in (REPO / "experiments").glob("*.py")
+  harness = [p for p in (REPO / "experiments").glob("*.py") if p.stem != "__init__"]
+  entry_points = [p.stem for p in harness
                   if '__name__ == "__main__"' in p.read_text(encoding="utf-8")]
-  bench_parts = [p.stem for p in (REPO / "experiments" / "bench").glob("*.py")
-                 if p.stem != "__init__"]
-  missing = [name for name in entry_points + bench_parts if not re.search(rf"\b{name}\b", layout)]
+  assert entry_points and harness, "the globs found nothing"
+  missing = [p.stem for p in harness if not re.search(rf"\b{p.stem}\b", layout)]
   assert not missing, f"README's Layout does not name {missing}"
+  assert "docs/architecture.md" in layout and (REPO / "docs" / "architecture.md").is_file()
 
 
 def test_ci_runs_the_readme_install_and_test_commands():

@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from attention_zoo import reference
-from attention_zoo.sinkhorn import sinkhorn
+from attention_zoo.variants.sinkhorn import sinkhorn
 from helpers import create_variant, padding_mask, random_qkv
 
 B, H, KVH, D, BS = 2, 4, 2, 8, 4

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from attention_zoo import conformance, models, registry
+from attention_zoo import models, registry
+from attention_zoo.testing import conformance
 
 LEN, NUM_HEADS = 20, conformance.NUM_HEADS
 CAP = 1.0   # small enough to bite: the scaled scores here are ~N(0, 1)

@@ -1,7 +1,18 @@
-"""Pure sequence-mixing ops: gated linear attention and the (gated) delta rule, each in a
-chunkwise-parallel form (`chunk_*`, for training and prefill) and a token-by-token form
-(`recurrent_*`, the reference and the decode step). Layout as flash-linear-attention's:
-q, k [B, T, H, K], v [B, T, H, V]; every op returns (o, final_state [B, H, K, V])."""
+"""The lowest layer: pure functions on arrays. It imports only jax, numpy, the standard library
+and its own modules, so a JAX user without Flax can use it (`import attention_zoo.ops` loads no
+other part of the package).
+
+Exported here, the sequence-mixing ops: gated linear attention and the (gated) delta rule, each
+in a chunkwise-parallel form (`chunk_*`, for training and prefill) and a token-by-token form
+(`recurrent_*`, the reference and the decode step), all on one recurrence engine (engine.py);
+and FoX's forgetting attention. Layout as flash-linear-attention's: q, k [B, T, H, K],
+v [B, T, H, V]; every recurrence returns (o, final_state [B, H, K, V]).
+
+The attention maths, in its modules: softmax.py (the numerics the variants share and the dense
+path), oracle.py (the dense oracle), blocks.py (lengths in blocks), tiles.py (the online
+softmax of one tile), flex.py (the block-mask engine, flex_attention), flash/ (FlashAttention:
+chunked, and the Pallas kernels).
+"""
 from attention_zoo.ops.delta_rule import (chunk_delta_rule, chunk_gated_delta_rule,
                                           recurrent_delta_rule, recurrent_gated_delta_rule)
 from attention_zoo.ops.forgetting_attention import forgetting_attention, forgetting_attention_step

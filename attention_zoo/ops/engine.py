@@ -53,7 +53,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from attention_zoo.base import ceil_div
+from attention_zoo.ops.blocks import ceil_div
 
 # chunk_gated_delta_rule forward+backward at T = 8192 (B=1, H=4, K=V=64, f32) on a shared
 # 2-core CPU, medians of 7 interleaved calls: chunk 16 568 ms, 32 498 ms, 64 550 ms, 128 772 ms.

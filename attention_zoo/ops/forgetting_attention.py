@@ -9,7 +9,7 @@ Causal softmax attention whose scores decay with a data-dependent forget gate, o
 c_i − c_j = Σ_{j < l <= i} log f_l <= 0 down-weights key j by the product of the gates since it.
 With f = 1 (log f = 0) this is plain causal softmax attention.
 
-Engine: `attention_zoo.flex.flex_attention` with flash's causal block mask
+Engine: `attention_zoo.ops.flex.flex_attention` with flash's causal block mask
 (`flash.chunked.block_mask`) and the gate as a score_mod adding cᵢ − cⱼ to each tile's scores, so
 everything else (query-block map, key-block loop that skips the tiles above the diagonal, online
 softmax, GQA with K/V never copied per query head, backward recomputing P from the log-sum-exp)
@@ -19,7 +19,7 @@ score_mod per tile, so c gets the column sums of dS (the gradient of −cⱼ; th
 d log f. No [T, T] array is formed: memory is O(T · block) in both directions, f32 accumulation
 for bf16/f16 inputs.
 
-Precision: c is a float32 pair hi + lo from a compensated scan (`flash.common.cumsum_two_float`),
+Precision: c is a float32 pair hi + lo from a compensated scan (`cumsum_two_float`),
 and each tile forms (hi_i − hi_j) + (lo_i − lo_j). A plain f32 cumsum reaches -1e4 at long
 lengths (one ulp = 1e-3 in every logit); a tile-local reference still cancels inside the
 diagonal tiles (an error of one ulp of the tile's partial sums, up to block · |log f|); the
@@ -40,9 +40,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import reference
-from attention_zoo import flex
-from attention_zoo.flash import chunked, common
+from attention_zoo.ops import flex, softmax, tiles
+from attention_zoo.ops.flash import chunked
 
 
 def _check(q, k, v, log_f, mask, *, decode: bool):
@@ -66,6 +65,26 @@ def _check(q, k, v, log_f, mask, *, decode: bool):
                      f"query head, got {log_f.shape}")
   if mask is not None and mask.shape != (batch, length):
     raise ValueError(f"mask must be bool [B, T] = {(batch, length)} or None, got {mask.shape}")
+
+
+def cumsum_two_float(x, axis: int):
+  """Inclusive cumulative sum of f32 `x` along `axis` as an unevaluated pair hi + lo of f32.
+
+  A plain f32 cumsum of log forget gates reaches -1e4 at long lengths, where one ulp is 1e-3:
+  c_i - c_j of two nearby tokens would keep only 3-4 digits. The pair carries the rounding error
+  of every addition (Knuth's TwoSum in a parallel scan), so (hi_i - hi_j) + (lo_i - lo_j) is
+  accurate to a few f32 ulps of c_i - c_j itself, at any length.
+  """
+  def add(a, b):
+    total = a[0] + b[0]
+    b_part = total - a[0]
+    error = (a[0] - (total - b_part)) + (b[0] - b_part)                   # exact: a + b - total
+    lo = a[1] + b[1] + error
+    hi = total + lo                                                        # renormalise
+    return hi, lo - (hi - total)
+
+  x = x.astype(jnp.float32)
+  return jax.lax.associative_scan(add, (x, jnp.zeros_like(x)), axis=axis)
 
 
 def forgetting_attention(q, k, v, log_f, *, scale: float | None = None, mask=None,
@@ -100,7 +119,7 @@ def _forget_gate_bias(log_f, num_kv_heads: int):
   batch, length, num_heads = log_f.shape
   group = num_heads // num_kv_heads
   # (hi, lo), each [b, h, t] and [b, kvh, g, t]
-  cum = tuple(jnp.moveaxis(c, 1, 2) for c in common.cumsum_two_float(log_f, axis=1))
+  cum = tuple(jnp.moveaxis(c, 1, 2) for c in cumsum_two_float(log_f, axis=1))
 
   def differences(c, b, h, q, kv):
     """c [b, h, t] -> cᵢ − cⱼ [B, kvh, rows, bk]."""
@@ -138,12 +157,12 @@ def forgetting_attention_step(q, k_cache, v_cache, log_f_cache, kv_mask, *,
   log_f = jnp.where(kv_mask[..., None], log_f_cache.astype(jnp.float32), 0.0)    # [b, s, h]
   suffix = jax.lax.cumsum(log_f, axis=1, reverse=True)                   # Σ_{l >= j} log f_l
   decay = jnp.pad(suffix[:, 1:], ((0, 0), (0, 1), (0, 0)))                # Σ_{l > j}  [b, s, h]
-  q_grouped = reference.group_heads(q[:, None], num_kv_heads)[:, 0]       # [b, kvh, g, d]
-  precision = common.matmul_precision(q.dtype)
+  q_grouped = softmax.group_heads(q[:, None], num_kv_heads)[:, 0]       # [b, kvh, g, d]
+  precision = tiles.matmul_precision(q.dtype)
   scores = jnp.einsum("bkgd,bskd->bkgs", q_grouped, k_cache, precision=precision,
                       preferred_element_type=jnp.float32) * scale          # [b, kvh, g, s]
   scores = scores + jnp.moveaxis(decay, 1, 2).reshape(scores.shape)
-  weights = reference.masked_softmax(scores, kv_mask[:, None, None, :])   # [b, kvh, g, s]
+  weights = softmax.masked_softmax(scores, kv_mask[:, None, None, :])   # [b, kvh, g, s]
   out = jnp.einsum("bkgs,bskd->bkgd", weights.astype(v_cache.dtype), v_cache,
                    precision=precision, preferred_element_type=jnp.float32)  # [b, kvh, g, d]
   return out.reshape(batch, num_heads, head_dim).astype(q.dtype)

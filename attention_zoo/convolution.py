@@ -1,0 +1,44 @@
+"""The short causal convolution: beside attention in a model's block, and inside the sequence
+mixers."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+
+class ShortConv(nnx.Module):
+  """A causal depthwise convolution over the last `kernel_size` positions (the short
+  convolution Zoology puts beside attention; Arora et al. 2023):
+
+      y_t = b + Σ_{i < k} w_i ⊙ x_{t-i}          x, y [b, n, emb]; w [k, emb]
+
+  It hands each position its recent neighbours (a key to the value after it), so attention
+  is left with the long-range part. The sequence mixers (DeltaNet, Mamba2, ...) run it on their
+  projections (their authors' kernel 4, followed by SiLU). For decoding it keeps the last
+  k - 1 inputs, so any number of tokens can be fed at a time.
+  """
+
+  def __init__(self, features: int, kernel_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    if kernel_size < 1:
+      raise ValueError(f"short_conv must be a kernel size >= 1 (0 = none), got {kernel_size}")
+    self.kernel_size, self.dtype = kernel_size, dtype
+    self.weight = nnx.Param(nnx.initializers.normal(kernel_size ** -0.5)(
+        rngs.params(), (kernel_size, features)))
+    self.bias = nnx.Param(jnp.zeros((features,)))
+    self.state = nnx.data(None)   # [b, k - 1, emb] in decoding, set by init_cache
+
+  def init_cache(self, batch_size: int, dtype=jnp.float32):
+    self.state = nnx.Cache(jnp.zeros((batch_size, self.kernel_size - 1, self.weight.shape[1]),
+                                     dtype))
+
+  def __call__(self, x, *, decode: bool = False):
+    k, n = self.kernel_size, x.shape[1]
+    if decode:
+      window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)   # [b, k - 1 + n, emb]
+      self.state[...] = window[:, n:]
+    else:
+      window = jnp.pad(x, ((0, 0), (k - 1, 0), (0, 0)))
+    weight = self.weight[...].astype(self.dtype)
+    # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
+    out = sum(weight[i] * window[:, k - 1 - i:k - 1 - i + n] for i in range(k))
+    return out + self.bias[...].astype(self.dtype)

@@ -1,0 +1,118 @@
+"""Pieces the sequence mixers share: projections, the short convolution on masked inputs, the
+gated output (norms.GatedRMSNorm), Mamba2's decay gate (also Gated DeltaNet's), GQA head
+repetition, and the choice between an op's chunk and token forms."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_zoo.convolution import ShortConv
+from attention_zoo.norms import GatedRMSNorm
+
+
+def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):
+  """A projection (the authors' are bias-free unless said otherwise); parameters float32."""
+  return nnx.Linear(in_features, out_features, use_bias=bias, dtype=dtype, rngs=rngs)
+
+
+def expanded_dims(head_dim: int, options: dict) -> tuple[int, int]:
+  """(d_k, d_v) per head: head_dim scaled by the options expand_k and expand_v (1 if absent)."""
+  return (int(head_dim * options.get("expand_k", 1.0)),
+          int(head_dim * options.get("expand_v", 1.0)))
+
+
+def checked_dims(mixer) -> tuple[int, int]:
+  """`expanded_dims` of a built mixer; its option error for a factor that leaves no channel."""
+  dims = expanded_dims(mixer.head_dim, mixer.options)
+  for option, dim in zip(("expand_k", "expand_v"), dims):
+    if dim < 1:
+      raise mixer.option_error(option, f"a value giving at least 1 channel per head "
+                                       f"(head_dim {mixer.head_dim})")
+  return dims
+
+
+def key_value_state_size(cls, *, num_heads: int, head_dim: int, options: dict, **dims) -> int:
+  """Mixer.state_size of a state S [d_k, d_v] per head: num_heads · d_k · d_v."""
+  d_k, d_v = expanded_dims(head_dim, options)
+  return num_heads * d_k * d_v
+
+
+def add_qkv(mixer, rngs: nnx.Rngs) -> None:
+  """mixer.qkv: x -> q | k | v ([h·d_k | kvh·d_k | kvh·d_v] channels), and mixer.conv over them
+  when the option use_short_conv is on (the layers of DeltaNet, GLA, RetNet and their kin)."""
+  h, kvh = mixer.num_heads, mixer.num_kv_heads
+  channels = (h + kvh) * mixer.d_k + kvh * mixer.d_v
+  mixer.qkv = linear(mixer.emb_dim, channels, dtype=mixer.dtype, rngs=rngs)
+  if mixer.options["use_short_conv"]:
+    mixer.conv = ShortConv(channels, mixer.options["conv_size"], dtype=mixer.dtype, rngs=rngs)
+
+
+def add_gated_output(mixer, rngs: nnx.Rngs, *, use_gate: bool) -> None:
+  """mixer.gate_proj (x -> per-head SiLU gate, or None), mixer.norm (RMSNorm per head over d_v)
+  and mixer.out (h·d_v -> emb): the output `gated_output` applies."""
+  h, emb, dtype = mixer.num_heads, mixer.emb_dim, mixer.dtype
+  mixer.gate_proj = linear(emb, h * mixer.d_v, dtype=dtype, rngs=rngs) if use_gate else None
+  mixer.norm = GatedRMSNorm(mixer.d_v, eps=mixer.options["norm_eps"])
+  mixer.out = linear(h * mixer.d_v, emb, dtype=dtype, rngs=rngs)
+
+
+def gated_output(mixer, x, o):
+  """o [b, n, h, d_v] -> out(RMSNorm(o) ⊙ SiLU(gate_proj x)) [b, n, emb] (no gate: the norm)."""
+  b, n, h, d_v = o.shape
+  gate = None if mixer.gate_proj is None else mixer.gate_proj(x).reshape(b, n, h, d_v)
+  y = mixer.norm(o, gate)                                                        # [b, n, h, dv]
+  return mixer.out(y.reshape(b, n, h * d_v).astype(mixer.dtype))
+
+
+def short_conv(conv, x, mask, decode: bool):
+  """SiLU(conv(x)) with masked tokens entering as zeros (so the convolution never sees a padded
+  token's content), or x unchanged when conv is None. x [b, n, c], mask bool [b, n]."""
+  if conv is None:
+    return x
+  return jax.nn.silu(conv(jnp.where(mask[..., None], x, 0), decode=decode))
+
+
+def repeat_kv(x, num_heads: int):
+  """[b, n, kvh, d] -> [b, n, num_heads, d]: query head i reads kv head i // (num_heads / kvh)."""
+  return jnp.repeat(x, num_heads // x.shape[2], axis=2)
+
+
+class DecayGate(nnx.Module):
+  """Mamba2's data-dependent decay, also Gated DeltaNet's (Dao & Gu 2024; Yang et al. 2024):
+
+      Δ_t = softplus(a_t + dt_bias),   g_t = log α_t = -exp(A_log) · Δ_t      per head
+
+  A_log = log A with A ~ U(a_range) (Mamba2 (1, 16), GDN (0, 16)); dt_bias = softplus⁻¹(dt) with
+  dt log-uniform in [1e-3, 0.1], floored at 1e-4 (the authors'). At init α = exp(-A·Δ) lies
+  between about 0.2 and 0.999: most heads remember for tens to hundreds of tokens. Both carry
+  `weight_decay=False`, which the harness's optimiser honours (as the authors' code does).
+  """
+
+  def __init__(self, num_heads: int, *, a_range: tuple[float, float], rngs: nnx.Rngs,
+               dt_range: tuple[float, float] = (1e-3, 0.1), dt_floor: float = 1e-4):
+    key_a, key_dt = jax.random.split(rngs.params())
+    # A > 0 (floored at 1e-4 when the range starts at 0, so that log A is finite)
+    a = jnp.maximum(jax.random.uniform(key_a, (num_heads,), minval=a_range[0],
+                                       maxval=a_range[1]), 1e-4)
+    log_dt = jax.random.uniform(key_dt, (num_heads,), minval=jnp.log(dt_range[0]),
+                                maxval=jnp.log(dt_range[1]))
+    dt = jnp.maximum(jnp.exp(log_dt), dt_floor)
+    # Excluded from weight decay, as the authors train them: decay would pull A_log and dt_bias
+    # towards 0, that is towards α = exp(-softplus(0)) = 0.5, a memory of about one token.
+    self.A_log = nnx.Param(jnp.log(a), weight_decay=False)
+    self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)), weight_decay=False)  # softplus⁻¹(dt)
+
+  def __call__(self, a):
+    """a [b, n, h] -> (Δ, g), both [b, n, h] float32."""
+    delta = jax.nn.softplus(a.astype(jnp.float32) + self.dt_bias[...])
+    return delta, -jnp.exp(self.A_log[...]) * delta
+
+
+def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None):
+  """One of the ops in `attention_zoo.ops`: the whole sequence by chunks from the empty state
+  (state None), or in decoding from the carried state: one token by the token form, several (a
+  prefill) by chunks. -> (o [b, n, h, dv], final state float32 [b, h, dk, dv])."""
+  if state is not None and inputs[0].shape[1] == 1:
+    return step_op(*inputs, scale=scale, initial_state=state, mask=mask)
+  return chunk_op(*inputs, scale=scale, initial_state=state, mask=mask, chunk_size=chunk_size)
