@@ -103,16 +103,19 @@ class MultiHeadAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """Dense(mlp_dim) -> GELU -> dropout -> Dense(emb_dim)."""
+  """Dense(mlp_dim) -> GELU (tanh approximation, or exact with approximate_gelu=False) ->
+  dropout -> Dense(emb_dim)."""
 
-  def __init__(self, emb_dim: int, mlp_dim: int, *, dropout_rate: float = 0.0, dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(self, emb_dim: int, mlp_dim: int, *, dropout_rate: float = 0.0,
+               approximate_gelu: bool = True, dtype=jnp.float32, rngs: nnx.Rngs):
     self.up = nnx.Linear(emb_dim, mlp_dim, dtype=dtype, rngs=rngs)
     self.down = nnx.Linear(mlp_dim, emb_dim, dtype=dtype, rngs=rngs)
     self.dropout = Dropout(dropout_rate, rngs=rngs)
+    self.approximate_gelu = approximate_gelu
 
   def __call__(self, x, *, deterministic: bool = True):
-    return self.down(self.dropout(nnx.gelu(self.up(x)), deterministic=deterministic))
+    hidden = nnx.gelu(self.up(x), approximate=self.approximate_gelu)
+    return self.down(self.dropout(hidden, deterministic=deterministic))
 
 
 def create_mixer(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,

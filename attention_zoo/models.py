@@ -23,7 +23,7 @@ from attention_zoo.convolution import ShortConv
 from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
 from attention_zoo.ops.autodiff import autodiff_modes
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "padded_mean")
 INTERACTIONS = ("nli", "concat")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Activation rematerialisation per block (jax.checkpoint): what a block keeps for the backward.
@@ -58,7 +58,7 @@ class TransformerConfig:
   attention_options: dict[str, Any] = dataclasses.field(default_factory=dict)
   cross_attention: str = "full"            # encoder-decoder cross-attention
   positions: str = "sinusoidal"            # sinusoidal | learned | rope | alibi | none
-  pooling: str = "cls"                     # cls | mean (classifiers)
+  pooling: str = "cls"                     # cls | mean | padded_mean (classifiers; see pool)
   num_classes: int = 2
   interaction: str = "nli"                 # dual encoder: nli = [u, v, u*v, u-v], concat = [u, v]
   pre_ln: bool = True
@@ -66,6 +66,11 @@ class TransformerConfig:
   embed_init_std: float | None = None      # token embeddings ~ N(0, std²); None = 1/sqrt(emb_dim)
   short_conv: int = 0                      # kernel of a causal depthwise conv branch before
                                            # attention in every block (Zoology's); 0 = none
+  gelu_approximate: bool = True            # the MLP's GELU: tanh approximation, or exact (erf)
+  layer_norm_epsilon: float = 1e-6         # of every LayerNorm of the blocks and the final one
+  # Every block's attention variant uses the first block's own parameters (e.g. Linformer's E,
+  # not the q/k/v/out projections): Linformer's layerwise sharing.
+  share_attention_across_layers: bool = False
   # Switches that recreate the released LRA encoders (off by default; see docs/lra_fidelity.md):
   zero_token_is_padding: bool = False      # attention also masks token id 0 (LRA's `inputs > 0`)
   attention_ignores_padding: bool = False  # attention gets no padding masks (pooling still does)
@@ -105,7 +110,8 @@ class Block(nnx.Module):
       attention_options.setdefault("dropout_rate", config.attention_dropout_rate)
     dims = dict(num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
                 qkv_dim=config.qkv_dim, max_len=max_len, dtype=dtype, rngs=rngs)
-    norm = lambda: nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs)
+    norm = lambda: nnx.LayerNorm(config.emb_dim, epsilon=config.layer_norm_epsilon, dtype=dtype,
+                                 rngs=rngs)
     # rope / alibi act on attention scores; a recurrent mixer has none (RetNet rotates its own)
     score_positions = config.positions in ("rope", "alibi") and not is_mixer
     self.pre_ln, self.is_mixer = config.pre_ln, is_mixer
@@ -120,8 +126,8 @@ class Block(nnx.Module):
     self.cross_attention = (MultiHeadAttention(config.emb_dim, attention=config.cross_attention,
                                                **dims) if cross else None)
     self.cross_norm = norm() if cross else None
-    self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate, dtype=dtype,
-                   rngs=rngs)
+    self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate,
+                   approximate_gelu=config.gelu_approximate, dtype=dtype, rngs=rngs)
     self.mlp_norm = norm()
     self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
@@ -176,8 +182,10 @@ class Stack(nnx.Module):
     self.dropout = Dropout(config.dropout_rate, rngs=rngs)
     self.blocks = nnx.List([Block(config, causal=causal, cross=cross, max_len=max_len, rngs=rngs)
                             for _ in range(config.num_layers)])
-    self.final_norm = (nnx.LayerNorm(config.emb_dim, dtype=dtype, rngs=rngs) if config.pre_ln
-                       else None)
+    if config.share_attention_across_layers:
+      share_attention_parameters(config, [block.self_attention for block in self.blocks])
+    self.final_norm = (nnx.LayerNorm(config.emb_dim, epsilon=config.layer_norm_epsilon,
+                                     dtype=dtype, rngs=rngs) if config.pre_ln else None)
     self.decode_position = nnx.data(None)   # set by init_cache
 
   def __call__(self, tokens, mask=None, *, context=None, context_mask=None, deterministic=True,
@@ -241,6 +249,23 @@ class Stack(nnx.Module):
 
   def _finish(self, x):
     return x if self.final_norm is None else self.final_norm(x)
+
+
+def share_attention_parameters(config: TransformerConfig, layers: list) -> None:
+  """Points every layer's attention variant at the first layer's own parameters (the variant's
+  nnx.Param attributes, e.g. Linformer's E; the layer's q/k/v/out projections stay per layer).
+  NNX keeps one copy of a shared parameter, and its gradient sums every layer's use."""
+  if registry.spec(config.attention).kind == "mixer":
+    raise ValueError(f"share_attention_across_layers shares an attention variant's own "
+                     f"parameters; {config.attention!r} is a sequence mixer")
+  first = layers[0].attention
+  names = [name for name, value in vars(first).items() if isinstance(value, nnx.Param)]
+  if not names:
+    raise ValueError(f"share_attention_across_layers: {config.attention!r} has no parameters of "
+                     "its own to share (only its q/k/v/out projections, which stay per layer)")
+  for layer in layers[1:]:
+    for name in names:
+      setattr(layer.attention, name, getattr(first, name))
 
 
 def positions_in_segments(segment_ids):
@@ -328,14 +353,18 @@ class ClassifierHead(nnx.Module):
 
 
 def pool(hidden, mask, pooling: str):
-  """[b, n, emb] -> [b, emb] f32: the CLS position, or the mean over real tokens.
+  """[b, n, emb] -> [b, emb] f32: the CLS position ("cls"), the mean over real tokens ("mean"),
+  or the sum over real tokens divided by the padded length n ("padded_mean": the released
+  Nyströmformer LRA code zeroed padded outputs, then averaged all n positions, so a row of c
+  real tokens is scaled by c / n).
 
   In f32 whatever the compute dtype: a bf16 token count is already rounded above 256."""
   hidden = hidden.astype(jnp.float32)
   if pooling == "cls":
     return hidden[:, 0]
   weights = mask[..., None].astype(jnp.float32)
-  return (hidden * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
+  count = hidden.shape[1] if pooling == "padded_mean" else jnp.maximum(weights.sum(1), 1)
+  return (hidden * weights).sum(1) / count
 
 
 class Classifier(nnx.Module):

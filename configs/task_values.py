@@ -28,6 +28,10 @@ class TaskValues:
   paper_changes: {"<variant>": {field: (value, reason)}}: where the `paper` preset departs from
       the released value, and why (the released value cannot run, or its authors corrected it).
   tiny: the tiny preset's values on top of the fair ones.
+  light: an LRA task run under the Nyströmformer paper's light protocol: {"shared": {...},
+      "<variant>": {...}}, each {field: (value, where the released light code sets it)}.
+  light_fixes: what the light_fair preset fixes, {"shared" | "<variant>": {field: (value, the
+      quirk fixed)}}.
   attention_settings: a diagnostic's attention settings per variant, {"<variant>": {field:
       value}}, in every preset. An LRA task takes its variants' settings from the presets'
       tables (configs/lra/common.py) and from `released`.
@@ -38,6 +42,8 @@ class TaskValues:
   released: dict | None = None
   paper_changes: dict = dataclasses.field(default_factory=dict)
   tiny: dict = dataclasses.field(default_factory=dict)
+  light: dict | None = None
+  light_fixes: dict = dataclasses.field(default_factory=dict)
   attention_settings: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):

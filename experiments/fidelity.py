@@ -1,6 +1,8 @@
 """docs/lra_fidelity.md: for every LRA task and variant, each hyper-parameter as the released
 LRA code ran it, as our `paper` preset sets it and as our `fair` preset sets it, with the reason
-for every difference. Generated from the configs, so the table cannot drift from them:
+for every difference; then ListOps under the Nyströmformer paper's light protocol: each value
+of its released code with where the code sets it, as `light` and `light_fair` set it, and the
+quirk each difference fixes. Generated from the configs, so the tables cannot drift from them:
 
     python -m experiments.fidelity --out=docs/lra_fidelity.md
 
@@ -136,6 +138,55 @@ NOT_CONFIG_VALUES = (
 )
 
 
+# The light protocol (configs/lra/listops.py, VALUES.light): the rows of the Nyströmformer paper's
+# Table 1, and what is not a config value: the released code, both light presets, whether
+# `light` recreates it.
+LIGHT_TASK = "listops"
+LIGHT_VARIANTS = ("full", "reformer", "linformer", "performer", "nystromformer")
+LIGHT_NOT_CONFIG_VALUES = (
+    ("Precision", "fp16 autocast around the model with a GradScaler (attention cores in fp32); "
+     "a step the scaler skipped still advanced the schedule", "float32 throughout",
+     "the one value that cannot be kept: no fp16 autocast with loss scaling here"),
+    ("Seeds", "none: initialisation, data order, Performer's projection, Reformer's hashes and "
+     "the dropped test examples all differed between runs", "`seed` (reproduce --seeds=0,1,2)",
+     "not recreated: every run here repeats exactly"),
+    ("Test accuracy reported", "the best-validation checkpoint's (saved when the mean dev "
+     "accuracy was strictly greater than the best so far)", "both, labelled; "
+     "`test_accuracy_best_validation` is the released policy (strictly greater too)",
+     "compare the best-validation step's with the paper"),
+    ("ListOps vocabulary", "ids from a Python set (changing with PYTHONHASHSEED), 14 symbols "
+     "and an out-of-vocabulary id in a 32-row table", "a fixed sorted vocabulary (`]` one id of "
+     "16, unused without closing brackets) in a 32-row table",
+     "not recreated: ids are names; the table has the released 32 rows"),
+    ("Data order", "shuffled at load and after each pass (`random.shuffle`), train and dev "
+     "streams endless", "each pass a permutation drawn from (seed, pass)", "recreated in "
+     "distribution"),
+    ("Initialisation", "PyTorch's defaults: Linear kernels Kaiming-uniform with biases "
+     "U(±1/sqrt(fan_in)); Nyström's convolution U(±1/sqrt(35))", "flax's LeCun-normal kernels "
+     "and zero biases; the convolution as released", "not recreated: initialisation details "
+     "(embeddings, positions and Linformer's E are recreated)"),
+    ("Reformer internals", "HuggingFace 3.x LSHSelfAttention: query_key and value share W_q's "
+     "and W_v's weights without their biases (W_k unused); all hash rounds sorted as one "
+     "sequence, chunk 0 looking back to the last chunk of the last round", "q and v "
+     "projections with biases, no key projection; each round chunked apart",
+     "not recreated: the wrapped-in chunk holds only padding for every ListOps row under "
+     "1985 tokens"),
+    ("Reformer hashes at evaluation", "new rotations at every forward call: every test batch "
+     "hashed anew", "eval_rotations=fresh: drawn from the model's dropout stream; one "
+     "evaluation's batches share a draw, each evaluation (and each training step) draws anew",
+     "recreated per evaluation, not per batch"),
+    ("Performer projection", "one Ω for both heads; QR blocks without the sign fix (not exactly "
+     "Haar)", "one Ω per head, Haar-distributed blocks", "not recreated: the same distribution "
+     "per head"),
+    ("Linformer E", "a class attribute: shared by both layers and by every model built in the "
+     "process", "share_attention_across_layers: shared by the layers of one model",
+     "recreated within a model"),
+    ("Data parallelism", "nn.DataParallel over the visible GPUs: Nyström's batch-global "
+     "pseudo-inverse init and Performer's key max taken over each GPU's share of the batch",
+     "over the whole batch of 32", "recreated for one device"),
+)
+
+
 def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
   """The preset's values of `fields` for (task, variant), resolved as the trainer builds them."""
   config = build.resolve(task_config(task, variant, preset))
@@ -205,6 +256,35 @@ def _dimension_change(field: str, row: dict) -> bool:
   return _same(row["released"], row["paper"]) and not field.startswith(build.OPTIONS)
 
 
+def light_rows() -> list[dict]:
+  """One row per (variant, field) of the light protocol: the released value and where the code
+  sets it, the resolved `light` and `light_fair` values, and the quirk a difference fixes."""
+  values = task_values(LIGHT_TASK)
+  table = []
+  for variant in LIGHT_VARIANTS:
+    keys = ("shared", variant)
+    released = {field: entry for key in keys for field, entry in values.light.get(key, {}).items()}
+    fixes = {field: entry for key in keys
+             for field, entry in values.light_fixes.get(key, {}).items()}
+    fields = set(released) | set(fixes)
+    light, fair = (_preset(LIGHT_TASK, variant, p, fields) for p in common.LIGHT_PRESETS)
+    for field in sorted(fields):
+      value, source = released.get(field, ("—", None))
+      table.append({"variant": variant, "field": field, "released": value, "source": source,
+                    "light": light[field], "light_fair": fair[field],
+                    "own": field in {**values.light.get(variant, {}),
+                                     **values.light_fixes.get(variant, {})},
+                    "fix": fixes[field][1] if field in fixes else None})
+  return table
+
+
+def light_departs(row: dict) -> bool:
+  """True where `light` is not the released value (a value computed when the model is built,
+  e.g. 1/head_dim, is compared as the number it becomes)."""
+  computed = row["released"] in (common.SQRT_HEAD_DIM, common.INVERSE_HEAD_DIM)
+  return not computed and not _same(row["released"], row["light"])
+
+
 def _fmt(value) -> str:
   if value is None:
     return "default"
@@ -215,7 +295,8 @@ def _fmt(value) -> str:
 
 def render() -> str:
   lines = [
-      "# LRA fidelity: the released code, our `paper` preset and our `fair` preset",
+      "# LRA fidelity: the released code, our `paper` and `fair` presets, and the light "
+      "protocol",
       "",
       "Generated by `python -m experiments.fidelity` from `configs/lra/`; "
       "`tests/experiments/test_fidelity.py` checks that this file and the configs agree and that "
@@ -255,7 +336,47 @@ def render() -> str:
               "|---|---|---|---|---|---|"]
     lines += [f"| {r['variant']} " + _line(r) for r in table
               if r["variant"] != "full" and not _same_row(r, reference.get(r["field"]))]
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + render_light()) + "\n"
+
+
+def render_light() -> list[str]:
+  table = light_rows()
+  lines = [
+      "", f"## {LIGHT_TASK} under the Nyströmformer paper's light protocol", "",
+      "Xiong et al. 2021 (Nyströmformer, arXiv:2102.03902) ran every LRA variant as a 2-layer "
+      "model of width 64 in their own PyTorch code (mlpen/Nystromformer, `LRA/code`; Reformer "
+      "from HuggingFace transformers 3.x, Performer from performer-pytorch 0.15).",
+      "",
+      "- **released**: the value their ListOps run used, and where their code sets it "
+      "(`file:line` in `LRA/code/`).",
+      "- **light** (`--config=configs/lra/listops.py:<variant>,light`): the released code as it "
+      "ran, every quirk that changes results behind a named field.",
+      "- **light_fair** (`...:<variant>,light_fair`): the same protocol with each quirk fixed; "
+      "the last column says what it fixes.",
+      "",
+      "The data are generated by `python -m lra.generate listops` at the released sizes "
+      "(96,000 / 2,000 / 2,000); docs/data.md compares their statistics with what the LRA paper "
+      "and code state.",
+      "",
+      "### Differences that are not config values", "",
+      "| what | released code | both light presets | recreated in `light`? |", "|---|---|---|---|",
+  ]
+  lines += [f"| {what} | {released} | {ours} | {recreated} |"
+            for what, released, ours, recreated in LIGHT_NOT_CONFIG_VALUES]
+  header = ("| field | released | light | light_fair | where the code sets it | "
+            "what light_fair fixes |")
+  lines += ["", "### Every variant", "", header, "|---|---|---|---|---|---|"]
+  lines += [_light_line(r) for r in table if r["variant"] == "full"]
+  lines += ["", "### Per variant: its own settings", "", "| variant " + header,
+            "|---|---|---|---|---|---|---|"]
+  lines += [f"| {r['variant']} " + _light_line(r) for r in table
+            if r["variant"] != "full" and r["own"]]
+  return lines
+
+
+def _light_line(row: dict) -> str:
+  return (f"| `{row['field']}` | {_fmt(row['released'])} | {_fmt(row['light'])} | "
+          f"{_fmt(row['light_fair'])} | {row['source'] or ''} | {row['fix'] or ''} |")
 
 
 def _line(row: dict) -> str:

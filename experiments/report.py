@@ -23,6 +23,7 @@ from pathlib import Path
 from absl import flags, logging
 
 import lra
+from configs.lra.paper_tables import NYSTROMFORMER_TABLE1
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
@@ -53,16 +54,29 @@ def read_runs(runs_dir, *, only: dict | None = None) -> list[dict]:
   return runs
 
 
-def paper_accuracy(attention: str, task: str) -> float | str | None:
-  """The paper's Table 1 number, "FAIL" for Path-X, None if the paper has no such cell."""
-  if attention not in LRA_TABLE1 or task not in lra.available_tasks():
+# The published table a preset's runs are set beside: the LRA paper's, or for the light
+# protocol the Nyströmformer paper's.
+PUBLISHED = {"light": NYSTROMFORMER_TABLE1, "light_fair": NYSTROMFORMER_TABLE1}
+
+
+def published_table(preset: str) -> dict:
+  return PUBLISHED.get(preset, LRA_TABLE1)
+
+
+def paper_accuracy(attention: str, task: str, preset: str = "paper") -> float | str | None:
+  """The published Table 1 number for the preset (published_table), "FAIL" for Path-X, None
+  if the paper has no such cell."""
+  table = published_table(preset)
+  if attention not in table or task not in lra.available_tasks():
     return None
-  return "FAIL" if task == "pathx" else LRA_TABLE1[attention][task]
+  if task == "pathx":
+    return "FAIL" if table is LRA_TABLE1 else None
+  return table[attention][task]
 
 
-def _order(attentions) -> list[str]:
-  """The paper's row order first, then the rest alphabetically."""
-  known = [a for a in LRA_TABLE1 if a in attentions]
+def _order(attentions, preset: str) -> list[str]:
+  """The published table's row order first, then the rest alphabetically."""
+  known = [a for a in published_table(preset) if a in attentions]
   return known + sorted(set(attentions) - set(known))
 
 
@@ -96,7 +110,8 @@ def summarize(runs: list[dict]) -> dict:
           accuracies[run["attention"], run["task"]].append(100 * run[policy])
         tables[preset, policy, kind] = {
             "tasks": tasks, "cells": {key: _stats(values) for key, values in accuracies.items()},
-            "attentions": _order({a for a, _ in accuracies} | {a for a, _ in not_applicable}),
+            "attentions": _order({a for a, _ in accuracies} | {a for a, _ in not_applicable},
+                                 preset),
             "majority": {t: statistics.mean(v) for t, v in majority.items()},
             "not_applicable": not_applicable,
         }
@@ -108,13 +123,13 @@ def _stats(values: list[float]) -> dict:
           "std": statistics.stdev(values) if len(values) > 1 else None}
 
 
-def _average(table: dict, attention: str):
+def _average(table: dict, attention: str, preset: str):
   """(our mean, paper mean) over the table's tasks except Path-X, if the row has them all."""
   tasks = [t for t in table["tasks"] if t != "pathx"]
   ours = [table["cells"].get((attention, t)) for t in tasks]
   if not tasks or None in ours:
     return None
-  papers = [paper_accuracy(attention, t) for t in tasks]
+  papers = [paper_accuracy(attention, t, preset) for t in tasks]
   paper = statistics.mean(papers) if None not in papers else None
   return statistics.mean(c["mean"] for c in ours), paper
 
@@ -144,11 +159,15 @@ def markdown(tables: dict) -> str:
     seeds = sorted({c["num_seeds"] for c in table["cells"].values()})
     which = "final step" if policy == "test_accuracy_final" else "best validation step"
     if kind == "lra":
+      light = preset in PUBLISHED
       lines += [f"### LRA Table 1, preset `{preset}`, {which}: test accuracy (%)", "",
-                f"Tested: {POLICIES[policy]}. Each cell: mean ± std over seeds (paper's number, "
-                f"our difference). Seeds per cell: {', '.join(map(str, seeds))}."
+                f"Tested: {POLICIES[policy]}. Each cell: mean ± std over seeds ("
+                + ("the Nyströmformer paper's number" if light else "paper's number")
+                + f", our difference). Seeds per cell: {', '.join(map(str, seeds))}."
                 + (" The tiny preset is a CPU-sized run: its numbers are not comparable with the "
-                   "paper's." if preset == "tiny" else ""), ""]
+                   "paper's." if preset == "tiny" else "")
+                + (" The light protocol's authors tested the best-validation model: compare "
+                   "that table with theirs." if light else ""), ""]
     elif kind == "mad":
       lines += [f"### MAD, preset `{preset}`, {which}: test accuracy on the asked tokens (%)", "",
                 f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
@@ -173,9 +192,9 @@ def markdown(tables: dict) -> str:
           row.append("n/a")
         else:
           row.append("—" if cell is None else
-                     _cell(cell["mean"], cell["std"], paper_accuracy(attention, task)))
+                     _cell(cell["mean"], cell["std"], paper_accuracy(attention, task, preset)))
       if has_avg:
-        average = _average(table, attention)
+        average = _average(table, attention, preset)
         not_applicable = all((attention, t) in table["not_applicable"] for t in tasks)
         row.append("n/a" if not_applicable else
                    "—" if average is None else _cell(average[0], None, average[1]))
@@ -201,7 +220,7 @@ def write_csv(tables: dict, path: Path) -> None:
           cell = table["cells"].get((attention, task))
           if cell is None:
             continue
-          paper = paper_accuracy(attention, task)
+          paper = paper_accuracy(attention, task, preset)
           difference = cell["mean"] - paper if isinstance(paper, float) else ""
           out.writerow([preset, policy, attention, task, cell["num_seeds"], f"{cell['mean']:.4f}",
                         "" if cell["std"] is None else f"{cell['std']:.4f}",
@@ -246,7 +265,7 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
              color="tab:blue", capsize=3, label="ours, final step")
       ax.scatter(range(len(attentions)), [best["cells"][a, task]["mean"] for a in attentions],
                  color="tab:orange", zorder=3, label="ours, best validation step")
-      papers = [(i, paper_accuracy(a, task)) for i, a in enumerate(attentions)]
+      papers = [(i, paper_accuracy(a, task, preset)) for i, a in enumerate(attentions)]
       papers = [(i, p) for i, p in papers if isinstance(p, float)]
       if papers:
         ax.scatter(*zip(*papers), facecolors="none", edgecolors="black", marker="D", s=60,
@@ -277,11 +296,11 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
       legend_beside(loss_ax, *acc_ax.get_legend_handles_labels(), fontsize="x-small")
       written.append(save_figure(fig, out / f"curves_{preset}_{task}.png"))
     if kind == "mad":
-      written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})"))
+      written.append(plot_profile(table, out / f"mad_{preset}.png", f"MAD ({preset})", preset))
   return written
 
 
-def plot_profile(table: dict, path: Path, title: str) -> Path:
+def plot_profile(table: dict, path: Path, title: str, preset: str) -> Path:
   """One group of bars per task (and the average), one bar per variant: the table as a chart,
   error bars the std over seeds; n/a variants are left out."""
   import numpy as np
@@ -293,7 +312,7 @@ def plot_profile(table: dict, path: Path, title: str) -> Path:
   fig, ax = plt.subplots(figsize=(max(7, 1.2 * (len(tasks) + 1) + 2), 4))
   for i, attention in enumerate(attentions):
     cells = [table["cells"].get((attention, t)) for t in tasks]
-    average = _average(table, attention)
+    average = _average(table, attention, preset)
     means = [c["mean"] if c else np.nan for c in cells] + [average[0] if average else np.nan]
     color, repeated = variant_style(i)
     ax.bar(np.arange(len(tasks) + 1) + (i - (len(attentions) - 1) / 2) * width, means, width,

@@ -201,3 +201,30 @@ def generate_listops(out_dir, *, num_train: int = 96_000, num_val: int = 2_000,
                        "max_depth": MAX_DEPTH, "subtree_p": SUBTREE_P, "max_args": MAX_ARGS,
                        "files": SPLIT_FILES})
   return str(out)
+
+
+def statistics(path) -> dict:
+  """Of a ListOps file (`Source<TAB>Target` rows): the number of examples; percentiles of the
+  length in tokens with the closing brackets (operators, digits, `]`) and without them (what
+  LRA's pipeline fed before 2021-03-04); percentiles of the depth, the deepest nesting of
+  operators; and how many examples have each answer 0-9."""
+  import numpy as np
+
+  with_brackets, without, depths, labels = [], [], [], []
+  with open(path, encoding="utf-8") as f:
+    next(f)   # header
+    for line in f:
+      source, target = line.rstrip("\n").split("\t")
+      tokens = tokenize(source)
+      nesting = np.cumsum([1 if t in OPERATORS else -1 if t == END else 0 for t in tokens])
+      with_brackets.append(len(tokens))
+      without.append(len(tokens) - tokens.count(END))
+      depths.append(int(nesting.max()))
+      labels.append(int(target))
+  quantiles = (0, 5, 25, 50, 75, 95, 100)
+  summary = lambda xs: {f"p{q}": float(np.percentile(xs, q)) for q in quantiles} | {
+      "mean": float(np.mean(xs))}
+  return {"examples": len(labels), "length": summary(with_brackets),
+          "length_without_closing_brackets": summary(without), "depth": summary(depths),
+          "labels": np.bincount(labels, minlength=10).tolist()}
+

@@ -31,7 +31,8 @@ _TFDS_TASKS = ("text", "image")
 
 def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache_dir=None, *,
          cache: bool = True, resolution: int | None = None, difficulty: str | None = None,
-         download: bool = False, **generator_options) -> Dataset:
+         download: bool = False, closing_brackets: bool | None = None,
+         **generator_options) -> Dataset:
   """Load one split of an LRA task (or of a diagnostic task).
 
   Args:
@@ -52,6 +53,10 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
       (default "hard", as LRA).
     download: Text / Image TFDS fallback only: let TFDS download and prepare the data set
       if it is not prepared yet (off by default: this package never downloads unasked).
+    closing_brackets: ListOps only. False drops every `]` token, as LRA's input pipeline did
+      before 2021-03-04 (its tokenizer kept only alphanumeric characters): the sequence keeps
+      the operators and digits, and no longer says where an operator's arguments end.
+      Default (None, True): kept.
     **generator_options: diagnostic tasks only, generated in memory (no data_dir): the fields
       of the task's settings (`lra.diagnostics.SETTINGS`), e.g. MQAR's vocab_size, num_pairs,
       num_queries, min_gap, power_a, num_train, num_validation, num_test, seed.
@@ -69,7 +74,7 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
       the one in the generator's manifest (`generated.json`).
   """
   spec, params, options = resolve_options(name, max_len, resolution, difficulty, download,
-                                          **generator_options)
+                                          closing_brackets, **generator_options)
   check_split(split)
   params = {"task": name, "split": split, **params}
   source = _READERS[name](data_dir, split, spec.max_len, **options)
@@ -93,7 +98,8 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
 
 
 def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
-                    download: bool = False, **generator_options) -> tuple[TaskSpec, dict, dict]:
+                    download: bool = False, closing_brackets=None,
+                    **generator_options) -> tuple[TaskSpec, dict, dict]:
   """Checks `lra.load`'s options for task `name`; returns the spec as loaded, the
   parameters that key the cache, and the keyword options of the task's reader."""
   spec = task_spec(name)
@@ -121,6 +127,12 @@ def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
     spec = dataclasses.replace(spec, image_size=resolution, max_len=resolution * resolution)
   elif resolution is not None or difficulty is not None:
     raise ValueError(f"resolution and difficulty apply only to {_PIXEL_TASKS}, not {name!r}")
+  if closing_brackets is not None:
+    if name != "listops" or not isinstance(closing_brackets, (bool, np.bool_)):
+      raise ValueError(f"closing_brackets is True or False, for listops only; got "
+                       f"{closing_brackets!r} for {name!r}")
+    if not closing_brackets:   # the default (kept) stays out of the cache key
+      options["closing_brackets"] = params["closing_brackets"] = False
   if name in _TFDS_TASKS:
     options["download"] = download
   elif download:

@@ -99,14 +99,16 @@ def read_generated(data_dir, split: str, max_len: int, settings) -> Source:
 
 # ---------------------------------------------------------------------------------- ListOps
 
-def read_listops(data_dir, split: str, max_len: int) -> Source:
+def read_listops(data_dir, split: str, max_len: int, closing_brackets: bool = True) -> Source:
+  """closing_brackets=False drops every `]` (LRA's pipeline before 2021-03-04)."""
   how = (f"Generate it with `python -m lra.generate listops --out {data_dir or 'DIR'}` "
          f"(LRA sizes by default; --num_train/--num_val/--num_test to change). {RELEASE_HINT}")
   root = _require_data_dir(data_dir, "ListOps", how)
   path = _require(root / listops.DIR_NAME / listops.SPLIT_FILES[split], "ListOps file", how)
   written = (read_manifest(path.parent) or {}).get("sizes", {}).get(split)
   expected = None if written is None else (written, path.parent / MANIFEST_NAME)
-  return Source([path], lambda: _parse_listops(path, max_len), str(path), expected=expected)
+  return Source([path], lambda: _parse_listops(path, max_len, closing_brackets), str(path),
+                expected=expected)
 
 
 _OPEN_IDS = np.array([listops.TOKEN_IDS[op] for op in listops.OPERATORS], np.uint8)
@@ -135,7 +137,7 @@ def _bracket_error(source: str, ids: bytes) -> str | None:
           or _unbalanced(parens, "(", ")", "character"))
 
 
-def _parse_listops(path: Path, max_len: int) -> dict:
+def _parse_listops(path: Path, max_len: int, closing_brackets: bool = True) -> dict:
   rows, targets = [], []
   with open(path, encoding="utf-8", newline="") as f:
     header = f.readline().rstrip("\r\n")
@@ -162,7 +164,7 @@ def _parse_listops(path: Path, max_len: int) -> dict:
       problem = _bracket_error(source, ids)
       if problem:
         raise _bad_row(path, lineno, f"unbalanced brackets: {problem}")
-      rows.append(ids)
+      rows.append(ids if closing_brackets else ids.replace(bytes([_END_ID]), b""))
       targets.append(int(target))
   if not rows:
     raise _no_examples(path, "it has the header line and no row after it")

@@ -69,6 +69,65 @@ def test_linear_transformer_equals_explicit_formula(causal, q_len, kv_len):
     assert rel_err(g, e) < 1e-5
 
 
+@pytest.mark.parametrize("name", ["linear_transformer", "performer"])
+def test_zeroed_padded_keys_are_kept_in_the_normaliser(name):
+  """padded_keys="zeroed" (the Nyströmformer LRA code): padded keys and values become zeros
+  and stay, so φ(0) joins every normaliser; the unpadded row is unchanged, the padded one
+  shrinks towards zero by the weight of its zero keys."""
+  options = {"nb_features": 24} if name == "performer" else {}
+  zeroed = build(name, padded_keys="zeroed", **options)
+  removed = build(name, **options)
+  q, k, v = random_qkv(4, q_len=14)
+  kv_mask = holes_mask(2, 14)
+  real = kv_mask[:, :, None, None]
+  zeros_kept = call(removed, q, jnp.where(real, k, 0.0), jnp.where(real, v, 0.0))
+  got = call(zeroed, q, k, v, kv_mask=kv_mask)
+  assert rel_err(got, zeros_kept) < 1e-5
+  usual = call(removed, q, k, v, kv_mask=kv_mask)
+  assert rel_err(got[0], usual[0]) < 1e-6 and rel_err(got[1], usual[1]) > 1e-2
+
+
+def performer_pytorch(q, k, v, mask, omega):
+  """float64 transcription of the Nyströmformer LRA code's Performer: its wrapper (q, k scaled by
+  d^-1/4, k and v zeroed at padding) around performer-pytorch 0.15's FastAttention (softmax
+  kernel: data scaled by d^-1/4 again, φ = exp(Ωx - |x|²/2 - max) + 1e-4, the max per query over
+  its features and over the whole key tensor for keys; D⁻¹ φ(Q)(φ(K)ᵀV) with every key).
+  q, k, v [b, n, h, d]; omega [h, m, d] (one projection per head)."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  d = q.shape[-1]
+  real = np.asarray(mask, np.float64)[:, :, None, None]
+  q, k, v = q / d ** 0.25, k / d ** 0.25 * real, v * real
+
+  def kernel(data, is_query):
+    data = data * d ** -0.25
+    dash = np.einsum("bnhd,hmd->bnhm", data, omega)
+    diag = (data ** 2).sum(-1, keepdims=True) / 2
+    top = dash.max(-1, keepdims=True) if is_query else dash.max()
+    return np.exp(dash - diag - top) + 1e-4
+
+  phi_q, phi_k = kernel(q, True), kernel(k, False)
+  num = np.einsum("bnhm,bkhm,bkhe->bnhe", phi_q, phi_k, v)
+  den = np.einsum("bnhm,bkhm->bnh", phi_q, phi_k)[..., None]
+  return num / den
+
+
+def test_performer_pytorch_stabiliser_equals_the_lra_codes_performer():
+  """scale=1/head_dim (q and k scaled by d^-1/4 twice), padded_keys="zeroed", the
+  performer_pytorch stabiliser, a fixed Ω: the light preset's Performer, against the
+  transcription; and the floor matters (per_feature, the same otherwise, differs)."""
+  options = dict(num_heads=2, num_kv_heads=2, nb_features=24, redraw=False, scale=1 / 8,
+                 padded_keys="zeroed")
+  attn = build("performer", stabiliser="performer_pytorch", **options)
+  q, k, v = random_qkv(6, q_len=14, num_heads=2, num_kv_heads=2, std=3.0)
+  kv_mask = holes_mask(2, 14)
+  expected = performer_pytorch(q, k, v, kv_mask, np.asarray(attn.features[...], np.float64))
+  out = call(attn, q, k, v, q_mask=kv_mask, kv_mask=kv_mask)
+  real = np.asarray(kv_mask)
+  assert rel_err(np.asarray(out)[real], expected[real]) < 1e-5
+  usual = call(build("performer", **options), q, k, v, q_mask=kv_mask, kv_mask=kv_mask)
+  assert rel_err(np.asarray(usual)[real], expected[real]) > 1e-3
+
+
 def test_refusals():
   with pytest.raises(ValueError, match="temperature"):
     build("linear_transformer", scale=0.5)
@@ -81,6 +140,12 @@ def test_refusals():
   for option in (dict(nb_features=64), dict(redraw=False)):
     with pytest.raises(ValueError, match=f"{next(iter(option))} cannot apply"):
       build("performer", kernel="relu", features="deterministic", **option)
+  with pytest.raises(ValueError, match="'per_feature' with kernel='relu'"):
+    build("performer", kernel="relu", stabiliser="performer_pytorch")
+  with pytest.raises(ValueError, match="'per_feature' when causal"):
+    build("performer", causal=True, stabiliser="performer_pytorch")
+  with pytest.raises(ValueError, match="padded_keys='dropped' is invalid"):
+    build("linear_transformer", padded_keys="dropped")
 
 
 # -- performer: the estimator, and its convergence to softmax ------------------------------------

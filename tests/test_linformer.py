@@ -16,7 +16,7 @@ def build(*, max_len=12, **options):
   return create_variant("linformer", max_len=max_len, **options)
 
 
-SHARING = ["none", "headwise", "kv"]
+SHARING = ["none", "headwise", "kv", "kv_per_head"]
 
 
 @pytest.mark.parametrize("share", [  # each mode's own projections: the test below
@@ -66,16 +66,18 @@ def explicit_linformer(q, k, v, kv_mask, e, f):
 def test_each_sharing_mode_equals_its_projections_applied_explicitly(share):
   """With the drawn projections (sliced to kv_len < max_len), padding and cross-attention: "none"
   projects each K/V head with its own E_h, F_h, "headwise" all heads with one E and one F,
-  "kv" with one E = F."""
+  "kv" with one E = F, "kv_per_head" each K/V head with its own E_h = F_h."""
   attn = build(max_len=16, k=5, share=share)
   q, k, v = random_qkv(2, q_len=7, kv_len=12)
   kv_mask = np.ones((2, 12), bool)
   kv_mask[1, 8:] = kv_mask[1, 3] = False
   e = np.asarray(attn.key_projection[...], np.float64)[:, :12]             # the first kv_len rows
-  f = e if share == "kv" else np.asarray(attn.value_projection[...], np.float64)[:, :12]
-  heads = 2 if share == "none" else 1
+  kv_shared = share in ("kv", "kv_per_head")
+  assert (attn.value_projection is None) == kv_shared
+  f = e if kv_shared else np.asarray(attn.value_projection[...], np.float64)[:, :12]
+  heads = 2 if share in ("none", "kv_per_head") else 1
   assert e.shape == f.shape == (heads, 12, 5)
-  if share == "none":
+  if heads == 2:
     assert not np.allclose(e[0], e[1]) and not np.allclose(f[0], f[1])
   e, f = (np.broadcast_to(x, (2, 12, 5)) for x in (e, f))
   expected = explicit_linformer(q, k, v, kv_mask, e, f)
@@ -88,6 +90,19 @@ def test_parameter_counts_follow_the_sharing():
   assert count(build(k=4, share="none")) == 2 * 2 * per_matrix    # E_h and F_h for 2 K/V heads
   assert count(build(k=4, share="headwise")) == 2 * per_matrix
   assert count(build(k=4, share="kv")) == per_matrix
+  assert count(build(k=4, share="kv_per_head")) == 2 * per_matrix
+
+
+def test_init_std_draws_the_projections_from_that_normal():
+  """init_std=0.02 (the Nyströmformer code's N(0, 0.02²)) against the default Xavier normal,
+  whose std is sqrt(2 / (max_len + k)) for [max_len, k] per head."""
+  big = dict(max_len=512, k=64, share="kv_per_head")
+  drawn = np.asarray(build(**big, init_std=0.02).key_projection[...])
+  assert abs(drawn.mean()) < 1e-3 and drawn.std() == pytest.approx(0.02, rel=0.02)
+  xavier = np.asarray(build(**big).key_projection[...])
+  assert xavier.std() == pytest.approx(np.sqrt(2 / (512 + 64)), rel=0.03)
+  with pytest.raises(ValueError, match="init_std=0"):
+    build(init_std=0.0)
 
 
 def test_refusals():

@@ -149,7 +149,7 @@ def test_mean_pooling_of_bf16_activations_is_exact_in_f32():
 
 @pytest.mark.parametrize("field, value, message", [
     ("attention", "nope", "unknown attention 'nope'"),
-    ("pooling", "max", "pooling='max'; choose one of cls, mean"),
+    ("pooling", "max", "pooling='max'; choose one of cls, mean, padded_mean"),
     ("positions", "relative", "unknown position kind"),
     ("remat", "all", "remat='all'; choose one of none, block, dots"),
 ])
@@ -195,6 +195,55 @@ def test_embed_init_std():
   default, unit = _pair(embed_init_std=1.0)
   assert float(jnp.std(unit.encoder.embed.embedding[...])) == pytest.approx(1.0, rel=0.15)
   assert float(jnp.std(default.encoder.embed.embedding[...])) < 0.5   # ~ 1 / sqrt(16)
+
+
+def test_padded_mean_divides_the_real_tokens_sum_by_the_padded_length():
+  hidden = jax.random.normal(jax.random.key(1), (2, 6, 4))
+  mask = jnp.arange(6)[None] < jnp.array([[6], [2]])
+  expected = np.asarray(hidden).copy()
+  expected[1, 2:] = 0
+  np.testing.assert_allclose(pool(hidden, mask, "padded_mean"), expected.sum(1) / 6, rtol=1e-6)
+
+
+def test_exact_gelu_and_layer_norm_epsilon_reach_every_block():
+  _, released = _pair(gelu_approximate=False, layer_norm_epsilon=1e-5)
+  mlp = released.encoder.blocks[1].mlp
+  x = jax.random.normal(jax.random.key(2), (3, 16)) * 3
+  hidden = mlp.up(x)
+  np.testing.assert_allclose(mlp(x), mlp.down(0.5 * hidden * (1 + jax.scipy.special.erf(
+      hidden / np.sqrt(2)))), rtol=1e-5, atol=1e-6)
+  norms = [n for b in released.encoder.blocks for n in (b.self_norm, b.mlp_norm)]
+  assert {n.epsilon for n in norms + [released.encoder.final_norm]} == {1e-5}
+
+
+def test_shared_attention_parameters_are_one_parameter_whose_gradient_sums_the_layers():
+  config = dataclasses.replace(TINY, attention="linformer", attention_options={"k": 4})
+  separate = Classifier(config, rngs=nnx.Rngs(0))
+  shared = Classifier(dataclasses.replace(config, share_attention_across_layers=True),
+                      rngs=nnx.Rngs(0))
+  first, second = (b.self_attention.attention for b in shared.encoder.blocks)
+  assert first.key_projection is second.key_projection
+  per_layer = first.key_projection.size + first.value_projection.size
+  assert num_params(separate) - num_params(shared) == per_layer
+  # the same parameters in both layers of `separate`: equal outputs, and the shared gradient is
+  # the sum of the two layers' gradients
+  for name in ("key_projection", "value_projection"):
+    for block in separate.encoder.blocks:
+      getattr(block.self_attention.attention, name)[...] = getattr(first, name)[...]
+  tokens, mask = _tokens((2, 10)), jnp.ones((2, 10), bool).at[1, 6:].set(False)
+  loss = lambda model: model(tokens, mask).sum()
+  np.testing.assert_allclose(loss(shared), loss(separate), rtol=1e-5)
+  grad_shared, grad_separate = nnx.grad(loss)(shared), nnx.grad(loss)(separate)
+  layers = grad_separate["encoder"]["blocks"]
+  np.testing.assert_allclose(
+      grad_shared["encoder"]["blocks"][0]["self_attention"]["attention"]["key_projection"][...],
+      sum(layers[i]["self_attention"]["attention"]["key_projection"][...] for i in (0, 1)),
+      rtol=1e-4, atol=1e-7)
+  with pytest.raises(ValueError, match="'full' has no parameters of its own to share"):
+    Classifier(dataclasses.replace(TINY, share_attention_across_layers=True), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="'deltanet' is a sequence mixer"):
+    Classifier(dataclasses.replace(TINY, attention="deltanet", share_attention_across_layers=True),
+               rngs=nnx.Rngs(0))
 
 
 def test_short_conv_is_a_causal_depthwise_convolution():

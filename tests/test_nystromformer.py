@@ -65,6 +65,63 @@ def test_equals_the_papers_formula(conv_kernel_size):
   assert np.max(np.abs(out - expected)) / np.max(np.abs(expected)) < 1e-4
 
 
+def released_lra_code(q, k, v, mask, num_landmarks, conv):
+  """float64 transcription of the Nyströmformer LRA code (mlpen/Nystromformer,
+  LRA/code/attention_nystrom.py): q, k zeroed at padding and scaled by d^-1/4 each, landmarks
+  as reshape means over all n positions, F and A unmasked, B masking padded keys (-1e9), the
+  pseudo-inverse started from Aᵀ / (the largest column sum of any matrix in the batch), and the
+  conv over the zeroed values. q, k, v [b, n, h, d] (no GQA); conv [taps, 1, h]."""
+  q, k, v = (np.asarray(x, np.float64).transpose(0, 2, 1, 3) for x in (q, k, v))  # [b, h, n, d]
+  b, h, n, d = q.shape
+  real = np.asarray(mask, np.float64)[:, None, :, None]                    # [b, 1, n, 1]
+  q, k = q * real / d ** 0.25, k * real / d ** 0.25
+  means = lambda x: x.reshape(b, h, num_landmarks, n // num_landmarks, d).mean(-2)
+  q_tilde, k_tilde = means(q), means(k)
+  kernel_1 = softmax(q @ k_tilde.swapaxes(-1, -2))
+  kernel_2 = softmax(q_tilde @ k_tilde.swapaxes(-1, -2))
+  kernel_3 = softmax(q_tilde @ k.swapaxes(-1, -2) - 1e9 * (1 - real.swapaxes(-1, -2)))
+  z = kernel_2.swapaxes(-1, -2) / kernel_2.sum(-2).max()
+  eye = np.eye(num_landmarks)
+  for _ in range(6):
+    kz = kernel_2 @ z
+    z = (0.25 * z) @ (13 * eye - kz @ (15 * eye - kz @ (7 * eye - kz)))
+  out = kernel_1 @ z @ (kernel_3 @ v)
+  taps = conv.shape[0]
+  padded = np.pad(v * real, [(0, 0), (0, 0), (taps // 2, taps // 2), (0, 0)])
+  for t in range(taps):
+    out = out + conv[t, 0][None, :, None, None] * padded[:, :, t:t + n]
+  return out.transpose(0, 2, 1, 3)
+
+
+def test_the_lra_codes_landmarks_and_pinv_init_equal_its_transcription():
+  """landmarks="padded_segments", pinv_init="batch_global" (the light preset's Nyströmformer)
+  against the released code, rows of 24, 13 and 5 real tokens out of 24 (landmarks of zeros in
+  the short rows, the batch-global init mixing the rows); the real positions of every row."""
+  attn = build(num_heads=2, num_kv_heads=2, num_landmarks=6, conv_kernel_size=5,
+               landmarks="padded_segments", pinv_init="batch_global")
+  q, k, v = random_qkv(4, batch=3, q_len=24, num_heads=2, num_kv_heads=2)
+  mask = np.arange(24)[None] < np.array([[24], [13], [5]])
+  expected = released_lra_code(q, k, v, mask, 6, np.asarray(attn.conv[...], np.float64))
+  out = np.asarray(apply(attn, q, k, v, q_mask=jnp.asarray(mask), kv_mask=jnp.asarray(mask)))
+  assert np.max(np.abs(out - expected)[mask]) / np.max(np.abs(expected)) < 1e-4
+  # each switch alone changes the padded rows' outputs
+  for options in ({"landmarks": "padded_segments"}, {"pinv_init": "batch_global"}):
+    one = build(num_heads=2, num_kv_heads=2, num_landmarks=6, conv_kernel_size=5, **options)
+    got = np.asarray(apply(one, q, k, v, q_mask=jnp.asarray(mask), kv_mask=jnp.asarray(mask)))
+    assert np.max(np.abs(got - expected)[mask]) / np.max(np.abs(expected)) > 1e-3, options
+
+
+def test_batch_global_pinv_init_divides_by_the_largest_norms_of_the_batch():
+  a = np.asarray(jax.nn.softmax(jax.random.normal(jax.random.key(5), (3, 4, 4)) * 3), np.float64)
+  z = np.asarray(nystromformer.pinv(jnp.asarray(a, jnp.float32), 0, batch_global=True))
+  np.testing.assert_allclose(z, a.swapaxes(-1, -2) / (a.sum(-2).max() * a.sum(-1).max()),
+                             rtol=1e-6)
+  per_matrix = np.asarray(nystromformer.pinv(jnp.asarray(a, jnp.float32), 0))
+  np.testing.assert_allclose(
+      per_matrix, a.swapaxes(-1, -2) / (a.sum(-2).max(-1) * a.sum(-1).max(-1))[:, None, None],
+      rtol=1e-6)
+
+
 def mean_relative_error(num_landmarks, *, length=64, pinv_iterations=6, kv_mask=None):
   q, k, v = random_qkv(1, batch=4, q_len=length, num_heads=2, num_kv_heads=2, head_dim=16)
   attn = build(num_heads=2, num_kv_heads=2, head_dim=16, num_landmarks=num_landmarks,
@@ -140,6 +197,9 @@ def test_refusals_say_why():
   with pytest.raises(ValueError,
                      match="option num_landmarks=0 is invalid: expected an integer >= 1"):
     build(num_landmarks=0)
+  q, k, v = random_qkv(0, q_len=10)
+  with pytest.raises(ValueError, match="n=10 that is not a multiple of num_landmarks=4"):
+    apply(build(num_landmarks=4, landmarks="padded_segments"), q, k, v)
   with pytest.raises(ValueError, match=r"option conv_kernel_size=4 is invalid: expected an integer "
                                        r">= 0 that is 0 \(no skip convolution\) or odd"):
     build(conv_kernel_size=4)

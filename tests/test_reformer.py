@@ -139,6 +139,40 @@ def test_equals_softmax_over_the_union_of_hashed_chunks(causal, n_hashes):
   check_against(attn, q, v, mask, allowed)
 
 
+def test_without_duplicate_correction_a_key_counts_once_per_round():
+  """duplicate_correction=False, scale=1 (HuggingFace's LSHSelfAttention: logits q·k̂, rounds
+  combined by their log-sum-exp, no - log N_ij): softmax over the multiset of what the rounds
+  show, Σ_j N_ij exp(s_ij) v_j / Σ_j N_ij exp(s_ij), in float64 from the evaluation buckets."""
+  n, cl = 24, 4
+  attn = make(chunk_len=cl, n_buckets=4, n_hashes=2, scale=1.0, duplicate_correction=False)
+  q, v = qkv(n, seed=5)
+  mask = padding(n)
+  out, buckets = forward(attn, q, v, mask)
+  counts = sum(union_pattern(buckets[:, :, r:r + 1], cl, mask, False).astype(np.float64)
+               for r in range(2))                                          # N [b, h, n, n]
+  assert (counts == 2).any() and (counts == 1).any()
+  q64 = np.asarray(q, np.float64).transpose(0, 2, 1, 3)                    # [b, h, n, d]
+  keys = q64 / np.linalg.norm(q64, axis=-1, keepdims=True)
+  values = np.repeat(np.asarray(v, np.float64), H // KVH, axis=2).transpose(0, 2, 1, 3)
+  scores = q64 @ keys.swapaxes(-1, -2)
+  weights = counts * np.exp(scores - scores.max(-1, keepdims=True))
+  expected = (weights @ values / weights.sum(-1, keepdims=True)).transpose(0, 2, 1, 3)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(out)[real], expected[real], atol=1e-5)
+  corrected = forward(make(chunk_len=cl, n_buckets=4, n_hashes=2, scale=1.0), q, v, mask)[0]
+  assert float(jnp.abs(corrected - out).max()) > 1e-3
+
+
+def test_fresh_evaluation_rotations_draw_at_every_call():
+  """eval_rotations="fresh" (HuggingFace's hash_seed=None): evaluation calls hash anew."""
+  n = 32
+  q, v = qkv(n, seed=8)
+  mask = jnp.ones((B, n), bool)
+  attn = make(seed=3, chunk_len=4, eval_rotations="fresh")
+  first, second = forward(attn, q, v, mask)[0], forward(attn, q, v, mask)[0]
+  assert float(jnp.abs(first - second).max()) > 1e-3
+
+
 @pytest.mark.slow
 def test_causal_and_padding_under_random_hashing():
   """Several hash rounds: no dependence on future values, on padded tokens, or on appended
@@ -260,7 +294,9 @@ def test_bad_options():
   for options, what in [(dict(n_buckets=3), "n_buckets"), (dict(n_buckets=0), "n_buckets"),
                         (dict(chunk_len=0), "chunk_len"), (dict(n_hashes=0), "n_hashes"),
                         (dict(num_chunks=0), "num_chunks"),
-                        (dict(chunk_len=8, num_chunks=2), "not both")]:
+                        (dict(chunk_len=8, num_chunks=2), "not both"),
+                        (dict(eval_rotations="random"), "eval_rotations"),
+                        (dict(duplicate_correction=0), "duplicate_correction")]:
     with pytest.raises(ValueError, match=what):
       make(**options)
   q, v = qkv(8)

@@ -24,6 +24,10 @@ running max, the state rescaled when it grows (as in online softmax); inside a c
 small default C). Every max is taken over keys the query sees, so no padded or future key
 changes a real output, not even by rounding.
 
+`padded_keys="zeroed"` recreates the Nyströmformer LRA code's masking instead: padded keys and
+values are set to zero and kept, so each adds φ(0) (not 0) to every normaliser while adding
+nothing to the numerator; a row with many padded positions has its output scaled down.
+
 Shapes: q_log [b, q, kvh, g, m] (query heads grouped by the K/V head they share),
 k_log [b, k, kvh, m], v [b, k, kvh, d]; all f32.
 """
@@ -35,7 +39,7 @@ import jax.numpy as jnp
 from attention_zoo.contract import Attention
 from attention_zoo.ops import softmax
 from attention_zoo.ops.blocks import ceil_div
-from attention_zoo.options import Int
+from attention_zoo.options import Choice, Int
 
 # Log scale of "no key yet" and log φ of a padded key: finite, so differences never give
 # inf - inf.
@@ -125,8 +129,10 @@ def _causal(q_log, k_log, v, kv_mask, state, chunk_size):
 
 class KernelizedAttention(Attention):
   """Base of the kernelised variants: subclasses define `feature_maps` and `feature_count`."""
-  # chunk_size: positions per step of the causal prefix-sum scan.
-  OPTIONS = {"chunk_size": Int(16, minimum=1)}
+  # chunk_size: positions per step of the causal prefix-sum scan; padded_keys: "removed" (left
+  # out of S and z) or "zeroed" (zero keys and values kept: the Nyströmformer LRA code's).
+  OPTIONS = {"chunk_size": Int(16, minimum=1),
+             "padded_keys": Choice("removed", ("removed", "zeroed"))}
   # Subclasses register with supports_dropout=False; the base refuses dropout_rate > 0 with this.
   WHY_NO_DROPOUT = "kernelised attention never forms the attention weights that dropout drops"
 
@@ -144,16 +150,22 @@ class KernelizedAttention(Attention):
     """The recurrent state S [m, d] and z [m] per kv head, whatever the length."""
     return num_kv_heads * cls.feature_count(head_dim, options) * (head_dim + 1)
 
-  def feature_maps(self, q, k, *, deterministic: bool):
+  def feature_maps(self, q, k, *, deterministic: bool, kv_mask=None):
     """q [b, n, kvh, g, d], k [b, n, kvh, d] (f32) -> log φ(q) [b, n, kvh, g, m] (up to a
-    per-query constant) and log φ(k) [b, n, kvh, m]."""
+    per-query constant) and log φ(k) [b, n, kvh, m]. kv_mask bool [b, n] (None in decoding):
+    the keys attended to, for a map that looks across keys."""
     raise NotImplementedError
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
     f32 = lambda x: x.astype(jnp.float32)   # feature maps and sums in f32, even for bf16 inputs
-    q_log, k_log = self.feature_maps(
-        softmax.group_heads(f32(q), self.num_kv_heads), f32(k), deterministic=deterministic)
-    out = linear_attention(q_log, k_log, f32(v), kv_mask, causal=self.causal,
+    q, k, v = f32(q), f32(k), f32(v)
+    if self.options["padded_keys"] == "zeroed":
+      real = kv_mask[:, :, None, None]
+      k, v = jnp.where(real, k, 0.0), jnp.where(real, v, 0.0)
+      kv_mask = jnp.ones_like(kv_mask)   # every key attended to, the zeroed ones included
+    q_log, k_log = self.feature_maps(softmax.group_heads(q, self.num_kv_heads), k,
+                                     deterministic=deterministic, kv_mask=kv_mask)
+    out = linear_attention(q_log, k_log, v, kv_mask, causal=self.causal,
                            chunk_size=self.options["chunk_size"])
     return out.reshape(q.shape)
 

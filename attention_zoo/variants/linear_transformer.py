@@ -34,7 +34,7 @@ class LinearTransformerAttention(kernelized.KernelizedAttention):
   def feature_count(cls, head_dim: int, options: dict) -> int:
     return head_dim
 
-  def feature_maps(self, q, k, *, deterministic: bool):
+  def feature_maps(self, q, k, *, deterministic: bool, kv_mask=None):
     # log(elu(x) + 1): log(1 + x) for x > 0, x otherwise (never the log of an underflowed exp)
     log_phi = lambda x: jnp.log1p(jax.nn.relu(x)) + jnp.minimum(x, 0.0)
     return log_phi(q), log_phi(k)

@@ -5,14 +5,17 @@
 E and F are learned, stored at [max_len, k] and sliced to the first n rows for shorter inputs.
 `share` chooses how they are shared (the paper's parameter-sharing options):
 
-    "none"      each head its own E_i and F_i (the paper's default)
-    "headwise"  one E and one F for all heads
-    "kv"        one E = F for all heads (key-value sharing, what the LRA code ran)
+    "none"         each head its own E_i and F_i (the paper's default)
+    "headwise"     one E and one F for all heads
+    "kv"           one E = F for all heads (key-value sharing, what the LRA code ran)
+    "kv_per_head"  each head its own E_i = F_i (what the Nyströmformer LRA code ran)
 
 Heads here are K/V heads: with GQA the query heads of a group share their K/V head and its
-projections. The paper's layerwise sharing (one matrix across layers) is not offered: a layer
-holds only its own parameters. Padded keys and values are zeroed before the projection, so
-padding adds nothing to the k projected keys. Cost O(n·k·d) per head instead of O(n²·d).
+projections. The paper's layerwise sharing (one matrix across layers) is the model's
+`share_attention_across_layers`: a layer holds only its own parameters. E and F start as
+Xavier-normal, or N(0, init_std²) with `init_std` (the Nyströmformer code's 0.02). Padded keys
+and values are zeroed before the projection, so padding adds nothing to the k projected keys.
+Cost O(n·k·d) per head instead of O(n²·d).
 
 Every projected key mixes the whole sequence, so a query would see the future: no causal form.
 Cross-attention works for kv_len <= max_len (queries are never projected).
@@ -25,9 +28,9 @@ from flax import nnx
 
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
-from attention_zoo.options import Choice, Int
+from attention_zoo.options import Choice, Float, Int
 
-SHARING = ("none", "headwise", "kv")
+SHARING = ("none", "headwise", "kv", "kv_per_head")
 
 
 @register("linformer", exact=False, supports_causal=False, supports_cross=True,
@@ -36,9 +39,10 @@ SHARING = ("none", "headwise", "kv")
                 "(arXiv:2006.04768)",
           needs_max_len=True)
 class LinformerAttention(Attention):
-  # k: the projected length; share: "none" (E_i, F_i per head), "headwise" (one E, one F) or
-  # "kv" (one E = F).
-  OPTIONS = {"k": Int(256, minimum=1), "share": Choice("none", SHARING)}
+  # k: the projected length; share: "none" (E_i, F_i per head), "headwise" (one E, one F),
+  # "kv" (one E = F) or "kv_per_head" (E_i = F_i); init_std: None = Xavier normal.
+  OPTIONS = {"k": Int(256, minimum=1), "share": Choice("none", SHARING),
+             "init_std": Float(None, above=0, optional=True)}
   TEST_OPTIONS = dict(k=8)
   WHY_NOT_CAUSAL = ("each of its k projected keys is a weighted sum over all positions, "
                     "so every query would see future tokens")
@@ -47,10 +51,13 @@ class LinformerAttention(Attention):
     super().__init__(**kwargs)
     rank, share = self.options["k"], self.options["share"]
     # [kvh or 1, max_len, k]: the leading axis is the head (1 = shared by all heads)
-    shape = (self.num_kv_heads if share == "none" else 1, self.max_len, rank)
-    init = nnx.initializers.xavier_normal(batch_axis=(0,))
+    per_head = share in ("none", "kv_per_head")
+    shape = (self.num_kv_heads if per_head else 1, self.max_len, rank)
+    std = self.options["init_std"]
+    init = (nnx.initializers.xavier_normal(batch_axis=(0,)) if std is None
+            else nnx.initializers.normal(std))
     self.key_projection = nnx.Param(init(self.rngs.params(), shape))              # E
-    self.value_projection = (None if share == "kv"
+    self.value_projection = (None if share in ("kv", "kv_per_head")
                              else nnx.Param(init(self.rngs.params(), shape)))     # F
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):

@@ -23,6 +23,13 @@ B. A padded row therefore gives exactly what the same row without its padding gi
 included (the convolution, when on, sees a hole as a zero value). With m >= c, Q̃ = Q and
 K̃ = K, so F = A = B = S and S A⁺ S = S: exact up to the pseudo-inverse's accuracy.
 
+The paper's LRA code formed landmarks otherwise, behind `landmarks="padded_segments"`: q and k
+zeroed at padding, then the means of m equal segments of the padded length n (padding counted,
+so a short row has landmarks of zeros), with F and A left unmasked and only B masking padded
+keys. Its pseudo-inverse started from Z₀ = Aᵀ / (max ‖A‖₁ · max ‖A‖∞) with the maxima over
+every matrix of the batch and every head (`pinv_init="batch_global"`), so an output depends on
+the other rows of the batch.
+
 `conv_kernel_size` > 0 adds the skip connection of the paper's code, a depthwise convolution of
 V over the sequence (one filter per query head, shared across head_dim, padded values zeroed);
 its LRA runs use 35. The default 0 (no convolution) keeps the variant a pure approximation of
@@ -40,7 +47,7 @@ from flax import nnx
 
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
-from attention_zoo.options import Int
+from attention_zoo.options import Choice, Int
 
 
 @register("nystromformer", exact=False, supports_causal=False, supports_cross=False,
@@ -51,7 +58,10 @@ class NystromformerAttention(Attention):
   OPTIONS = {"num_landmarks": Int(64, minimum=1), "pinv_iterations": Int(6, minimum=1),
              "conv_kernel_size": Int(0, minimum=0, where=(
                  "0 (no skip convolution) or odd (a window centred on each token; the paper's "
-                 "LRA code uses 35)", lambda n: n == 0 or n % 2 == 1))}
+                 "LRA code uses 35)", lambda n: n == 0 or n % 2 == 1)),
+             # "padded_segments", "batch_global": the paper's LRA code (module docstring)
+             "landmarks": Choice("real_tokens", ("real_tokens", "padded_segments")),
+             "pinv_init": Choice("per_matrix", ("per_matrix", "batch_global"))}
   # 6 landmarks at length 20: uneven segments; with padding some rows have fewer real tokens.
   TEST_OPTIONS = dict(num_landmarks=6, conv_kernel_size=5)
   WHY_NOT_CAUSAL = ("each landmark is the mean of a whole segment and every landmark query sees "
@@ -70,10 +80,16 @@ class NystromformerAttention(Attention):
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     # Padded values zeroed: not even a NaN pad can reach B V.
     v = jnp.where(kv_mask[:, :, None, None], v.astype(jnp.float32), 0.0)
+    if self.options["landmarks"] == "padded_segments":
+      q = jnp.where(q_mask[:, :, None, None], q, 0.0)
+      k = jnp.where(kv_mask[:, :, None, None], k, 0.0)
+      q_segments, q_landmark_real = self._padded_segments(q_mask, num_landmarks)
+      k_segments, k_landmark_real = self._padded_segments(kv_mask, num_landmarks)
+    else:
+      q_segments, q_landmark_real = segments(q_mask, num_landmarks)        # [b, n, l], [b, l]
+      k_segments, k_landmark_real = segments(kv_mask, num_landmarks)       # [b, n, m], [b, m]
     # l indexes the query landmarks, m the key landmarks (as many of each: num_landmarks).
-    grouped = softmax.group_heads(q, self.num_kv_heads)                  # [b, n, kvh, g, d]
-    q_segments, q_landmark_real = segments(q_mask, num_landmarks)          # [b, n, l], [b, l]
-    k_segments, k_landmark_real = segments(kv_mask, num_landmarks)         # [b, n, m], [b, m]
+    grouped = softmax.group_heads(q, self.num_kv_heads)                    # [b, n, kvh, g, d]
     q_landmarks = segment_means(q_segments, grouped)                       # [b, l, kvh, g, d]
     k_landmarks = segment_means(k_segments, k)                             # [b, m, kvh, d]
     q_real = q_landmark_real[:, None, None, :, None]                       # [b, 1, 1, l, 1]
@@ -92,12 +108,25 @@ class NystromformerAttention(Attention):
     kernel_b = self.dropout(kernel_b, deterministic)
 
     landmark_values = jnp.einsum("bhgln,bnhd->bhgld", kernel_b, v)         # B V [b, kvh, g, l, d]
-    landmark_values = (pinv(kernel_a, self.options["pinv_iterations"])
-                       @ landmark_values)                                  # A⁺ B V [.., m, d]
+    inverse = pinv(kernel_a, self.options["pinv_iterations"],
+                   batch_global=self.options["pinv_init"] == "batch_global")
+    landmark_values = inverse @ landmark_values                            # A⁺ B V [.., m, d]
     out = jnp.einsum("bhgnm,bhgmd->bnhgd", kernel_f, landmark_values)      # [b, n, kvh, g, d]
     if self.conv is not None:
       out = out + self._skip_conv(v)
     return out.reshape(q.shape)
+
+  def _padded_segments(self, mask, num_landmarks: int):
+    """The paper's LRA landmarks: m equal segments of all n positions, padding included, every
+    landmark counted as real: one-hot [b, n, m], [b, m]."""
+    b, n = mask.shape
+    if n % num_landmarks:
+      raise self.option_error("landmarks", f"'real_tokens' for a length n={n} that is not a "
+                                           f"multiple of num_landmarks={num_landmarks} "
+                                           "('padded_segments' cuts n into equal segments)")
+    one_hot = (jnp.arange(n) // (n // num_landmarks))[:, None] == jnp.arange(num_landmarks)
+    return (jnp.broadcast_to(one_hot, (b, n, num_landmarks)),
+            jnp.ones((b, num_landmarks), bool))
 
   def _skip_conv(self, v):
     """Depthwise convolution over the sequence: v [b, n, kvh, d] -> [b, n, kvh, g, d]."""
@@ -130,16 +159,20 @@ def segment_means(one_hot, x):
   return sums / jnp.maximum(count, 1)
 
 
-def pinv(a, iterations: int):
+def pinv(a, iterations: int, *, batch_global: bool = False):
   """Iterative Moore-Penrose pseudo-inverse of a [..., m, m] with non-negative entries.
 
-  Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞) and the paper's third-order update. The m x m products (cheap) run at
-  full f32 precision rather than a backend's reduced default (TF32): the iteration compounds
-  rounding.
+  Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞) and the paper's third-order update; with `batch_global` each norm is
+  its maximum over every matrix of `a` (the paper's LRA code). The m x m products (cheap) run
+  at full f32 precision rather than a backend's reduced default (TF32): the iteration
+  compounds rounding.
   """
   matmul = partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
   identity = jnp.eye(a.shape[-1], dtype=a.dtype)
-  norm = a.sum(axis=-2).max(axis=-1) * a.sum(axis=-1).max(axis=-1)        # ‖A‖₁ ‖A‖∞ [...]
+  norm_1, norm_inf = a.sum(axis=-2).max(axis=-1), a.sum(axis=-1).max(axis=-1)   # ‖A‖₁, ‖A‖∞ [...]
+  if batch_global:
+    norm_1, norm_inf = norm_1.max(), norm_inf.max()
+  norm = norm_1 * norm_inf
   # An all-empty A stays 0.
   z = jnp.swapaxes(a, -1, -2) / jnp.where(norm > 0, norm, 1.0)[..., None, None]
   for _ in range(iterations):

@@ -24,6 +24,13 @@ sees (real keys only, and only the past when causal), then each query by its own
 nothing overflows or underflows to an all-zero row at large input norms, in bf16 or at 16K
 tokens, and neither padding nor the future leaks in. The 1/sqrt(m) cancels in D⁻¹ and is
 omitted.
+
+`stabiliser="performer_pytorch"` recreates performer-pytorch 0.15's softmax_kernel (what the
+Nyströmformer LRA code ran): φ(x) = exp(Ωx̂ - |x̂|²/2 - c) + 1e-4, with c each query's own max of
+Ωq̂ over its features but, for the keys, one max of Ωk̂ over every key, head, feature and row of
+the batch. The 1e-4 floor does not cancel: a feature far below that max weighs 1e-4 whatever
+its key, so attention flattens as the spread of Ωk̂ grows, and a row's output depends on the
+other rows of the batch. The max over all keys makes it non-causal.
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ from attention_zoo.options import Bool, Choice, Int
 from attention_zoo.variants import kernelized
 
 RELU_EPSILON = 1e-3   # keeps generalized-attention denominators positive
+PERFORMER_PYTORCH_EPSILON = 1e-4   # performer-pytorch's softmax_kernel floor
 
 
 class RandomFeatures(nnx.Variable):
@@ -70,9 +78,12 @@ def orthogonal_gaussian(key, num_kv_heads: int, nb_features: int, head_dim: int)
 class PerformerAttention(kernelized.KernelizedAttention):
   # kernel: "softmax" (FAVOR+) or "relu" (generalized attention); features: "random" (a
   # random projection Ω) or "deterministic" (none: the head_dim coordinates, relu only).
+  # stabiliser: "per_feature" (the log-space sums of kernelized) or "performer_pytorch" (its
+  # softmax_kernel: a floor of 1e-4 under features stabilised by one max over all keys).
   OPTIONS = {"kernel": Choice("softmax", ("softmax", "relu")),
              "features": Choice("random", ("random", "deterministic")),
              "nb_features": Int(256, minimum=1), "redraw": Bool(True),
+             "stabiliser": Choice("per_feature", ("per_feature", "performer_pytorch")),
              **kernelized.KernelizedAttention.OPTIONS}
   TEST_OPTIONS = dict(nb_features=64, chunk_size=4)
 
@@ -89,6 +100,13 @@ class PerformerAttention(kernelized.KernelizedAttention):
         raise self.option_error(given[0], f"no {given[0]} with features='deterministic' (no "
                                           f"random projection, so {given[0]} cannot apply: the "
                                           f"features are the head_dim coordinates)")
+    if self.options["stabiliser"] == "performer_pytorch":
+      if self.options["kernel"] != "softmax":
+        raise self.option_error("stabiliser", "'per_feature' with kernel='relu' (performer_pytorch "
+                                              "stabilises the softmax kernel's exponentials)")
+      if self.causal:
+        raise self.option_error("stabiliser", "'per_feature' when causal (performer_pytorch takes "
+                                              "one max over every key, future ones included)")
     self.features = (RandomFeatures(self._draw(self.rngs.params())) if features == "random"
                      else None)                                      # Ω [kvh, m, d]
 
@@ -105,9 +123,10 @@ class PerformerAttention(kernelized.KernelizedAttention):
       return self._draw(self.rngs.dropout())
     return self.features[...]
 
-  def feature_maps(self, q, k, *, deterministic: bool):
+  def feature_maps(self, q, k, *, deterministic: bool, kv_mask=None):
     """log φ: Ωx̂ - |x̂|²/2 (softmax; the query's |q̂|²/2 is a per-query constant, dropped) or
-    log(relu(Ωx̂) + ε) (relu); deterministic features: x̂ in place of Ωx̂."""
+    log(relu(Ωx̂) + ε) (relu); deterministic features: x̂ in place of Ωx̂. The performer_pytorch
+    stabiliser: see the module docstring."""
     root_scale = self.scale ** 0.5
     q, k = q * root_scale, k * root_scale
     q_proj, k_proj = q, k
@@ -118,4 +137,13 @@ class PerformerAttention(kernelized.KernelizedAttention):
     if self.options["kernel"] == "relu":
       log_phi = lambda x: jnp.log(jax.nn.relu(x) + RELU_EPSILON)
       return log_phi(q_proj), log_phi(k_proj)
-    return q_proj, k_proj - 0.5 * jnp.sum(k ** 2, axis=-1, keepdims=True)
+    half_norm = lambda x: 0.5 * jnp.sum(x ** 2, axis=-1, keepdims=True)
+    if self.options["stabiliser"] == "per_feature":
+      return q_proj, k_proj - half_norm(k)
+    # log(exp(x - c) + ε); the maxima are not constants here, so their gradients flow (as torch's)
+    floor = math.log(PERFORMER_PYTORCH_EPSILON)
+    key_max = jnp.max(k_proj if kv_mask is None
+                      else jnp.where(kv_mask[:, :, None, None], k_proj, -jnp.inf))
+    query_max = jnp.max(q_proj, axis=-1, keepdims=True)
+    return (jnp.logaddexp(q_proj - half_norm(q) - query_max, floor),
+            jnp.logaddexp(k_proj - half_norm(k) - key_max, floor))

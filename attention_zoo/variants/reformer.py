@@ -26,7 +26,11 @@ real token's chunk; padded keys are masked. `n_buckets=None` uses twice the numb
 are contiguous blocks of the real tokens in position order.
 
 Rotations are drawn from a key fixed at construction in evaluation (deterministic=True) and
-fresh from `rngs.dropout()` at each training call. Dropout acts on the chunk weights.
+fresh from `rngs.dropout()` at each training call; `eval_rotations="fresh"` draws them from
+`rngs.dropout()` in evaluation too, as HuggingFace's LSHSelfAttention does (hash_seed=None), so
+predictions are random. `duplicate_correction=False` drops the - log N_ij term, as
+HuggingFace's does: a key seen in several rounds then counts once per round. Dropout acts on
+the chunk weights.
 Memory O(n·chunk_len·n_hashes) per head; the hashing runs over blocks of about 1024 positions,
 so its rotated vectors take O(1024·n_buckets), not O(n·n_buckets) (n_buckets grows with n).
 
@@ -44,7 +48,7 @@ from flax import nnx
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
 from attention_zoo.ops.blocks import pad_to_multiple
-from attention_zoo.options import Int
+from attention_zoo.options import Bool, Choice, Int
 
 
 _HASH_BLOCK = 1024  # positions hashed at once (rounded to whole chunks)
@@ -65,7 +69,10 @@ class ReformerAttention(Attention):
              "n_buckets": Int(None, minimum=1, optional=True, where=(
                  "1 or even (random-rotation hashing splits buckets into ± pairs)",
                  lambda n: n == 1 or n % 2 == 0)),
-             "n_hashes": Int(1, minimum=1)}
+             "n_hashes": Int(1, minimum=1),
+             # HuggingFace's LSHSelfAttention: "fresh" and False (module docstring)
+             "eval_rotations": Choice("fixed", ("fixed", "fresh")),
+             "duplicate_correction": Bool(True)}
   # A fixed n_buckets, so lengths 20 and 25 (appended padding) hash the same way.
   TEST_OPTIONS = dict(chunk_len=4, n_buckets=4)
   CONTENT_ROUTING = True   # LSH buckets: which keys a query sees depends on content
@@ -99,8 +106,8 @@ class ReformerAttention(Attention):
     if n_buckets == 1:
       buckets = jnp.zeros((b, h, self.n_hashes, n), jnp.int32)
     else:
-      key = (jax.random.wrap_key_data(self.rotation_key[...]) if deterministic
-             else self.rngs.dropout())
+      fixed = deterministic and self.options["eval_rotations"] == "fixed"
+      key = jax.random.wrap_key_data(self.rotation_key[...]) if fixed else self.rngs.dropout()
       rotations = jax.random.normal(key, (h, self.n_hashes, d, n_buckets // 2), jnp.float32)
 
       def hash_block(x):  # x [b, block, h, d] -> [b, h, r, block]
@@ -156,7 +163,7 @@ class ReformerAttention(Attention):
       allowed &= softmax.causal_allowed(q_pos[..., :, None], k_pos[..., None, :], n, n)
     scores = jnp.einsum("bhrcqd,bhrckd->bhrcqk", cq, ck,
                         preferred_element_type=jnp.float32) * self.scale
-    if rounds > 1:
+    if rounds > 1 and self.options["duplicate_correction"]:
       scores = scores - jnp.log(_duplicate_counts(undo, order, cl).astype(jnp.float32))
     weights = self.dropout(softmax.masked_softmax(scores, allowed), deterministic)
     out = jnp.einsum("bhrcqk,bhrckd->bhrcqd", weights.astype(cv.dtype), cv,

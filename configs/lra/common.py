@@ -11,13 +11,20 @@ Presets:
   fair   the same data, budget, schedule and optimiser with every quirk fixed and every variant
          on the task's Transformer dimensions: the comparison to publish.
   tiny   CPU-sized `fair`: short sequences, a small model, a few hundred steps; minutes per run.
+  light       the Nyströmformer paper's LRA protocol (Xiong et al. 2021; mlpen/Nystromformer,
+              LRA/code) as its released code ran it: a 2-layer model of width 64 for every
+              variant, its optimiser, schedule, evaluation and data, and every quirk of that
+              code that changes results, each behind a named field (ListOps only).
+  light_fair  the same protocol with every quirk fixed.
 
 A task file (configs/lra/<task>.py) declares its values once, `VALUES = TaskValues(...)`
 (configs/task_values.py): its released values (the base config as "shared", then what each
 model's file changes), where `paper` departs from them and its tiny sizes, all in dotted config
-field names. `task_config` fills in what does not depend on the attention variant. What does is
-left None here and filled in when the model is built, for the variant the config finally names:
-the variant's options (model.attention_options), model.attention_ignores_padding, and under
+field names; ListOps also the light protocol's values (each with where the released code sets
+it) and what `light_fair` fixes (each with the quirk). `task_config` fills in what does not
+depend on the attention variant. What does is left None here and filled in when the model is
+built, for the variant the config finally names: the variant's options
+(model.attention_options), model.attention_ignores_padding, and under
 `paper` the fields a variant's released file changes. So `--config.model.attention=...`,
 `--config.model.attention_options.<x>=...` and `--config.model.max_len=...` each give what
 they say, and a value set on the command line always wins over the preset's.
@@ -26,8 +33,9 @@ Fields (override any with --config.<field>=value):
   task, preset (fixed by the config file and argument), seed, data_dir, data (extra lra.load
   arguments), generate (sizes used when the tiny preset generates missing ListOps / Pathfinder
   data), generate_data (True: generate them into a data_dir other than the tiny preset's own),
-  batch_size, eval_batch_size, grad_accum_steps, num_train_steps, eval_every, checkpoint_every,
-  keep_checkpoints, log_every, max_skipped_fraction, check_memory, model
+  batch_size, eval_batch_size, grad_accum_steps, num_train_steps, eval_every, eval_batches,
+  eval_stream, test_drop_last, checkpoint_every, keep_checkpoints, log_every,
+  max_skipped_fraction, check_memory, model
   (every TransformerConfig field; model.max_len is also the data length), optimizer,
   schedule. The comments in `base_config` say what each means.
 """
@@ -40,16 +48,20 @@ from ml_collections.config_dict import placeholder
 
 from configs.task_values import TaskValues
 
-PRESETS = ("paper", "fair", "tiny")
-DATA_DIRS = {"paper": "data/lra", "fair": "data/lra", "tiny": "data/lra_tiny"}
+PRESETS = ("paper", "fair", "tiny", "light", "light_fair")
+LIGHT_PRESETS = ("light", "light_fair")
+DATA_DIRS = {"paper": "data/lra", "fair": "data/lra", "tiny": "data/lra_tiny", "light": "data/lra",
+             "light_fair": "data/lra"}
 RSQRT = "constant * linear_warmup * rsqrt_decay"
 COSINE = "constant * linear_warmup * cosine_decay"
 # The models of the LRA paper, by registry name (the Transformer is `full`).
 LRA_VARIANTS = ("full", "local", "sparse_transformer", "longformer", "linformer", "reformer",
                 "sinkhorn", "synthesizer", "bigbird", "linear_transformer", "performer")
-# An option value computed when the model is built: the released Reformer multiplied its logits
-# by sqrt(head_dim) instead of dividing by it.
+# Option values computed when the model is built: the released Reformer multiplied its logits
+# by sqrt(head_dim) instead of dividing by it; the Nyströmformer code's Performer scaled q and k
+# by head_dim^-1/4 twice, so its logits were q·k / head_dim.
 SQRT_HEAD_DIM = "sqrt(head_dim)"
+INVERSE_HEAD_DIM = "1/head_dim"
 
 # -- each variant's attention settings, for every task ---------------------------------------
 # Quirks of the released encoders, for every variant: token embeddings ~ N(0, 1), and a padding
@@ -143,6 +155,13 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.grad_accum_steps = 1                     # batch_size is split into this many micro-batches
   config.num_train_steps = 1000
   config.eval_every = 100                         # validation accuracy picks the best checkpoint
+  config.eval_batches = 0                         # batches per validation; 0 = the whole split
+  config.eval_stream = False                      # True: validation k reads batches
+                                                  # [k·eval_batches, (k+1)·eval_batches) of an
+                                                  # endless reshuffled stream; False: the
+                                                  # split's first eval_batches batches
+  config.test_drop_last = False                   # True: test on the full batches of one shuffled
+                                                  # pass (the rest of the split is never tested)
   config.checkpoint_every = 0                     # 0 = eval_every
   config.keep_checkpoints = 3
   config.log_every = 50
@@ -168,7 +187,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.model.attention_dropout_rate = 0.0
   config.model.cross_attention = "full"
   config.model.positions = "sinusoidal"           # sinusoidal | learned | rope | alibi | none
-  config.model.pooling = "cls"                    # cls | mean (classifiers)
+  config.model.pooling = "cls"                    # cls | mean | padded_mean (classifiers)
   config.model.num_classes = 2
   config.model.interaction = "nli"                # dual encoder: [u, v, u*v, u-v] | concat
   config.model.pre_ln = True
@@ -177,6 +196,9 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.model.short_conv = 0                     # causal depthwise conv before attention; 0 = none
   config.model.zero_token_is_padding = False      # LRA's `inputs > 0` mask (a released quirk)
   config.model.attention_ignores_padding = placeholder(bool)   # None = the preset's value
+  config.model.gelu_approximate = True            # the MLP's GELU: tanh approximation, or exact
+  config.model.layer_norm_epsilon = 1e-6
+  config.model.share_attention_across_layers = False   # one set of the variant's own parameters
   config.model.remat = "none"                     # none | block | dots
 
   config.optimizer = ml_collections.ConfigDict()
@@ -190,7 +212,13 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.schedule.factors = RSQRT                 # LRA's learning-rate factors, multiplied
   config.schedule.base_learning_rate = 0.05
   config.schedule.warmup_steps = 1000
-  config.schedule.steps_per_cycle = 0             # cosine_decay's period; 0 = num_train_steps
+  config.schedule.steps_per_cycle = 0             # cosine_decay's period, one_cycle's length;
+                                                  # 0 = num_train_steps
+  config.schedule.div_factor = 25.0               # one_cycle: starts at 1 / div_factor of the peak
+  config.schedule.final_div_factor = 1e4          # one_cycle: ends at 1 / (div * final_div)
+  config.schedule.cycle_b1 = False                # one_cycle: Adam's β1 cycles max_b1 -> min_b1 ->
+  config.schedule.min_b1 = 0.85                   # max_b1 against the rate (PyTorch's
+  config.schedule.max_b1 = 0.95                   # cycle_momentum); optimizer.b1 is then unused
   return config
 
 
@@ -198,11 +226,23 @@ def task_config(values: TaskValues, arg: str | None) -> ml_collections.ConfigDic
   """The config of the LRA task whose file declares `values` (configs/task_values.py), for
   "<attention>[,<preset>]".
 
-  Under `paper`, every field that some variant's released file or paper change sets is left
-  None: the build step fills it in for the variant that runs.
+  Under `paper`, `light` and `light_fair`, every field that some variant's file or change sets
+  is left None: the build step fills it in for the variant that runs.
   """
   attention, preset = parse_arg(arg)
   config = base_config(values.task, attention, preset)
+  if preset in LIGHT_PRESETS:
+    if values.light is None:
+      raise ValueError(f"the {preset} preset is the Nyströmformer paper's ListOps protocol; "
+                       f"{values.task} has no light values (presets for {values.task}: "
+                       f"{', '.join(p for p in PRESETS if p not in LIGHT_PRESETS)})")
+    set_fields(config, values.fields)
+    set_fields(config, light_values(values.light, values.light_fixes, "shared", preset))
+    per_variant = [field for variant, fields in [*values.light.items(),
+                                                 *values.light_fixes.items()]
+                   if variant != "shared" for field in fields]
+    clear_fields(config, [f for f in per_variant if not f.startswith("model.attention_options.")])
+    return config
   set_fields(config, {**values.fields, **values.released["shared"]})
   if preset == "paper":
     set_fields(config, RELEASED_QUIRKS)
@@ -215,6 +255,15 @@ def task_config(values: TaskValues, arg: str | None) -> ml_collections.ConfigDic
     if preset == "tiny":
       set_fields(config, values.tiny)
   return config
+
+
+def light_values(light: dict, light_fixes: dict, variant: str, preset: str) -> dict:
+  """The light presets' values for `variant` ("shared": those of every variant), in dotted
+  fields: the released light code's (`light`), and under light_fair its quirks fixed."""
+  tables = [light] + ([light_fixes] if preset == "light_fair" else [])
+  keys = ["shared"] + ([variant] if variant != "shared" else [])
+  return {field: value for table in tables for key in keys
+          for field, (value, _) in table.get(key, {}).items()}
 
 
 def set_fields(config: ml_collections.ConfigDict, fields: dict) -> None:

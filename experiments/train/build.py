@@ -49,12 +49,15 @@ def released_values(task: str, variant: str) -> dict:
 
 def preset_values(task: str, variant: str, preset: str) -> dict:
   """The preset's values for `variant`, in dotted config fields, before length scaling: every
-  value under `paper` (the released one, or its paper change), the attention settings under
+  value under `paper` (the released one, or its paper change), `light` and `light_fair` (the
+  task's light values, and under light_fair its light fixes), the attention settings under
   `fair` and `tiny` (the rest does not depend on the variant), and a diagnostic's own
   attention settings."""
   values = task_values(task)
   if not values.is_lra:
     return dict(values.attention_settings.get(variant, {}))
+  if preset in common.LIGHT_PRESETS:
+    return common.light_values(values.light, values.light_fixes, variant, preset)
   extra = common.EXTRA_ATTENTION.get(variant, {})
   if preset == "paper":
     changes = values.paper_changes.get(variant, {})
@@ -86,6 +89,7 @@ def resolve(config) -> ml_collections.ConfigDict:
       node[name] = value
   model = resolved.model
   model.attention_ignores_padding = bool(model.attention_ignores_padding)
+  model.share_attention_across_layers = bool(model.share_attention_across_layers)
   spec = az.spec(attention)
   if not spec.supports_dropout:
     model.attention_dropout_rate = 0.0   # the variant forms no attention weights to drop
@@ -104,8 +108,10 @@ def _options(config, values: dict, spec, model) -> dict:
   options = {field[len(OPTIONS):]: value for field, value in values.items()
              if field.startswith(OPTIONS)}
   options = scale_length_options(options, model.max_len / lra.task_spec(config.task).max_len)
-  if options.get("scale") == common.SQRT_HEAD_DIM:
-    options["scale"] = math.sqrt((model.qkv_dim or model.emb_dim) // model.num_heads)
+  head_dim = (model.qkv_dim or model.emb_dim) // model.num_heads
+  computed = {common.SQRT_HEAD_DIM: math.sqrt(head_dim), common.INVERSE_HEAD_DIM: 1 / head_dim}
+  if options.get("scale") in computed:
+    options["scale"] = computed[options["scale"]]
   explicit = {k: v for k, v in config.model.attention_options.items() if v is not None}
   for name in explicit:
     if name not in spec.options:

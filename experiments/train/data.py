@@ -6,6 +6,7 @@ batches (and so the results) do not depend on how many processes share the work.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -150,6 +151,32 @@ def train_batches(ds: lra.Dataset, batch_size: int, *, seed: int, start_step: in
 def eval_batches(ds: lra.Dataset, batch_size: int):
   """One pass in order; the last batch is filled up with weight-0 copies."""
   return lra.iterate(ds, batch_size, shuffle=False, repeat=False)
+
+
+def validation_batches(ds: lra.Dataset, config, evaluation: int):
+  """The batches of the run's evaluation number `evaluation` (0 for the first): every example
+  (config.eval_batches = 0), the split's first eval_batches batches, or with config.eval_stream
+  batches [evaluation·eval_batches, (evaluation+1)·eval_batches) of an endless stream
+  reshuffled at every pass, so each evaluation reads another window (the released
+  Nyströmformer LRA code's)."""
+  if not config.eval_batches:
+    return eval_batches(ds, config.eval_batch_size)
+  if config.eval_stream:
+    batches = lra.iterate(ds, config.eval_batch_size, shuffle=True, seed=config.seed,
+                          start_step=evaluation * config.eval_batches)
+  else:
+    batches = eval_batches(ds, config.eval_batch_size)
+  return itertools.islice(batches, config.eval_batches)
+
+
+def test_batches(ds: lra.Dataset, config):
+  """Every example; or with config.test_drop_last the full batches of one pass in an order
+  shuffled by the seed, the remainder of the split never tested (PyTorch's drop_last=True)."""
+  if not config.test_drop_last:
+    return eval_batches(ds, config.eval_batch_size)
+  one_pass = lra.iterate(ds, config.eval_batch_size, shuffle=True, seed=config.seed,
+                         repeat=False)
+  return (batch for batch in one_pass if batch["weights"].all())
 
 
 def batch_spec(ds: lra.Dataset, batch_size: int, sharding) -> dict[str, jax.ShapeDtypeStruct]:

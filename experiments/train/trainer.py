@@ -20,9 +20,10 @@ A run in `workdir` leaves:
                    best_validation}
   tensorboard/     the same scalars as TensorBoard events
   results.json     test accuracy of the final model and of the best-validation model (both
-                   labelled) and the validation accuracy of each (validation_accuracy_final,
-                   best_eval_accuracy), the resolved model and config, the user's overrides of the
-                   config file's values, where the data came from, the code and device
+                   labelled; test_examples: how many were tested) and the validation accuracy
+                   of each (validation_accuracy_final, best_eval_accuracy), the resolved model
+                   and config, the user's overrides of the config file's values, where the
+                   data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
 (experiments/train/metrics.py). Checkpoints of another model (a model field changed, other than the
@@ -119,6 +120,9 @@ def check_config(config) -> None:
                "checkpoint_every", "log_every", "grad_accum_steps", "keep_checkpoints"):
     if config[name] < 1:
       raise HarnessError(f"config.{name} must be >= 1, got {config[name]}")
+  if config.eval_batches < 0:
+    raise HarnessError(f"config.eval_batches must be >= 0 (0 = the whole validation split), "
+                       f"got {config.eval_batches}")
   devices, processes = jax.device_count(), jax.process_count()
   if config.batch_size % config.grad_accum_steps:
     raise HarnessError(f"batch_size={config.batch_size} is not divisible by "
@@ -260,15 +264,21 @@ class Trainer:
 
   # -- evaluation --------------------------------------------------------------------------
 
-  def evaluate(self, split: str, model_state) -> dict[str, float]:
-    """Loss and accuracy of (params, rest) over the whole split."""
+  def evaluate(self, split: str, model_state, evaluation: int = 0) -> dict[str, float]:
+    """Loss, accuracy and example count of (params, rest) on the split: the validation batches
+    of the run's evaluation number `evaluation` (data.validation_batches), or the test batches
+    (data.test_batches)."""
+    ds = self.datasets[split]
+    batches = (data_lib.validation_batches(ds, self.config, evaluation) if split == "validation"
+               else data_lib.test_batches(ds, self.config))
     totals = None
-    for batch in data_lib.eval_batches(self.datasets[split], self.config.eval_batch_size):
+    for batch in batches:
       sums = self.eval_step(model_state, data_lib.to_device(batch, self.batch_sharding))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     totals = jax.device_get(totals)
     return {"loss": float(totals["loss"] / totals["count"]),
-            "accuracy": float(totals["correct"] / totals["count"])}
+            "accuracy": float(totals["correct"] / totals["count"]),
+            "examples": int(totals["count"])}
 
   # -- the run -----------------------------------------------------------------------------
 
@@ -345,7 +355,8 @@ class Trainer:
           pending, last_log = [], (step, time.time())
         if step % config.eval_every == 0 or last:
           self._check_finite(pending, step, checkpoints)
-          result = self.evaluate("validation", (self.state.params, self.state.rest))
+          evaluation = -(-step // config.eval_every) - 1   # 0 for the first
+          result = self.evaluate("validation", (self.state.params, self.state.rest), evaluation)
           writer.write(step, eval_loss=result["loss"], eval_accuracy=result["accuracy"])
           record["last_eval_accuracy"] = result["accuracy"]
           if result["accuracy"] > record["best_eval_accuracy"]:
@@ -415,6 +426,7 @@ class Trainer:
         "num_params": self.num_params, "steps": int(self.state.step),
         "wall_seconds": clock.total(),
         "num_examples": {split: len(ds) for split, ds in self.datasets.items()},
+        "test_examples": final["examples"],   # fewer than the split's under test_drop_last
         "data": data_lib.provenance(config),
         "data_checks": self.data_checks,
         "environment": records.environment(),

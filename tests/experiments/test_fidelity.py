@@ -36,3 +36,18 @@ def test_the_quirks_and_released_settings_are_rows():
   assert listops["performer", "model.attention_options.nb_features"]["paper"] == 2
   assert listops["reformer", "model.attention_options.num_chunks"]["paper"] == 10
   assert listops["longformer", "model.attention_options.num_global_tokens"]["paper"] == 0
+
+
+def test_light_is_the_released_code_and_light_fair_says_what_each_difference_fixes():
+  rows = fidelity.light_rows()
+  assert {r["variant"] for r in rows} == set(fidelity.LIGHT_VARIANTS)
+  assert not [(r["variant"], r["field"]) for r in rows if fidelity.light_departs(r)]
+  assert all(r["source"] for r in rows)   # every value says where the released code sets it
+  unexplained = [(r["variant"], r["field"]) for r in rows
+                 if not fidelity._same(r["light"], r["light_fair"]) and not r["fix"]]
+  assert not unexplained
+  by_key = {(r["variant"], r["field"]): r for r in rows}
+  performer_scale = by_key["performer", "model.attention_options.scale"]
+  assert (performer_scale["released"], performer_scale["light"]) == ("1/head_dim", 1 / 32)
+  assert by_key["full", "model.pooling"]["light_fair"] == "mean"
+  assert by_key["nystromformer", "model.attention_options.landmarks"]["fix"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -45,8 +46,12 @@ def resolved(task, arg):
 
 # ------------------------------------------------------------------------------------ configs
 
-@pytest.mark.parametrize("preset", common.PRESETS)
-@pytest.mark.parametrize("task", TASKS)
+# The light presets are the Nyströmformer paper's ListOps protocol (tests/test_light_preset.py).
+TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.PRESETS
+                if task == "listops" or preset not in common.LIGHT_PRESETS]
+
+
+@pytest.mark.parametrize("task, preset", TASK_PRESETS)
 @pytest.mark.parametrize("attention", az.available())
 def test_every_task_attention_config_builds(attention, task, preset):
   config = get_config(task, f"{attention},{preset}")
@@ -56,8 +61,10 @@ def test_every_task_attention_config_builds(attention, task, preset):
     assert field in config
   assert (config.task, config.preset, config.model.attention) == (task, preset, attention)
   assert config.data_dir == common.DATA_DIRS[preset]
-  assert (config.model.vocab_size, config.model.num_classes) == (task_spec.vocab_size,
-                                                                 task_spec.num_classes)
+  assert config.model.num_classes == task_spec.num_classes
+  # the light protocol's embedding table has 32 rows (ids above the task's are never fed)
+  assert config.model.vocab_size == (32 if preset in common.LIGHT_PRESETS
+                                     else task_spec.vocab_size)
   # Nothing attention-dependent is baked in: the options are unset placeholders.
   assert all(v is None for v in config.model.attention_options.values())
   model = build.model_config(config)
@@ -74,8 +81,11 @@ def test_paper_preset_has_the_released_hyperparameters():
   assert (listops.model.num_layers, listops.model.emb_dim, listops.model.num_heads,
           listops.model.mlp_dim, listops.model.max_len) == (4, 512, 8, 1024, 2000)
   assert (listops.batch_size, listops.num_train_steps, listops.eval_every) == (32, 5000, 50)
-  assert dict(listops.schedule) == {"factors": common.RSQRT, "base_learning_rate": 0.05,
-                                    "warmup_steps": 1000, "steps_per_cycle": 0}
+  lra_schedule = ("factors", "base_learning_rate", "warmup_steps", "steps_per_cycle")
+  assert {name: listops.schedule[name] for name in lra_schedule} == {
+      "factors": common.RSQRT, "base_learning_rate": 0.05, "warmup_steps": 1000,
+      "steps_per_cycle": 0}
+  assert not listops.schedule.cycle_b1   # one_cycle's fields are unused
   assert (listops.optimizer.b1, listops.optimizer.b2, listops.optimizer.eps,
           listops.optimizer.weight_decay) == (0.9, 0.98, 1e-9, 0.1)
   # The released quirks, each a named field.
@@ -324,7 +334,8 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
                                "unknown attention 'nope'"),
       "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
       "preset flag": (["experiments.reproduce", "--preset=tnyi", "--tasks=listops"],
-                      "--preset=tnyi: not one of paper, fair, tiny (did you mean 'tiny'?)"),
+                      "--preset=tnyi: not one of paper, fair, tiny, light, light_fair "
+                      "(did you mean 'tiny'?)"),
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
@@ -397,6 +408,62 @@ def test_lra_schedules_follow_the_reference_formulas():
   with pytest.raises(HarnessError, match="unknown schedule factor.*'exp_decay'.*rsqrt_decay"):
     optimizer.learning_rate_schedule("constant * exp_decay", base_learning_rate=1, warmup_steps=1,
                                  steps_per_cycle=1)
+
+
+def pytorch_one_cycle(step, *, max_lr=1e-4, total_steps=5000, pct_start=0.2, div_factor=25.0,
+                      final_div_factor=1e4, base_momentum=0.85, max_momentum=0.95):
+  """(lr, β1) of torch.optim.lr_scheduler.OneCycleLR (two phases, anneal_strategy="linear",
+  cycle_momentum=True) at scheduler step `step`, transcribed from its get_lr."""
+  initial = max_lr / div_factor
+  phases = [(pct_start * total_steps - 1, initial, max_lr, max_momentum, base_momentum),
+            (total_steps - 1, max_lr, initial / final_div_factor, base_momentum, max_momentum)]
+  start = 0
+  for i, (end, lr_start, lr_end, m_start, m_end) in enumerate(phases):
+    if step <= end or i == len(phases) - 1:
+      pct = (step - start) / (end - start)
+      return (lr_end - lr_start) * pct + lr_start, (m_end - m_start) * pct + m_start
+    start = end
+
+
+def test_one_cycle_schedule_and_b1_follow_pytorch():
+  """The light preset's schedule: the rate and Adam's β1 at every phase boundary and between."""
+  config = task_configs.task_config("listops", "full", "light")
+  resolved = build.resolve(config)
+  _, schedule = optimizer.from_config(resolved)
+  b1 = optimizer.b1_schedule(resolved.schedule)
+  for step in (0, 1, 500, 999, 1000, 2999, 4998, 4999):
+    lr, momentum = pytorch_one_cycle(step)
+    assert float(schedule(step)) == pytest.approx(lr, rel=1e-5), step
+    assert float(b1(step)) == pytest.approx(momentum, rel=1e-6), step
+  assert float(schedule(0)) == pytest.approx(4e-6) and float(schedule(4999)) == pytest.approx(4e-10)
+  assert float(b1(0)) == pytest.approx(0.95) and float(b1(999)) == pytest.approx(0.85)
+  with pytest.raises(HarnessError, match="2 <= schedule.warmup_steps < schedule.steps_per"):
+    optimizer.learning_rate_schedule("one_cycle", base_learning_rate=1, warmup_steps=10,
+                                 steps_per_cycle=10)
+  with pytest.raises(HarnessError, match="cycle_b1 follows the one_cycle factor"):
+    optimizer.b1_schedule({**resolved.schedule.to_dict(), "factors": common.RSQRT})
+
+
+def test_cycled_b1_is_the_current_beta_of_pytorchs_adam():
+  """With a β1 schedule, each update is PyTorch Adam's with that step's β1, its bias
+  correction 1 - β1_t^t included (AdamW, weight decay 0, eps added to the corrected sqrt(v))."""
+  options = type("O", (), dict(name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0,
+                               grad_clip_norm=0.0))
+  lrs, betas = [1e-2, 2e-2, 3e-2], [0.95, 0.9, 0.85]
+  tx = optimizer.make_optimizer(options, lambda count: jnp.asarray(lrs)[count],
+                            b1=lambda count: jnp.asarray(betas)[count])
+  params = {"w": jnp.array([1.0, -2.0])}
+  state = tx.init(params)
+  m = v = np.zeros(2)
+  w = np.array([1.0, -2.0])
+  for t, grad in enumerate([np.array([0.5, -1.0]), np.array([2.0, 0.1]), np.array([-1.0, 3.0])]):
+    updates, state = tx.update({"w": jnp.asarray(grad, jnp.float32)}, state, params)
+    params = optax.apply_updates(params, updates)
+    b1 = betas[t]
+    m = b1 * m + (1 - b1) * grad
+    v = 0.999 * v + 0.001 * grad ** 2
+    w = w - lrs[t] * (m / (1 - b1 ** (t + 1))) / (np.sqrt(v / (1 - 0.999 ** (t + 1))) + 1e-6)
+    np.testing.assert_allclose(params["w"], w, rtol=1e-5)
 
 
 def test_optimizers_weight_decay_and_clipping():

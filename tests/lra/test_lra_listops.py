@@ -123,6 +123,40 @@ def test_a_split_cut_at_a_line_boundary_is_refused_by_its_manifest(generated, tm
   assert len(lra.load("listops", "test", data_dir=tmp_path)) == 5     # the other splits load
 
 
+def test_closing_brackets_false_drops_every_end_token(generated):
+  """closing_brackets=False: the pre-2021-03 LRA pipeline's sequence, operators and digits only,
+  padded to max_len; cached apart from the default, which keeps them."""
+  out, rows = generated
+  dropped = lra.load("listops", "validation", data_dir=out, max_len=2048, closing_brackets=False)
+  kept = lra.load("listops", "validation", data_dir=out, max_len=2048)
+  end = listops.TOKEN_IDS["]"]
+  for i, (source, _) in enumerate(rows["validation"]):
+    tokens = [t for t in source.replace("(", "").replace(")", "").split() if t != "]"]
+    assert dropped.inputs[i, :len(tokens)].tolist() == [listops.TOKEN_IDS[t] for t in tokens]
+    assert dropped.masks[i].sum() == len(tokens) and dropped.inputs.shape == (5, 2048)
+  assert not (dropped.inputs == end).any() and (kept.inputs == end).any()
+  with pytest.raises(ValueError, match="closing_brackets is True or False, for listops only"):
+    lra.load("text", "validation", data_dir=out, closing_brackets=False)
+
+
+def test_statistics_of_a_file(generated):
+  """Lengths with and without `]`, the deepest operator nesting, and the answers, against the
+  parser and evaluator of this file."""
+  out, rows = generated
+  stats = listops.statistics(out / "listops-1000" / listops.SPLIT_FILES["train"])
+  trees = [parse(source.replace("(", "").replace(")", "").split())[0]
+           for source, _ in rows["train"]]
+  nesting = lambda tree: 0 if isinstance(tree, int) else 1 + max(map(nesting, tree[1]))
+  lengths = [len(source.replace("(", "").replace(")", "").split()) for source, _ in rows["train"]]
+  operators = [sum(kind == "op" for kind, _ in walk(tree)) for tree in trees]
+  assert stats["examples"] == 40
+  assert stats["length"]["p100"] == max(lengths) and stats["length"]["p0"] == min(lengths)
+  assert stats["length_without_closing_brackets"]["mean"] == pytest.approx(
+      np.mean(np.array(lengths) - operators))
+  assert stats["depth"]["p100"] == max(map(nesting, trees))
+  assert stats["labels"] == np.bincount([int(t) for _, t in rows["train"]], minlength=10).tolist()
+
+
 def test_deterministic_for_a_seed_and_any_workers(tmp_path, generated):
   out, rows = generated
   again = lra.generate_listops(tmp_path / "a", seed=3, progress=False, **SIZES)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from attention_zoo.ops import flex
 
 # Picked on the 2-core CPU at 4K tokens (batch 1, 4 heads, head_dim 64, f32, forward+backward):
-# 512 x 512 reached 0.81 of the f32 matmul rate (experiments/measure.py), against 0.78 for
+# 512 x 512 reached 0.81 of the f32 matmul rate (experiments/common/device.py), against 0.78 for
 # 512 x 256 and 1024 x 256, 0.70-0.72 for 256 x 512, 1024 x 512 and 512 x 1024, 0.5 for 256 x 256.
 DEFAULT_BLOCKS = dict(block_q=512, block_k=512)
 

@@ -142,7 +142,7 @@ def assert_tensorboard_matches_metrics(workdir):
 
 def flip_bytes_in_largest_array_file(checkpoint):
   """Overwrites 64 bytes in the middle of the checkpoint's largest array-data file in place
-  (same size): orbax alone restores such a file without noticing."""
+  (same size)."""
   data = [p for p in checkpoint.rglob("*") if p.is_file() and p.parent.name == "d"]
   assert data, f"no array file in {checkpoint}"
   path = max(data, key=lambda p: p.stat().st_size)
@@ -192,10 +192,8 @@ def test_resume_and_corrupt_checkpoint_fallback_give_the_same_results(run_a, dat
 
   latest = tmp_path / "checkpoints" / "6"
   flipped = flip_bytes_in_largest_array_file(latest).relative_to(latest).as_posix()
-  template = {"train": resumed.state, "best": resumed.best}
-  unverified = checkpoints_lib.Checkpoints(tmp_path, keep=10)
-  unverified.restore(6, template)   # orbax alone: no error
-  unverified.close()
+  # Orbax alone notices such bytes only where they land in a compressed chunk (it depends on the
+  # file's layout); the checksums catch them wherever they land.
   with batches_spy() as starts, caplog.at_level("WARNING"):
     results = trainer.Trainer(config, tmp_path).run()
   assert starts == [4]
@@ -330,8 +328,8 @@ def test_test_accuracy_of_the_final_and_the_best_validation_model(data_root, tmp
   config = config_for("listops", data_root, "num_train_steps=3", "eval_every=1", *LISTOPS_SIZES)
   real, fake = trainer.Trainer.evaluate, iter([0.2, 0.6, 0.4])
 
-  def evaluate(self, split, model_state):
-    result = real(self, split, model_state)
+  def evaluate(self, split, model_state, evaluation=0):
+    result = real(self, split, model_state, evaluation)
     return {**result, "accuracy": next(fake)} if split == "validation" else result
 
   monkeypatch.setattr(trainer.Trainer, "evaluate", evaluate)
