@@ -16,8 +16,8 @@ imported by its dotted path from there (`examples/cosine_attention.py` ->
 whose folders are not valid module names, is imported from its own folder. Everything that
 takes plug-ins goes through this module: the harness's commands import their `--plugins` once,
 in `experiments.common.command_line.run`, before the command's main runs (and check the
-config's attention against what they register); the conformance runner imports each module it is given with
-`import_plugin` and checks the names `registered_by` it.
+config's attention against what they register); the conformance runner imports each module it
+is given with `import_plugin` and checks the names `registered_by` it.
 """
 from __future__ import annotations
 
