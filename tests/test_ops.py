@@ -230,7 +230,7 @@ def test_forward_mode_and_hessian_vector_products_equal_float64_autodiff_of_the_
   (do_t, dstate_t), hvp = jax.jit(functools.partial(derivatives, chunk))(x, tangent, do, dS)
   with jax.enable_x64(True):
     f64 = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
-    expected = derivatives(lambda x: reference_of(x, mask), *f64((x, tangent, do, dS)))
+    expected = derivatives(lambda x: reference_of(name, x, mask), *f64((x, tangent, do, dS)))
     (do_ref, dstate_ref), hvp_ref = jax.tree.map(np.asarray, expected)
   assert_close(do_t, do_ref, 1e-4, "jvp of o")
   assert_close(dstate_t, dstate_ref, 1e-4, "jvp of the final state")

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from attention_zoo import flex
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax, tiles
+from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.ops.blocks import pad_to_multiple
 from attention_zoo.options import Int
 
@@ -156,7 +157,11 @@ class MobaAttention(Attention):
                             block=block, causal=self.causal, scale=self.scale,
                             dropout_rate=self.dropout_rate)
 
-    out = jax.lax.map(one_head, (jnp.arange(batch * kv_heads), q_heads, k_heads, v_heads,
-                                 kv_real, q_real))                             # [b·kvh, L, g, dv]
+    heads = (jnp.arange(batch * kv_heads), q_heads, k_heads, v_heads, kv_real, q_real)
+    # A head at a time; but lax.map would hide forward-mode autodiff from the engine (which then
+    # needs its plain forward: ops/autodiff.py), so under jax.jvp the heads go through vmap.
+    forward_mode = autodiff_modes()[:1] == ("forward",)
+    out = jax.vmap(one_head)(heads) if forward_mode else jax.lax.map(one_head, heads)
+    # out [b·kvh, L, g, dv]
     out = jnp.moveaxis(out.reshape(batch, kv_heads, -1, group, out.shape[-1]), 1, 2)
     return out.reshape(batch, -1, num_heads, out.shape[-1])[:, :length]
