@@ -22,13 +22,10 @@ own before restoring anything.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging as std_logging
 import shutil
-import signal
-import threading
 from pathlib import Path
 
 import jax
@@ -163,24 +160,6 @@ def verify_checksums(folder: Path) -> bool:
   return True
 
 
-@contextlib.contextmanager
-def _ctrl_c_deferred():
-  """A Ctrl-C inside orbax's save or wait is raised once orbax returns: raised inside, it closes
-  the event loop that orbax's background threads still write through (a torn save, and their
-  tracebacks at exit)."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  caught = []
-  previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGINT, previous)
-  if caught:
-    raise KeyboardInterrupt
-
-
 class Checkpoints:
   """`save(step, tree, record)`; `restore_latest(template) -> (step, tree, record) | None`;
   `poll()` between saves and `finish()` at the end write the checksums of finished saves."""
@@ -195,10 +174,9 @@ class Checkpoints:
 
   def save(self, step: int, tree, record: dict) -> None:
     self.finish()   # orbax would wait for the previous save here anyway
-    with _ctrl_c_deferred():
-      self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(_storable(tree)), record=ocp.args.JsonSave(record)))
-      self._without_checksums.append(step)
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(_storable(tree)), record=ocp.args.JsonSave(record)))
+    self._without_checksums.append(step)
 
   def poll(self) -> None:
     """Writes the checksums of a save that orbax finished in the background (cheap if none)."""
@@ -207,8 +185,7 @@ class Checkpoints:
 
   def finish(self) -> None:
     """Waits for the last save, then writes its checksums."""
-    with _ctrl_c_deferred():
-      self.manager.wait_until_finished()
+    self.manager.wait_until_finished()
     self._write_checksums()
 
   def _write_checksums(self) -> None:
@@ -277,5 +254,4 @@ class Checkpoints:
 
   def close(self) -> None:
     self.finish()
-    with _ctrl_c_deferred():
-      self.manager.close()
+    self.manager.close()
