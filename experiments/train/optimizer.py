@@ -51,7 +51,7 @@ def learning_rate_schedule(factors: str, *, base_learning_rate: float, warmup_st
     check_one_cycle(warmup_steps, steps_per_cycle)
     if div_factor <= 0 or final_div_factor <= 0:
       raise HarnessError(f"schedule.div_factor ({div_factor}) and schedule.final_div_factor "
-                             f"({final_div_factor}) must be positive for one_cycle")
+                         f"({final_div_factor}) must be positive for one_cycle")
 
   def schedule(count):
     step = jnp.asarray(count, jnp.float32) + 1
@@ -103,7 +103,7 @@ def b1_schedule(schedule_config):
   s = dict(schedule_config)
   if "one_cycle" not in [name.strip() for name in s["factors"].split("*")]:
     raise HarnessError(f"schedule.cycle_b1 follows the one_cycle factor, which "
-                           f"schedule.factors={s['factors']!r} lacks")
+                       f"schedule.factors={s['factors']!r} lacks")
   check_one_cycle(s["warmup_steps"], s["steps_per_cycle"])
   return lambda count: one_cycle(count, s["max_b1"], s["min_b1"], s["max_b1"],
                                  warmup_steps=s["warmup_steps"], total_steps=s["steps_per_cycle"])
