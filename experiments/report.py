@@ -57,6 +57,9 @@ def read_runs(runs_dir, *, only: dict | None = None) -> list[dict]:
 # The published table a preset's runs are set beside: the LRA paper's, or for the light
 # protocol the Nyströmformer paper's.
 PUBLISHED = {"light": NYSTROMFORMER_TABLE1, "light_fair": NYSTROMFORMER_TABLE1}
+# Where such a table was published, and which model its authors tested.
+PUBLISHED_SOURCE = "Xiong et al. 2021 (arXiv:2102.03902) Table 1"
+PUBLISHED_TESTED = "test_accuracy_best_validation"
 
 
 def published_table(preset: str) -> dict:
@@ -231,6 +234,32 @@ def write_csv(tables: dict, path: Path) -> None:
                       "", ""])
 
 
+def write_published_csvs(tables: dict, out: Path) -> list[Path]:
+  """For a preset with its own published table (light): <preset>_<task>.csv per task, a row per
+  variant: variant, seeds, test_mean, test_std (the model its authors tested), published,
+  source (%)."""
+  written = []
+  for (preset, policy, kind), table in tables.items():
+    if preset not in PUBLISHED or policy != PUBLISHED_TESTED or kind != "lra":
+      continue
+    for task in table["tasks"]:
+      path = out / f"{preset}_{task}.csv"
+      with atomic_write(path, "w", newline="", encoding="utf-8") as f:
+        rows = csv.writer(f, lineterminator="\n")
+        rows.writerow(["variant", "seeds", "test_mean", "test_std", "published", "source"])
+        for attention in table["attentions"]:
+          cell = table["cells"].get((attention, task))
+          if cell is None:
+            continue
+          published = paper_accuracy(attention, task, preset)
+          rows.writerow([attention, cell["num_seeds"], f"{cell['mean']:.2f}",
+                         "" if cell["std"] is None else f"{cell['std']:.2f}",
+                         "" if published is None else f"{published:.2f}",
+                         "" if published is None else PUBLISHED_SOURCE])
+      written.append(path)
+  return written
+
+
 # The variants' colours in one chart: tab10 without its cyan, which reads as a second blue beside
 # tab:blue; from the tenth variant on the hues repeat, the bars hatched and the curves dashed.
 HUES = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
@@ -328,12 +357,14 @@ def plot_profile(table: dict, path: Path, title: str, preset: str) -> Path:
 
 
 # What a report writes into its folder, besides table.md.
-REPORT_FILES = ("table.csv", "bars_*.png", "curves_*.png", "mad_*.png")
+REPORT_FILES = ("table.csv", *(f"{preset}_*.csv" for preset in PUBLISHED), "bars_*.png",
+                "curves_*.png", "mad_*.png")
 
 
 def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
-  """Writes table.md, table.csv and the PNGs of the runs under runs_dir (those `only` keeps:
-  see read_runs) into out_dir (each atomically); returns the markdown. A report of other runs
+  """Writes table.md, table.csv (and write_published_csvs's) and the PNGs of the runs under
+  runs_dir (those `only` keeps: see read_runs) into out_dir (each atomically); returns the
+  markdown. A report of other runs
   already there is kept, not overwritten: its files are renamed <name>.1 (older ones shift to
   .2, ...), with a warning."""
   runs = read_runs(runs_dir, only=only)
@@ -351,6 +382,7 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
     logging.warning("%s held a report of other runs: kept as %s", out, kept)
   write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
+  write_published_csvs(tables, out)
   plot(tables, runs, out)
   return text
 

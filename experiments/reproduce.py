@@ -19,7 +19,8 @@ refuse (e.g. --override=num_train_steps=0) is one error before any run.
 
 `--tune=FIELD=V1,V2,...` (repeatable: a grid) trains the grid at every point into
 OUT/tune/<field>=<value>,.../ and reports, per task and variant, the test accuracy at the point
-of best mean validation accuracy: OUT/tuning.md and tuning.json (experiments/tuning.py).
+of best mean validation accuracy: OUT/tuning.md, tuning.json and tuning.csv
+(experiments/tuning.py).
 
     python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full,hyena \
         --tune=schedule.base_learning_rate=1e-4,5e-4,1e-3 --tune=optimizer.weight_decay=0,0.1
@@ -241,7 +242,7 @@ def main(argv):
   point_grids = tuning.grids({**grid, "out": out}, tune)
   report_out = report_dir(out, FLAGS.tasks)
   then = (f"then per task and variant the point of best mean validation accuracy: "
-          f"{out}/tuning.md and tuning.json" if tune else
+          f"{out}/tuning.md, tuning.json and tuning.csv" if tune else
           f"then the report of these runs: {report_out}/table.md, table.csv and plots")
   dry_run.plan(lambda: [*plan_points(point_grids), then])
   import jax
@@ -258,7 +259,8 @@ def main(argv):
     if tune:
       print(tuning.write_report(tuning.records(out, tune, asked, tuning.TESTED), tune, out,
                                 preset=FLAGS.preset))
-      print(f"wrote {out}/tuning.md and tuning.json; wall time {time.time() - started:.0f} s")
+      print(f"wrote {out}/tuning.md, tuning.json and tuning.csv; "
+            f"wall time {time.time() - started:.0f} s")
     else:
       print(report.write_report(Path(out) / "runs", report_out, only=asked))
       print(f"wrote {report_out}/table.md, table.csv and plots; wall time "

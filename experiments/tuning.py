@@ -20,9 +20,13 @@ A point missing a seed's run (it failed, e.g. diverged) is left out of the choic
                     A variant that cannot run the task: {"task", "attention", "not_applicable"}.
   OUT/tuning.md     (reproduce) the table: per task and variant the test accuracy at the chosen
                     point, its validation accuracy and the chosen values.
+  OUT/tuning.csv    (reproduce) the same, a row per task and variant: variant, task, the chosen
+                    value of each tuned field, seeds, test_mean, test_std (%).
 """
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import statistics
 from pathlib import Path
@@ -210,11 +214,29 @@ def write_records(records: list[dict], out) -> None:
   write_json(Path(out) / "tuning.json", records)
 
 
+def csv_text(records: list[dict], tune: dict[str, list]) -> str:
+  """A row per task and variant tuned: variant, task, each field's chosen value, seeds (the
+  count), test_mean, test_std (% at the chosen point); n/a and untrained ones are left out."""
+  buffer = io.StringIO()
+  out = csv.writer(buffer, lineterminator="\n")
+  out.writerow(["variant", "task", *tune, "seeds", "test_mean", "test_std"])
+  for record in records:
+    if not record.get("chosen"):
+      continue
+    std = record["test_std"]
+    out.writerow([record["attention"], record["task"],
+                  *(value_text(record["chosen"][field]) for field in tune), len(record["seeds"]),
+                  f"{record['test_mean']:.2f}", "" if std is None else f"{std:.2f}"])
+  return buffer.getvalue()
+
+
 def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
-  """OUT/tuning.json and OUT/tuning.md (reproduce's records, tested on TESTED); the markdown."""
+  """OUT/tuning.json, tuning.md and tuning.csv (reproduce's records, tested on TESTED); the
+  markdown."""
   from experiments.common.records import write_text
 
   text = markdown(records, tune, preset=preset, tested=TESTED)
   write_records(records, out)
   write_text(Path(out) / "tuning.md", text)
+  write_text(Path(out) / "tuning.csv", csv_text(records, tune))
   return text

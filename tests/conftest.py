@@ -3,7 +3,8 @@
 `pytest -q -m "not slow"` (the fast lane, for development) touches every module at small
 shapes: the contract, each variant's own oracle tests (their heaviest cases are slow), the
 conformance suite and the config sweep for one variant per family (`REPRESENTATIVE_VARIANTS`),
-the options, layers and models. `pytest -q -n 2` (what CI runs) runs everything. Slow: what
+the options, layers and models, the recurrent ops of the chunk engine's gate paths
+(`REPRESENTATIVE_OPS`). `pytest -q -n 2` (what CI runs) runs everything. Slow: what
 trains through the harness, starts subprocesses, writes or reads datasets or compiles at long
 lengths (the modules in `SLOW_MODULES`), the registry sweeps for every other registered name
 (new ones included: CI checks them), and single tests marked `slow` (each variant's heaviest
@@ -57,11 +58,22 @@ REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_variant_backward_hands_no_high_rank_array_to_a_fusion_library": "name"}
 REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
                            "gated_deltanet"}
+# The op sweeps (tests/test_ops.py over its OPS, test_ops_segments.py over their chunk and
+# recurrent forms): in the fast lane the ops of the chunk engine's gate paths run (a scalar gate
+# with the delta rule's inverse, a per-channel gate with and without it); the other ops of a
+# sweep run in the slow lane.
+OP_SWEEPS = {"test_ops", "test_ops_segments"}
+REPRESENTATIVE_OPS = {"gated_delta_rule", "kda", "gla"}
 
 
 def is_slow(item) -> bool:
-  if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+  module = item.module.__name__.rpartition(".")[2]
+  if module in SLOW_MODULES:
     return True
+  callspec = getattr(item, "callspec", None)
+  if module in OP_SWEEPS and callspec is not None and "name" in callspec.params:
+    op = callspec.params["name"].removeprefix("chunk_").removeprefix("recurrent_")
+    return op not in REPRESENTATIVE_OPS
   variant_param = REGISTRY_SWEEPS.get(getattr(item, "originalname", None))
   return variant_param is not None and item.callspec.params[variant_param] not in (
       REPRESENTATIVE_VARIANTS)

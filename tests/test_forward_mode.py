@@ -60,7 +60,8 @@ def forward_derivatives(f, args, tangents, cotangent):
 
 
 @pytest.mark.parametrize("name, options, causal", [
-    ("full", {"impl": "xla"}, False), ("full", {"impl": "xla"}, True),
+    pytest.param("full", {"impl": "xla"}, False, marks=pytest.mark.slow),
+    ("full", {"impl": "xla"}, True),
     ("flash", {"impl": "chunked", "block_q": 8, "block_k": 8}, True)])
 def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle(name, options, causal):
   """jax.jvp and jax.jvp of jax.grad of the variant (GQA, padding, ALiBi) against the same

@@ -190,7 +190,7 @@ def test_swap_to_full_keeps_the_models_outputs():
 
 @pytest.mark.parametrize("name, options", [
     ("sliding_window", {"window": 4}), ("performer", {"nb_features": 16}),
-    ("synthesizer", {"max_len": 16})])
+    pytest.param("synthesizer", {"max_len": 16}, marks=pytest.mark.slow)])
 def test_swapped_model_trains_under_nnx_jit(name, options):
   model = swap_attention(tiny_decoder(), name, causal=True, rngs=nnx.Rngs(5), **options)
   own = nnx.state(model.blocks[0].attention.attention, nnx.Param)

@@ -81,8 +81,8 @@ def assert_matches_oracle(causal, num_kv_heads, n, block, top_k, padded, seed=0)
     (True, 2, 23, 4, 2, False),      # GQA: each query head chooses for itself
     (True, 2, 23, 4, 2, True),       # a hole and a padded tail: out of the means and the softmax
     (False, 2, 23, 4, 2, True),      # bidirectional: every other block a candidate
-    (True, 1, 30, 3, 3, False),      # MQA
-    (False, 4, 17, 5, 1, False),     # MHA
+    pytest.param(True, 1, 30, 3, 3, False, marks=pytest.mark.slow),      # MQA
+    pytest.param(False, 4, 17, 5, 1, False, marks=pytest.mark.slow),     # MHA
 ])
 def test_forward_and_gradients_equal_the_float64_oracle(causal, num_kv_heads, n, block, top_k,
                                                         padded):

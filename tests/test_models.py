@@ -216,6 +216,7 @@ def test_exact_gelu_and_layer_norm_epsilon_reach_every_block():
   assert {n.epsilon for n in norms + [released.encoder.final_norm]} == {1e-5}
 
 
+@pytest.mark.slow
 def test_shared_attention_parameters_are_one_parameter_whose_gradient_sums_the_layers():
   config = dataclasses.replace(TINY, attention="linformer", attention_options={"k": 4})
   separate = Classifier(config, rngs=nnx.Rngs(0))

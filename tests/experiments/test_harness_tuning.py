@@ -187,6 +187,9 @@ def test_tuning_json_and_table(planted):
   assert (f"performer on listops: {LR}=0.001 left out of the choice: no run for seed(s) 1"
           in text)
   assert f"Grid: {LR} ∈ {{0.0001, 0.001, 0.01}} (3 points)" in text
+  assert (planted / "tuning.csv").read_text().splitlines() == [
+      f"variant,task,{LR},seeds,test_mean,test_std", "full,listops,0.001,2,42.00,2.83",
+      "performer,listops,0.0001,2,30.00,0.00"]
 
 
 def test_the_sweep_reports_each_values_choice(tmp_path):

@@ -210,3 +210,21 @@ def test_two_light_steps_of_every_published_row_through_reproduce(tmp_path):
     assert run["config"]["data"] == {"closing_brackets": False}
   table = report.write_report(tmp_path / "out" / "runs", tmp_path / "out")
   assert "(37.10, " in table and "(37.15, " in table and "(18.80, " in table
+
+
+def test_the_light_csv_sets_the_authors_tested_model_beside_their_number(tmp_path):
+  """light_listops.csv: per variant the best-validation model's test accuracy over its seeds
+  (the model the Nyströmformer paper's authors tested) beside their number and its source; the
+  final model's numbers and other presets stay out of it."""
+  def result(attention, seed, best, final, preset="light"):
+    return {"task": "listops", "attention": attention, "preset": preset, "seed": seed,
+            "test_accuracy_best_validation": best, "test_accuracy_final": final,
+            "majority_accuracy": 0.173, "workdir": str(tmp_path)}
+  runs = [result("full", 0, 0.36, 0.10), result("full", 1, 0.38, 0.10),
+          result("performer", 0, 0.35, 0.10), result("full", 0, 0.99, 0.99, preset="tiny")]
+  (path,) = report.write_published_csvs(report.summarize(runs), tmp_path)
+  assert path.name == "light_listops.csv"
+  source = report.PUBLISHED_SOURCE
+  assert path.read_text().splitlines() == [
+      "variant,seeds,test_mean,test_std,published,source",
+      f"full,2,37.00,1.41,37.10,{source}", f"performer,1,35.00,,18.80,{source}"]
