@@ -18,7 +18,8 @@ from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
-           "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4}}
+           "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
+           "gated_deltaproduct": {"chunk_size": 5}}   # 5 steps: a token's 2 split by a chunk
 
 
 def test_every_mixer_has_test_options():
@@ -97,6 +98,7 @@ def test_state_size_formulas():
   assert size("linear_transformer") == 2 * 16 * 17            # S [m, d] and z [m] per kv head
   assert size("performer", nb_features=32) == 2 * 32 * 17
   assert size("gated_deltanet") == 4 * 16 * 32                # H · d_k · d_v, d_v = 2 d_k
+  assert size("gated_deltaproduct", num_householder=3) == 4 * 16 * 32
   assert size("kda") == 4 * 16 * 16
   assert size("deltanet", expand_k=0.5) == 4 * 8 * 16
   assert size("gla") == 4 * 8 * 16
@@ -253,6 +255,7 @@ def oracle_fox(mixer, x):
 
 
 ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
+           "gated_deltaproduct": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
            "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox}
 
