@@ -18,7 +18,8 @@ from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
-           "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}}
+           "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
+           "gated_deltaproduct": {"chunk_size": 5}}   # 5 steps: a token's 2 split by a chunk
 
 
 def test_every_mixer_has_test_options():
@@ -97,6 +98,8 @@ def test_state_size_formulas():
   assert size("linear_transformer") == 2 * 16 * 17            # S [m, d] and z [m] per kv head
   assert size("performer", nb_features=32) == 2 * 32 * 17
   assert size("gated_deltanet") == 4 * 16 * 32                # H · d_k · d_v, d_v = 2 d_k
+  assert size("gated_deltaproduct", num_householder=3) == 4 * 16 * 32
+  assert size("kda") == 4 * 16 * 16
   assert size("deltanet", expand_k=0.5) == 4 * 8 * 16
   assert size("gla") == 4 * 8 * 16
   assert size("retnet") == 4 * 16 * 32
@@ -122,16 +125,21 @@ def test_state_size_is_the_decode_state(name):
 
 def recurrence64(q, k, v, decay, beta=None, scale=1.0):
   """S_t = Diag(decay_t) S_{t-1}; then S_t += k_t v_tᵀ (beta None) or the delta rule
-  S_t += β_t k_t (v_t - S_tᵀ k_t)ᵀ; o_t = S_tᵀ (scale q_t). One sequence: q, k [T, H, K],
-  v [T, H, V], decay [T, H, K], beta [T, H]."""
+  S_t += β_t k_t (v_t - S_tᵀ k_t)ᵀ; o_t = S_tᵀ (scale q_t). One sequence: q [T, H, K],
+  k [T, H, K], v [T, H, V], decay [T, H, K], beta [T, H]; or with n delta steps per token
+  (DeltaProduct: after the decay, j = 1..n in turn) k [T, n, H, K], v [T, n, H, V],
+  beta [T, n, H]."""
   q, k, v, decay = (np.asarray(a, np.float64) for a in (q, k, v, decay))
-  state = np.zeros(k.shape[1:] + v.shape[-1:])
+  if k.ndim == 3:    # one step per token
+    k, v, beta = k[:, None], v[:, None], None if beta is None else np.asarray(beta)[:, None]
+  state = np.zeros(k.shape[2:] + v.shape[-1:])
   out = []
   for t in range(q.shape[0]):
     state = decay[t][..., None] * state
-    u = v[t] if beta is None else np.asarray(beta[t], np.float64)[:, None] * (
-        v[t] - np.einsum("hk,hkv->hv", k[t], state))
-    state = state + k[t][..., None] * u[:, None, :]
+    for j in range(k.shape[1]):
+      u = v[t, j] if beta is None else np.asarray(beta[t, j], np.float64)[:, None] * (
+          v[t, j] - np.einsum("hk,hkv->hv", k[t, j], state))
+      state = state + k[t, j][..., None] * u[:, None, :]
     out.append(np.einsum("hk,hkv->hv", scale * q[t], state))
   return np.stack(out)
 
@@ -157,29 +165,37 @@ def sigmoid(a):
   return 1 / (1 + np.exp(-np.asarray(a, np.float64)))
 
 
-def finish(mixer, o, gate_input):
-  """The layer's own output pieces (norm, gate, projection) on the oracle's o [T, H, V]."""
-  gate = None if gate_input is None else gate_input.reshape(o.shape)[None]
-  y = mixer.norm(jnp.asarray(o, jnp.float32)[None], gate)
-  return mixer.out(y.reshape(1, o.shape[0], -1))[0]
+def finish(mixer, o, gate_input, activation=silu):
+  """RMSNorm per head with the layer's scale, times activation(gate), then the layer's output
+  projection, on the oracle's o [T, H, V]."""
+  o = np.asarray(o, np.float64)
+  y = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + mixer.norm.eps)
+  y = y * np.asarray(mixer.norm.scale[...], np.float64)
+  if gate_input is not None:
+    y = y * activation(np.asarray(gate_input, np.float64).reshape(o.shape))
+  return mixer.out(jnp.asarray(y.reshape(1, o.shape[0], -1), jnp.float32))[0]
 
 
-def oracle_delta(mixer, x, gated):
-  h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
+def oracle_delta(mixer, x, activation=silu):
+  """DeltaNet, Gated DeltaNet, KDA (decay per key channel, sigmoid output gate) and Gated
+  DeltaProduct (n steps per token: k, v, β projected n times, step-major channels)."""
+  h, d_k, d_v, n = mixer.num_heads, mixer.d_k, mixer.d_v, mixer.options.get("num_householder", 1)
   qkv = silu(mixer.conv(mixer.qkv(x)))[0]
-  q, k, v = split_heads(qkv, h * d_k, h * d_k, h * d_v)
+  q, k, v = split_heads(qkv, h * d_k, n * h * d_k, n * h * d_v)
   T = q.shape[0]
-  q, k, v = l2(q.reshape(T, h, d_k)), l2(k.reshape(T, h, d_k)), v.reshape(T, h, d_v)
-  beta = sigmoid(mixer.beta_proj(x)[0])
+  q, k, v = l2(q.reshape(T, h, d_k)), l2(k.reshape(T, n, h, d_k)), v.reshape(T, n, h, d_v)
+  beta = sigmoid(mixer.beta_proj(x)[0]).reshape(T, n, h)
+  if mixer.options["allow_neg_eigval"]:
+    beta = 2 * beta
   decay = np.ones((T, h, d_k))
-  if gated:   # α = exp(-exp(A_log) softplus(a + dt_bias))
-    a = np.asarray(mixer.decay_proj(x)[0], np.float64)
-    rate = np.exp(np.asarray(mixer.decay.A_log[...], np.float64))
-    decay = np.broadcast_to(np.exp(-rate * softplus(a + np.asarray(mixer.decay.dt_bias[...])))
-                            [..., None], decay.shape)
+  if hasattr(mixer, "decay"):   # α = exp(-exp(A_log) softplus(a + dt_bias)), per head or channel
+    a = np.asarray(mixer.decay_proj(x)[0], np.float64).reshape(T, h, -1)
+    rate = np.exp(np.asarray(mixer.decay.A_log[...], np.float64))[:, None]
+    dt_bias = np.asarray(mixer.decay.dt_bias[...], np.float64).reshape(h, -1)
+    decay = np.broadcast_to(np.exp(-rate * softplus(a + dt_bias)), decay.shape)
   o = recurrence64(q, k, v, decay, beta, scale=d_k ** -0.5)
   gate = None if mixer.gate_proj is None else mixer.gate_proj(x)[0]
-  return finish(mixer, o, gate)
+  return finish(mixer, o, gate, activation)
 
 
 def oracle_gla(mixer, x):
@@ -238,9 +254,10 @@ def oracle_fox(mixer, x):
   return mixer.out(jnp.asarray(o.reshape(1, -1, h * d), jnp.float32))[0]
 
 
-ORACLES = {"deltanet": lambda m, x: oracle_delta(m, x, gated=False),
-           "gated_deltanet": lambda m, x: oracle_delta(m, x, gated=True),
-           "gla": oracle_gla, "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox}
+ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
+           "gated_deltaproduct": oracle_delta,
+           "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
+           "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))

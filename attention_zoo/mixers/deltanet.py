@@ -8,7 +8,8 @@ Each token replaces the value stored under its key instead of adding to it (the 
 The layer as flash-linear-attention defines it (fla/layers/delta_net.py): q, k, v linear
 projections, each through a causal depthwise convolution (kernel 4) and SiLU; q and k
 L2-normalised (so I - β k kᵀ has eigenvalues 1 - β and 1: stable, and with β = 1 an exact
-overwrite); β_t = σ(w_βᵀ x_t) per head (in (0, 2) with allow_neg_eigval); the output per head
+overwrite); β_t = σ(w_βᵀ x_t) per head (with allow_neg_eigval 2σ(·) in (0, 2), so the
+eigenvalue 1 - β reaches down to -1: Grazzi et al. 2024, arXiv:2411.12537); the output per head
 RMS-normalised (with use_gate, gated by SiLU(W_g x)), then projected back. Computed by the
 chunkwise WY form (`attention_zoo.ops.chunk_delta_rule`), decoded token by token.
 
@@ -43,33 +44,43 @@ class DeltaNet(Mixer):
   TEST_OPTIONS = dict(chunk_size=8)
   # the chunk and token forms of the rule (Gated DeltaNet: the gated rule)
   CHUNK_OP, STEP_OP = staticmethod(ops.chunk_delta_rule), staticmethod(ops.recurrent_delta_rule)
+  # whether the ops take k, v, β with a step axis [b, n, steps, h, ...] (Gated DeltaProduct)
+  STEP_AXIS = False
+  # the output gate: act(W_g x), act SiLU (KDA: σ of a low-rank projection of rank d_v)
+  GATE_ACTIVATION, LOW_RANK_GATE = "silu", False
 
   state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
     self.d_k, self.d_v = parts.checked_dims(self)
-    parts.add_qkv(self, rngs)
-    self.beta_proj = parts.linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
-    parts.add_gated_output(self, rngs, use_gate=self.options["use_gate"])
+    self.steps = self.options.get("num_householder", 1)    # (k, v, β) per token
+    parts.add_qkv(self, rngs, steps=self.steps)
+    self.beta_proj = parts.linear(self.emb_dim, self.steps * self.num_heads, dtype=self.dtype,
+                                  rngs=rngs)
+    parts.add_gated_output(self, rngs, use_gate=self.options["use_gate"],
+                           gate_rank=self.d_v if self.LOW_RANK_GATE else None,
+                           activation=self.GATE_ACTIVATION)
 
   def log_decay(self, x):
-    """g [b, n, h] float32 for the gated rule; None: no decay."""
+    """g [b, n, h] float32 for the gated rule (KDA: [b, n, h, d_k]); None: no decay."""
     return None
 
   def forward(self, x, mask, state):
     b, n, _ = x.shape
-    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
+    h, kvh, d_k, d_v, s = self.num_heads, self.num_kv_heads, self.d_k, self.d_v, self.steps
     qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None)
     if self.conv is None:
       qkv = jax.nn.silu(qkv)                           # fla: SiLU with or without the conv
-    q, k, v = jnp.split(qkv, [h * d_k, (h + kvh) * d_k], axis=-1)
+    q, k, v = jnp.split(qkv, [h * d_k, h * d_k + s * kvh * d_k], axis=-1)
     q = norms.l2_normalise(q.reshape(b, n, h, d_k))                              # [b, n, h, dk]
-    k = parts.repeat_kv(norms.l2_normalise(k.reshape(b, n, kvh, d_k)), h)        # [b, n, h, dk]
-    v = parts.repeat_kv(v.reshape(b, n, kvh, d_v), h)                            # [b, n, h, dv]
-    beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))                 # [b, n, h]
+    k = parts.repeat_kv(norms.l2_normalise(k.reshape(b, n, s, kvh, d_k)), h)     # [b, n, s, h, dk]
+    v = parts.repeat_kv(v.reshape(b, n, s, kvh, d_v), h)                         # [b, n, s, h, dv]
+    beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32)).reshape(b, n, s, h)
     if self.options["allow_neg_eigval"]:
-      beta = 2 * beta
+      beta = 2 * beta                                  # in (0, 2): eigenvalues 1 - β down to -1
+    if not self.STEP_AXIS:                             # one (k, v, β) per token
+      k, v, beta = k[:, :, 0], v[:, :, 0], beta[:, :, 0]
     g = self.log_decay(x)
     gates = () if g is None else (g,)
     o, state = parts.recurrence(self.CHUNK_OP, self.STEP_OP, q, k, v, *gates, beta, mask=mask,

@@ -1,6 +1,7 @@
-"""Pieces the sequence mixers share: projections, the short convolution on masked inputs, the
-gated output (norms.GatedRMSNorm), Mamba2's decay gate (also Gated DeltaNet's), GQA head
-repetition, and the choice between an op's chunk and token forms."""
+"""Pieces the sequence mixers share: projections (full and low-rank), the short convolution on
+masked inputs, the gated output (norms.GatedRMSNorm), Mamba2's decay gate (also Gated
+DeltaNet's, and per key channel KDA's), GQA head repetition, and the choice between an op's
+chunk and token forms."""
 from __future__ import annotations
 
 import jax
@@ -14,6 +15,13 @@ from attention_zoo.norms import GatedRMSNorm
 def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):
   """A projection (the authors' are bias-free unless said otherwise); parameters float32."""
   return nnx.Linear(in_features, out_features, use_bias=bias, dtype=dtype, rngs=rngs)
+
+
+def low_rank(in_features: int, rank: int, out_features: int, *, dtype, rngs: nnx.Rngs,
+             bias: bool = False):
+  """x -> (x W_down) W_up, W_down [in, rank] bias-free, W_up [rank, out] (bias: on W_up)."""
+  return nnx.Sequential(linear(in_features, rank, dtype=dtype, rngs=rngs),
+                        linear(rank, out_features, dtype=dtype, rngs=rngs, bias=bias))
 
 
 def expanded_dims(head_dim: int, options: dict) -> tuple[int, int]:
@@ -38,27 +46,35 @@ def key_value_state_size(cls, *, num_heads: int, head_dim: int, options: dict, *
   return num_heads * d_k * d_v
 
 
-def add_qkv(mixer, rngs: nnx.Rngs) -> None:
-  """mixer.qkv: x -> q | k | v ([h·d_k | kvh·d_k | kvh·d_v] channels), and mixer.conv over them
-  when the option use_short_conv is on (the layers of DeltaNet, GLA, RetNet and their kin)."""
+def add_qkv(mixer, rngs: nnx.Rngs, *, steps: int = 1) -> None:
+  """mixer.qkv: x -> q | k | v ([h·d_k | s·kvh·d_k | s·kvh·d_v] channels, s = steps: the (k, v)
+  pairs per token, Gated DeltaProduct's n_h), and mixer.conv over them when the option
+  use_short_conv is on (the layers of DeltaNet, GLA, RetNet and their kin)."""
   h, kvh = mixer.num_heads, mixer.num_kv_heads
-  channels = (h + kvh) * mixer.d_k + kvh * mixer.d_v
+  channels = h * mixer.d_k + steps * kvh * (mixer.d_k + mixer.d_v)
   mixer.qkv = linear(mixer.emb_dim, channels, dtype=mixer.dtype, rngs=rngs)
   if mixer.options["use_short_conv"]:
     mixer.conv = ShortConv(channels, mixer.options["conv_size"], dtype=mixer.dtype, rngs=rngs)
 
 
-def add_gated_output(mixer, rngs: nnx.Rngs, *, use_gate: bool) -> None:
-  """mixer.gate_proj (x -> per-head SiLU gate, or None), mixer.norm (RMSNorm per head over d_v)
-  and mixer.out (h·d_v -> emb): the output `gated_output` applies."""
+def add_gated_output(mixer, rngs: nnx.Rngs, *, use_gate: bool, gate_rank: int | None = None,
+                     activation: str = "silu") -> None:
+  """mixer.gate_proj (x -> the per-head gate's logits, or None: W_g x, or with gate_rank the
+  low-rank W_up W_down x + b, KDA's), mixer.norm (RMSNorm per head over d_v, times
+  activation(gate)) and mixer.out (h·d_v -> emb): the output `gated_output` applies."""
   h, emb, dtype = mixer.num_heads, mixer.emb_dim, mixer.dtype
-  mixer.gate_proj = linear(emb, h * mixer.d_v, dtype=dtype, rngs=rngs) if use_gate else None
-  mixer.norm = GatedRMSNorm(mixer.d_v, eps=mixer.options["norm_eps"])
+  if not use_gate:
+    mixer.gate_proj = None
+  elif gate_rank is None:
+    mixer.gate_proj = linear(emb, h * mixer.d_v, dtype=dtype, rngs=rngs)
+  else:
+    mixer.gate_proj = low_rank(emb, gate_rank, h * mixer.d_v, dtype=dtype, rngs=rngs, bias=True)
+  mixer.norm = GatedRMSNorm(mixer.d_v, eps=mixer.options["norm_eps"], activation=activation)
   mixer.out = linear(h * mixer.d_v, emb, dtype=dtype, rngs=rngs)
 
 
 def gated_output(mixer, x, o):
-  """o [b, n, h, d_v] -> out(RMSNorm(o) ⊙ SiLU(gate_proj x)) [b, n, emb] (no gate: the norm)."""
+  """o [b, n, h, d_v] -> out(RMSNorm(o) ⊙ act(gate_proj x)) [b, n, emb] (no gate: the norm)."""
   b, n, h, d_v = o.shape
   gate = None if mixer.gate_proj is None else mixer.gate_proj(x).reshape(b, n, h, d_v)
   y = mixer.norm(o, gate)                                                        # [b, n, h, dv]
@@ -74,8 +90,8 @@ def short_conv(conv, x, mask, decode: bool):
 
 
 def repeat_kv(x, num_heads: int):
-  """[b, n, kvh, d] -> [b, n, num_heads, d]: query head i reads kv head i // (num_heads / kvh)."""
-  return jnp.repeat(x, num_heads // x.shape[2], axis=2)
+  """[..., kvh, d] -> [..., num_heads, d]: query head i reads kv head i // (num_heads / kvh)."""
+  return jnp.repeat(x, num_heads // x.shape[-2], axis=-2)
 
 
 class DecayGate(nnx.Module):
@@ -87,15 +103,19 @@ class DecayGate(nnx.Module):
   dt log-uniform in [1e-3, 0.1], floored at 1e-4 (the authors'). At init α = exp(-A·Δ) lies
   between about 0.2 and 0.999: most heads remember for tens to hundreds of tokens. Both carry
   `weight_decay=False`, which the harness's optimiser honours (as the authors' code does).
+  With key_dim (KDA's gate, fla's initialisation of it) a and dt_bias hold one value per key
+  channel [h, d_k] and A one per head, so each channel of the state decays at its own rate.
   """
 
   def __init__(self, num_heads: int, *, a_range: tuple[float, float], rngs: nnx.Rngs,
-               dt_range: tuple[float, float] = (1e-3, 0.1), dt_floor: float = 1e-4):
+               key_dim: int | None = None, dt_range: tuple[float, float] = (1e-3, 0.1),
+               dt_floor: float = 1e-4):
     key_a, key_dt = jax.random.split(rngs.params())
     # A > 0 (floored at 1e-4 when the range starts at 0, so that log A is finite)
     a = jnp.maximum(jax.random.uniform(key_a, (num_heads,), minval=a_range[0],
                                        maxval=a_range[1]), 1e-4)
-    log_dt = jax.random.uniform(key_dt, (num_heads,), minval=jnp.log(dt_range[0]),
+    shape = (num_heads,) if key_dim is None else (num_heads, key_dim)
+    log_dt = jax.random.uniform(key_dt, shape, minval=jnp.log(dt_range[0]),
                                 maxval=jnp.log(dt_range[1]))
     dt = jnp.maximum(jnp.exp(log_dt), dt_floor)
     # Excluded from weight decay, as the authors train them: decay would pull A_log and dt_bias
@@ -104,9 +124,10 @@ class DecayGate(nnx.Module):
     self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)), weight_decay=False)  # softplus⁻¹(dt)
 
   def __call__(self, a):
-    """a [b, n, h] -> (Δ, g), both [b, n, h] float32."""
+    """a [b, n, h] (with key_dim [b, n, h, d_k]) -> (Δ, g), both of a's shape, float32."""
     delta = jax.nn.softplus(a.astype(jnp.float32) + self.dt_bias[...])
-    return delta, -jnp.exp(self.A_log[...]) * delta
+    rate = jnp.exp(self.A_log[...])                                              # A [h]
+    return delta, -rate.reshape(rate.shape + (1,) * (self.dt_bias.ndim - 1)) * delta
 
 
 def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None):
