@@ -55,7 +55,10 @@ SLOW_MODULES = {
 # registered one too, runs them in the slow lane (CI runs both); add a name to move it.
 REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_every_task_attention_config_builds": "attention",
-                   "test_variant_backward_hands_no_high_rank_array_to_a_fusion_library": "name"}
+                   "test_variant_backward_hands_no_high_rank_array_to_a_fusion_library": "name",
+                   # tests/test_delta_mixers.py, over the delta-rule mixers
+                   "test_allow_neg_eigval_equals_its_equation": "name",
+                   "test_decoding_token_by_token_equals_the_chunked_forward": "name"}
 REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
                            "gated_deltanet"}
 # The op sweeps (tests/test_ops.py over its OPS, test_ops_segments.py over their chunk and

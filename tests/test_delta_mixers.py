@@ -55,6 +55,7 @@ def output_and_grads(mixer, x, mask, w):
   return y, [("x", dx)] + [(jax.tree_util.keystr(path), g) for path, g in flat]
 
 
+@pytest.mark.slow   # the fast lane has test_mixers.py's float64 oracle of each layer
 @pytest.mark.parametrize("allow_neg_eigval", [False, True])
 @pytest.mark.parametrize("name", DELTA_MIXERS)
 def test_output_and_gradients_equal_the_float64_recurrence(name, allow_neg_eigval, monkeypatch):
@@ -105,6 +106,7 @@ def test_decoding_token_by_token_equals_the_chunked_forward(name):
   assert_close(stepped, mixer.cache.get_value(), 1e-5, "final state")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["kda", "gated_deltaproduct"])
 def test_models_take_the_new_names(name):
   config = TransformerConfig(vocab_size=11, max_len=12, num_layers=1, emb_dim=16, num_heads=2,

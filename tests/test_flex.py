@@ -201,6 +201,7 @@ def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads):
 
 
 
+@pytest.mark.slow   # the fast lane: test_forward_mode.py's flash (chunked, on flex) case
 def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle():
   """jax.jvp (the forward as plain JAX: JAX refuses forward mode through the custom VJP) and
   forward over reverse, jax.jvp of jax.grad (the custom VJP's backward differentiated forward),

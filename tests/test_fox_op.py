@@ -87,7 +87,7 @@ ALL_REAL = np.ones((2, STANDARD["length"]), bool)
 
 @pytest.mark.parametrize("length, num_kv_heads, block_size", [
     tuple(STANDARD.values()),
-    (32, 4, 16),     # several whole blocks, one K/V head per query head
+    pytest.param(32, 4, 16, marks=pytest.mark.slow),   # whole blocks, a K/V head per q head
     (20, 1, 64),     # block > T (one tile), MQA
 ])
 def test_matches_float64_oracle(length, num_kv_heads, block_size):

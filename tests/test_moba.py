@@ -101,6 +101,7 @@ def test_fewer_past_blocks_than_top_k_sees_them_all_which_is_full_attention():
                                full(q, k, v, q_mask=mask, kv_mask=mask), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_top_k_zero_is_local_attention_in_blocks():
   q, k, v = random_qkv(2, q_len=21, num_kv_heads=2)
   for causal in (True, False):

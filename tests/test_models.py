@@ -296,7 +296,7 @@ def test_remat_keeps_outputs_gradients_and_dropout_masks(kind, remats):
       np.testing.assert_allclose(got, want, atol=1e-6, err_msg=remat)
 
 
-@pytest.mark.parametrize("attention", ["full", "retnet"])
+@pytest.mark.parametrize("attention", ["full", pytest.param("retnet", marks=pytest.mark.slow)])
 def test_remat_model_differentiates_under_plain_jax_transforms(attention):
   """jax.jit(jax.grad) over nnx.split / nnx.merge, as functional training loops do: the remat
   wrapper writes no RNG state it did not draw from (it once raised TraceContextError), and

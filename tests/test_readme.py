@@ -145,6 +145,7 @@ def test_every_entry_point_has_a_dry_run_here():
   assert entry_points_here <= covered, entry_points_here - covered
 
 
+@pytest.mark.slow   # one subprocess dry-runs every command: 1.5 min of CPU
 def test_every_shown_command_passes_a_dry_run(dry_runs):
   shown = {key: r for key, r in dry_runs.items() if key[0] not in INVALID}
   assert len(shown) >= 20, "the command pattern found too little"
@@ -154,6 +155,7 @@ def test_every_shown_command_passes_a_dry_run(dry_runs):
     assert result["stdout"].strip(), f"{page}: {command} printed no plan"
 
 
+@pytest.mark.slow   # one subprocess dry-runs every command: 1.5 min of CPU
 def test_invalid_commands_fail_their_dry_run(dry_runs):
   for name, (_, error) in INVALID.items():
     (result,) = [r for (key, _), r in dry_runs.items() if key == name]

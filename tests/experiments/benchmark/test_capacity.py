@@ -153,7 +153,9 @@ def test_capacity_command_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("flag, message", [
     ("--dtypes=float64", "error: --dtypes=float64: choose from"),
-    ("--probe_lengths=4096", "error: --probe_lengths=4096: give two different positive lengths"),
+    pytest.param("--probe_lengths=4096",
+                 "error: --probe_lengths=4096: give two different positive lengths",
+                 marks=pytest.mark.slow),
 ])
 def test_capacity_command_refuses_bad_flags_in_one_line(tmp_path, flag, message):
   env = {**os.environ, "PYTHONPATH": str(REPO)}
