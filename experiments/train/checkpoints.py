@@ -166,8 +166,11 @@ class Checkpoints:
 
   def __init__(self, workdir, *, keep: int):
     self.directory, self.corrupt_directory = (Path(workdir).absolute() / name for name in FOLDERS)
+    # cleanup_tmp_directories: a save cut short (Ctrl-C during `save`) leaves a `<step>.orbax-
+    # checkpoint-tmp` folder; it is never a checkpoint, so the next run removes it.
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                             cleanup_tmp_directories=True))
     self.set_aside: list[int] = []      # steps moved to corrupt_directory by restore_latest
     self._without_checksums: list[int] = []
     self._is_writer = jax.process_index() == 0

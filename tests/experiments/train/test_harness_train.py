@@ -270,7 +270,8 @@ def test_a_checkpoint_of_another_model_is_refused_then_restarted_on_request(run_
 
 def test_checkpoints_verify_checksums_and_values_and_fall_back(tmp_path, caplog):
   """Newest first: a file changed in place, then NaN values, are set aside; a checkpoint
-  without checksums is used with a warning when it restores finite values."""
+  without checksums is used with a warning when it restores finite values; the folder of a
+  save cut short (Ctrl-C during `save`) is removed."""
   tree = {"w": jax.numpy.arange(6.0), "key": jax.random.key(0)}
   saved = checkpoints_lib.Checkpoints(tmp_path, keep=10)
   for step, w in ((1, [0.0] * 6), (2, [1.0] * 6), (3, [0.0, np.nan, 0, 0, 0, 0]),
@@ -279,6 +280,8 @@ def test_checkpoints_verify_checksums_and_values_and_fall_back(tmp_path, caplog)
   saved.close()
   folder = tmp_path / "checkpoints"
   (folder / "2" / "checksums.json").unlink()     # as an older version wrote it
+  (folder / "5.orbax-checkpoint-tmp").mkdir()    # as a save cut short leaves it
+  (folder / "5.orbax-checkpoint-tmp" / "part").write_bytes(b"half")
   flipped = flip_bytes_in_largest_array_file(folder / "4").relative_to(folder / "4").as_posix()
   with caplog.at_level("WARNING"):
     checkpoints = checkpoints_lib.Checkpoints(tmp_path, keep=10)
