@@ -24,7 +24,7 @@ from flax import nnx
 from attention_zoo import options as options_lib
 from attention_zoo.ops import softmax
 from attention_zoo.options import Bool, Float, Int
-from attention_zoo.registry import AttentionSpec, accepting, accepting_alibi, add
+from attention_zoo.registry import AttentionSpec, accepting, accepting_alibi, add, get
 
 _MAX_LEN = Int(None, minimum=1, optional=True)
 # Tanh soft-capping of the scores (Gemma 2), s -> softcap · tanh(s / softcap), on the scaled dot
@@ -238,23 +238,34 @@ def _segment_ids(q_ids, kv_ids, batch: int, q_len: int, kv_len: int, spec):
   """Checked (q_segment_ids, kv_segment_ids) as int32, or None when neither is given."""
   if q_ids is None and kv_ids is None:
     return None
-  name = spec.name
-  if not spec.supports_segment_ids:
-    raise ValueError(f"{name} does not accept segment ids (packed sequences); variants that do: "
-                     f"{', '.join(accepting('supports_segment_ids'))}")
   if q_ids is None or kv_ids is None:
-    raise ValueError(f"{name}: pass both q_segment_ids and kv_segment_ids, or neither")
-  q_ids, kv_ids = jnp.asarray(q_ids), jnp.asarray(kv_ids)
-  for what, ids, length in (("q_segment_ids", q_ids, q_len), ("kv_segment_ids", kv_ids, kv_len)):
-    if ids.shape != (batch, length) or not jnp.issubdtype(ids.dtype, jnp.integer):
-      raise ValueError(f"{name}: {what} must be int [batch, len] = {(batch, length)}, got "
-                       f"{ids.dtype} {ids.shape}")
-  return q_ids.astype(jnp.int32), kv_ids.astype(jnp.int32)
+    _require_segment_ids(spec)
+    raise ValueError(f"{spec.name}: pass both q_segment_ids and kv_segment_ids, or neither")
+  return (_checked_ids(q_ids, "q_segment_ids", batch, q_len, spec),
+          _checked_ids(kv_ids, "kv_segment_ids", batch, kv_len, spec))
+
+
+def _require_segment_ids(spec) -> None:
+  if not spec.supports_segment_ids:
+    same_kind = [n for n in accepting("supports_segment_ids") if get(n).spec.kind == spec.kind]
+    kinds = "variants" if spec.kind == "attention" else "mixers"
+    raise ValueError(f"{spec.name} does not accept segment ids (packed sequences); the {kinds} "
+                     f"that do: {', '.join(same_kind)}")
+
+
+def _checked_ids(ids, what: str, batch: int, length: int, spec):
+  """Segment ids as int32 [batch, length]; ValueError naming `what` otherwise."""
+  _require_segment_ids(spec)
+  ids = jnp.asarray(ids)
+  if ids.shape != (batch, length) or not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(f"{spec.name}: {what} must be int [batch, len] = {(batch, length)}, got "
+                     f"{ids.dtype} {ids.shape}")
+  return ids.astype(jnp.int32)
 
 
 class Mixer(Registered):
   """Base class of the sequence mixers: `mixer(x, *, mask=None, deterministic=True,
-  decode=False) -> [b, n, emb]`.
+  decode=False, segment_ids=None) -> [b, n, emb]`.
 
   A sequence mixer is a block's token-mixing layer on x itself. An attention variant maps q, k,
   v to an output; the projections around it are the model's (`layers.MultiHeadAttention`). A
@@ -270,7 +281,8 @@ class Mixer(Registered):
   A subclass registers with `@az.register_mixer(name, complexity=..., paper=...)`, declares its
   options in `OPTIONS` (typed, `attention_zoo.options`) and implements
 
-      forward(x, mask, state) -> (y, state)    the causal mixer; state None: a whole sequence
+      forward(x, mask, state, segment_ids=None) -> (y, state)
+                                               the causal mixer; state None: a whole sequence
                                                from the empty state (the parallel / chunked
                                                form); otherwise the carried decode state,
                                                returned updated
@@ -284,6 +296,10 @@ class Mixer(Registered):
   Masks: a masked token (False) outputs 0 and leaves the recurrent state untouched; it enters
   the short convolution as a zero input (in the parallel form and in decoding alike, so the two
   agree).
+
+  Packed sequences (mixers registered with supports_segment_ids=True): segment_ids int [b, n],
+  each run of equal ids processed as if alone, from the empty state; the short convolutions and
+  token shifts do not reach across a run's start either. Whole sequences only, not decoding.
 
   Encoders (causal=False): the option `bidirectional` (default True) runs the causal mixer over
   the sequence and over the reversed sequence (reversed mask too; right padding becomes left
@@ -315,22 +331,30 @@ class Mixer(Registered):
 
   # -- the call ---------------------------------------------------------------------------
 
-  def __call__(self, x, *, mask=None, deterministic: bool = True, decode: bool = False):
+  def __call__(self, x, *, mask=None, deterministic: bool = True, decode: bool = False,
+               segment_ids=None):
     name = self.spec.name
     if x.ndim != 3 or x.shape[-1] != self.emb_dim:
       raise ValueError(f"{name}: x must be [batch, len, {self.emb_dim}], got {x.shape}")
     b, n, _ = x.shape
     mask = normalise_mask(mask, b, n, "mask", name)
+    packed = {}
+    if segment_ids is not None:
+      if decode:
+        raise ValueError(f"{name}: segment_ids (packed sequences) apply to a whole sequence, "
+                         f"not to decoding")
+      packed["segment_ids"] = _checked_ids(segment_ids, "segment_ids", b, n, self.spec)
     if decode:
       if self.cache is None:
         raise ValueError(f"{name}: decode=True needs init_cache(batch_size, max_len) first")
       y, state = self.forward(x, mask, self.cache.get_value())
       self.cache.set_value(state)
     else:
-      y, _ = self.forward(x, mask, None)
+      y, _ = self.forward(x, mask, None, **packed)
       if self.bidirectional:
         flip = lambda a: jnp.flip(a, axis=1)
-        y = (y + flip(self.forward(flip(x), flip(mask), None)[0])) / 2
+        flipped = {key: flip(ids) for key, ids in packed.items()}   # runs stay runs
+        y = (y + flip(self.forward(flip(x), flip(mask), None, **flipped)[0])) / 2
     return jnp.where(mask[..., None], y, 0).astype(x.dtype)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
@@ -340,9 +364,10 @@ class Mixer(Registered):
     if self.conv is not None:
       self.conv.init_cache(batch_size, dtype)
 
-  def forward(self, x, mask, state):
-    """The causal mixer: x [b, n, emb], mask bool [b, n], state None or the decode state ->
-    (y [b, n, emb], the state after these tokens, or None for state None)."""
+  def forward(self, x, mask, state, segment_ids=None):
+    """The causal mixer: x [b, n, emb], mask bool [b, n], state None or the decode state,
+    segment_ids int32 [b, n] or None (with state None only) -> (y [b, n, emb], the state after
+    these tokens, or None for state None)."""
     raise NotImplementedError(f"{type(self).__qualname__} does not implement forward()")
 
   def empty_state(self, batch_size: int, max_len: int, dtype):
@@ -374,14 +399,17 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
                    supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids)
 
 
-def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True):
+def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True,
+                   supports_segment_ids: bool = False):
   """Class decorator: `@register_mixer("gla", complexity="O(n·d²)", paper=...)` on a `Mixer`
   subclass. A mixer is causal (an encoder runs it both ways: the `bidirectional` option),
-  inexact, self-only, without ALiBi or attention dropout. Errors as `register`'s.
+  inexact, self-only, without ALiBi or attention dropout. supports_segment_ids: its forward
+  takes segment_ids (packed sequences). Errors as `register`'s.
   """
   return _register(name, Mixer, {}, exact=False, supports_causal=True, supports_cross=False,
                    complexity=complexity, paper=paper, can_decode=can_decode,
-                   supports_dropout=False, kind="mixer")
+                   supports_dropout=False, supports_segment_ids=supports_segment_ids,
+                   kind="mixer")
 
 
 def _register(name: str, base: type, added_options: dict, **facts):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_zoo.ops.segments import segment_runs
+
 
 class ShortConv(nnx.Module):
   """A causal depthwise convolution over the last `kernel_size` positions (the short
@@ -15,7 +17,9 @@ class ShortConv(nnx.Module):
   It hands each position its recent neighbours (a key to the value after it), so attention
   is left with the long-range part. The sequence mixers (DeltaNet, Mamba2, ...) run it on their
   projections (their authors' kernel 4, followed by SiLU). For decoding it keeps the last
-  k - 1 inputs, so any number of tokens can be fed at a time.
+  k - 1 inputs, so any number of tokens can be fed at a time. With `segment_ids` int [b, n]
+  (packed sequences) a tap reaches back only within the token's own run, as if each sequence
+  were alone.
   """
 
   def __init__(self, features: int, kernel_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
@@ -31,8 +35,10 @@ class ShortConv(nnx.Module):
     self.state = nnx.Cache(jnp.zeros((batch_size, self.kernel_size - 1, self.weight.shape[1]),
                                      dtype))
 
-  def __call__(self, x, *, decode: bool = False):
+  def __call__(self, x, *, decode: bool = False, segment_ids=None):
     k, n = self.kernel_size, x.shape[1]
+    if segment_ids is not None and decode:
+      raise ValueError("segment_ids (packed sequences) apply to a whole sequence, not decoding")
     if decode:
       window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)   # [b, k - 1 + n, emb]
       self.state[...] = window[:, n:]
@@ -40,5 +46,10 @@ class ShortConv(nnx.Module):
       window = jnp.pad(x, ((0, 0), (k - 1, 0), (0, 0)))
     weight = self.weight[...].astype(self.dtype)
     # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
-    out = sum(weight[i] * window[:, k - 1 - i:k - 1 - i + n] for i in range(k))
-    return out + self.bias[...].astype(self.dtype)
+    taps = [window[:, k - 1 - i:k - 1 - i + n] for i in range(k)]                # [b, n, emb]
+    if segment_ids is not None:
+      runs = segment_runs(segment_ids)                                           # [b, n]
+      run_window = jnp.pad(runs, ((0, 0), (k - 1, 0)), constant_values=-1)
+      taps = [jnp.where((run_window[:, k - 1 - i:k - 1 - i + n] == runs)[..., None], tap, 0)
+              for i, tap in enumerate(taps)]
+    return sum(w * tap for w, tap in zip(weight, taps)) + self.bias[...].astype(self.dtype)

@@ -22,6 +22,7 @@ from attention_zoo.dropout import Dropout
 from attention_zoo.convolution import ShortConv
 from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
 from attention_zoo.ops.autodiff import autodiff_modes
+from attention_zoo.ops.segments import positions_in_segments
 
 POOLINGS = ("cls", "mean", "padded_mean")
 INTERACTIONS = ("nli", "concat")
@@ -134,13 +135,13 @@ class Block(nnx.Module):
   def __call__(self, x, mask, *, context=None, context_mask=None, deterministic=True, decode=False,
                packing=None):
     """packing: None, or (segment_ids, position_ids) int [b, n] of packed sequences."""
-    if packing is not None and (self.is_mixer or self.short_conv is not None):
-      raise ValueError("packed sequences (segment_ids) need attention in every block: a sequence "
-                       "mixer or short convolution would carry state across segments")
-    packed = {} if packing is None else dict(zip(("segment_ids", "position_ids"), packing))
+    segment_ids = None if packing is None else packing[0]
+    # a mixer restarts its own positions (if any) at each segment; attention is handed them
+    packed = ({} if packing is None else {"segment_ids": segment_ids} if self.is_mixer
+              else dict(zip(("segment_ids", "position_ids"), packing)))
     if self.short_conv is not None:
       x = self._residual(self.conv_norm, x, deterministic,
-                         lambda h: self.short_conv(h, decode=decode))
+                         lambda h: self.short_conv(h, decode=decode, segment_ids=segment_ids))
     x = self._residual(self.self_norm, x, deterministic, lambda h: self.self_attention(
         h, mask=mask, deterministic=deterministic, decode=decode, **packed))
     if self.cross_attention is not None:
@@ -163,8 +164,10 @@ class Stack(nnx.Module):
 
   Packed sequences: segment_ids int [b, n] (contiguous runs, one per packed sequence) keep every
   token's self-attention inside its run, and positions (sinusoidal, learned, RoPE) restart at 0
-  at each run, so a packed row computes what its sequences would separately. Attention variants
-  with spec.supports_segment_ids only; not with a CLS token, cross-attention or mixers.
+  at each run, so a packed row computes what its sequences would separately: a sequence mixer
+  starts each run from its empty state, and no short convolution reaches across a run's start.
+  Names with spec.supports_segment_ids only (the exact attention variants and the mixers); not
+  with a CLS token or cross-attention.
   """
 
   def __init__(self, config: TransformerConfig, *, causal: bool = False, cross: bool = False,
@@ -266,16 +269,6 @@ def share_attention_parameters(config: TransformerConfig, layers: list) -> None:
   for layer in layers[1:]:
     for name in names:
       setattr(layer.attention, name, getattr(first, name))
-
-
-def positions_in_segments(segment_ids):
-  """int [b, n] -> each token's position within its contiguous run of equal ids (0 at a run's
-  first token)."""
-  segment_ids = jnp.asarray(segment_ids)
-  index = jnp.arange(segment_ids.shape[1])
-  starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
-                            segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-  return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
 def _rematerialised(block: Block, policy, x, mask, context, context_mask, packing=None, *,

@@ -1,16 +1,18 @@
 """`softcap` (tanh soft-capping of the scores) and segment ids (packed sequences) on every exact
 variant that accepts them, against a dense float64 softmax oracle written here (output and
-gradients, f32 within 1e-5); packed model rows against the sequences run apart; the refusals.
+gradients, f32 within 1e-5); packed model rows against the sequences run apart, with attention,
+sequence mixers and short convolutions; the refusals. Each mixer's own packed check is the
+conformance suite's `packed`.
 The Pallas kernels' own checks are in tests/test_flash.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import models, registry
 from attention_zoo.testing import conformance
+from helpers import packed_vs_apart
 
 LEN, NUM_HEADS = 20, conformance.NUM_HEADS
 CAP = 1.0   # small enough to bite: the scaled scores here are ~N(0, 1)
@@ -65,7 +67,8 @@ def fast_for(names, fast):
 def test_which_variants_accept_them():
   exact = {n for n in az.available("attention") if az.spec(n).exact}
   assert set(registry.accepting("supports_softcap")) == exact
-  assert set(registry.accepting("supports_segment_ids")) == exact
+  mixers = set(az.available("mixer"))           # every one: tests/test_packed_mixers.py
+  assert set(registry.accepting("supports_segment_ids")) == exact | mixers
   assert az.spec("full").options["softcap"] is None            # off by default
 
 
@@ -118,21 +121,6 @@ def test_refusals_name_the_variants_that_accept():
     full(q, k, v, q_segment_ids=ids.astype(jnp.float32), kv_segment_ids=ids)
 
 
-def packed_vs_apart(model_class, config, **kwargs):
-  """Two sequences of 9 and 7 tokens packed in one row (then 4 padding) against each alone."""
-  model = model_class(config, rngs=nnx.Rngs(0), **kwargs)
-  run = nnx.jit(lambda model, *args, **kw: model(*args, **kw))   # eager flex ops are slow
-  tokens = jax.random.randint(jax.random.key(1), (1, LEN), 1, config.vocab_size)
-  segments = jnp.asarray(np.repeat([0, 1, 2], [9, 7, 4]))[None]
-  mask = jnp.arange(LEN)[None] < 16
-  packed = run(model, tokens, mask, segment_ids=segments)
-  packed = packed[0] if isinstance(packed, tuple) else packed
-  for start, stop in ((0, 9), (9, 16)):
-    alone = run(model, tokens[:, start:stop])
-    alone = alone[0] if isinstance(alone, tuple) else alone
-    np.testing.assert_allclose(packed[:, start:stop], alone, atol=2e-5)
-
-
 @pytest.mark.parametrize("positions", ["rope", pytest.param("learned", marks=pytest.mark.slow)])
 def test_a_packed_encoder_row_equals_its_sequences_apart(positions):
   config = models.TransformerConfig(vocab_size=11, emb_dim=16, num_heads=2, qkv_dim=16,
@@ -147,3 +135,39 @@ def test_a_packed_causal_decoder_row_equals_its_sequences_apart():
                                     mlp_dim=32, num_layers=2, max_len=LEN, positions="sinusoidal",
                                     attention="full", remat="block")
   packed_vs_apart(models.DecoderLM, config)
+
+
+@pytest.mark.parametrize("attention, causal, short_conv", [
+    ("gated_deltanet", False, 0),          # bidirectional: the reversed pass restarts too
+    ("mamba2", True, 3),                   # its own convolution and the block's
+    pytest.param("full", True, 3, marks=pytest.mark.slow),
+    pytest.param("retnet", True, 0, marks=pytest.mark.slow),   # its RoPE restarts per run
+    pytest.param("fox", False, 0, marks=pytest.mark.slow)])
+def test_a_packed_row_with_mixers_or_short_convolutions_equals_its_sequences_apart(
+    attention, causal, short_conv):
+  options = {**conformance.settings(attention).options, **({} if attention == "full" else
+                                                           {"bidirectional": not causal})}
+  config = models.TransformerConfig(vocab_size=11, emb_dim=16, num_heads=2, qkv_dim=16,
+                                    mlp_dim=32, num_layers=2, max_len=LEN, attention=attention,
+                                    attention_options=options, short_conv=short_conv,
+                                    positions="learned")
+  packed_vs_apart(models.DecoderLM if causal else models.Encoder, config)
+
+
+def test_mixer_refusals_of_segment_ids():
+  mixer = conformance.build_mixer("deltanet", causal=True)
+  x, ids = conformance.mixer_input(0), jnp.zeros((2, LEN), jnp.int32)
+  with pytest.raises(ValueError, match="deltanet: segment_ids must be int \\[batch, len\\]"):
+    mixer(x, segment_ids=ids[:, :5])
+  mixer.init_cache(2, LEN)
+  with pytest.raises(ValueError, match="segment_ids .* not to decoding"):
+    mixer(x[:, :1], decode=True, segment_ids=ids[:, :1])
+
+  with az.scoped_registry():
+    @az.register_mixer("no_packing", complexity="O(n)", paper="none")
+    class NoPacking(type(mixer)):
+      pass
+    with pytest.raises(ValueError, match="no_packing does not accept segment ids.*mixers that "
+                                         "do: deltanet, fox"):
+      conformance.build_mixer("no_packing")(x, segment_ids=ids)
+

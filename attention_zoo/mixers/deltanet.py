@@ -37,7 +37,8 @@ DELTA_OPTIONS = {"expand_v": Float(1.0, above=0), "use_gate": Bool(False),
 
 @register_mixer("deltanet", complexity="O(n·C·d + n·d²)",
                 paper="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule "
-                      "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021")
+                      "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021",
+                supports_segment_ids=True)
 class DeltaNet(Mixer):
   OPTIONS = {"expand_k": Float(1.0, above=0), **DELTA_OPTIONS}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
@@ -66,10 +67,11 @@ class DeltaNet(Mixer):
     """g [b, n, h] float32 for the gated rule (KDA: [b, n, h, d_k]); None: no decay."""
     return None
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d_k, d_v, s = self.num_heads, self.num_kv_heads, self.d_k, self.d_v, self.steps
-    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None)
+    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None,
+                            segment_ids=segment_ids)
     if self.conv is None:
       qkv = jax.nn.silu(qkv)                           # fla: SiLU with or without the conv
     q, k, v = jnp.split(qkv, [h * d_k, h * d_k + s * kvh * d_k], axis=-1)
@@ -84,7 +86,8 @@ class DeltaNet(Mixer):
     g = self.log_decay(x)
     gates = () if g is None else (g,)
     o, state = parts.recurrence(self.CHUNK_OP, self.STEP_OP, q, k, v, *gates, beta, mask=mask,
-                                state=state, chunk_size=self.options["chunk_size"])
+                                state=state, chunk_size=self.options["chunk_size"],
+                                segment_ids=segment_ids)
     return parts.gated_output(self, x, o), state
 
   def empty_state(self, batch_size, max_len, dtype):

@@ -29,7 +29,8 @@ from attention_zoo.options import Bool, Float, Int
 
 @register_mixer("fox", complexity="O(n²) time, O(n) memory",
                 paper="Lin et al. 2025, Forgetting Transformer: Softmax Attention with a Forget "
-                      "Gate (arXiv:2503.02130)")
+                      "Gate (arXiv:2503.02130)",
+                supports_segment_ids=True)
 class FoX(Mixer):
   OPTIONS = {"qk_norm": Bool(False), "use_output_gate": Bool(False),
              "block_size": Int(None, minimum=1, optional=True), "norm_eps": Float(1e-5, above=0)}
@@ -53,7 +54,7 @@ class FoX(Mixer):
     self.gate_proj = linear(emb, h * d) if self.options["use_output_gate"] else None
     self.out = linear(h * d, emb)
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
     q, k, v = jnp.split(self.qkv(x), [h * d, (h + kvh) * d], axis=-1)
@@ -62,7 +63,7 @@ class FoX(Mixer):
       q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
     log_f = jax.nn.log_sigmoid(self.forget_proj(x).astype(jnp.float32))         # [b, n, h]
     if state is None:
-      o = ops.forgetting_attention(q, k, v, log_f, mask=mask,
+      o = ops.forgetting_attention(q, k, v, log_f, mask=mask, segment_ids=segment_ids,
                                    block_size=self.options["block_size"])       # [b, n, h, d]
     else:
       o, state = self._decode(q, k, v, log_f, mask, state)

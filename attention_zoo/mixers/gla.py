@@ -29,7 +29,8 @@ from attention_zoo.options import Bool, Float, Int
 
 @register_mixer("gla", complexity="O(n·C·d + n·d²)",
                 paper="Yang et al. 2023, Gated Linear Attention Transformers with "
-                      "Hardware-Efficient Training (arXiv:2312.06635)")
+                      "Hardware-Efficient Training (arXiv:2312.06635)",
+                supports_segment_ids=True)
 class GLA(Mixer):
   OPTIONS = {"expand_k": Float(0.5, above=0), "expand_v": Float(1.0, above=0),
              "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
@@ -50,10 +51,11 @@ class GLA(Mixer):
                                 bias=True)
     parts.add_gated_output(self, rngs, use_gate=self.options["use_output_gate"])
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
-    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None)
+    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None,
+                            segment_ids=segment_ids)
     q, k, v = jnp.split(qkv, [h * d_k, (h + kvh) * d_k], axis=-1)
     q = q.reshape(b, n, h, d_k)                                                  # [b, n, h, dk]
     k = parts.repeat_kv(k.reshape(b, n, kvh, d_k), h)                            # [b, n, h, dk]
@@ -62,7 +64,8 @@ class GLA(Mixer):
     g = jax.nn.log_sigmoid(logits) / self.options["gate_logit_normalizer"]
     g = parts.repeat_kv(g.reshape(b, n, kvh, d_k), h)                            # [b, n, h, dk]
     o, state = parts.recurrence(ops.chunk_gla, ops.recurrent_gla, q, k, v, g, mask=mask,
-                                state=state, chunk_size=self.options["chunk_size"])
+                                state=state, chunk_size=self.options["chunk_size"],
+                                segment_ids=segment_ids)
     return parts.gated_output(self, x, o), state
 
   def empty_state(self, batch_size, max_len, dtype):

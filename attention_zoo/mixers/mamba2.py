@@ -33,7 +33,8 @@ from attention_zoo.options import Float, Int
 
 @register_mixer("mamba2", complexity="O(n·C·(N + P) + n·N·P)",
                 paper="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient "
-                      "Algorithms Through Structured State Space Duality (arXiv:2405.21060)")
+                      "Algorithms Through Structured State Space Duality (arXiv:2405.21060)",
+                supports_segment_ids=True)
 class Mamba2(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(128, minimum=1),
              "conv_size": Int(4, minimum=1), "chunk_size": Int(256, minimum=1),
@@ -62,12 +63,13 @@ class Mamba2(Mixer):
                                    eps=self.options["norm_eps"], norm_before_gate=False)
     self.out = parts.linear(self.d_inner, self.emb_dim, dtype=dtype, rngs=rngs)
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, groups, p, d_state = self.num_heads, self.num_kv_heads, self.p, self.n
     z, xbc, dt = jnp.split(self.in_proj(x), [self.d_inner, 2 * self.d_inner + 2 * groups * d_state],
                            axis=-1)
-    xbc = parts.short_conv(self.conv, xbc, mask, decode=state is not None)
+    xbc = parts.short_conv(self.conv, xbc, mask, decode=state is not None,
+                           segment_ids=segment_ids)
     xs, B, C = jnp.split(xbc, [self.d_inner, self.d_inner + groups * d_state], axis=-1)
     xs = xs.reshape(b, n, h, p)                                                  # [b, n, h, P]
     B = parts.repeat_kv(B.reshape(b, n, groups, d_state), h)                     # [b, n, h, N]
@@ -76,7 +78,7 @@ class Mamba2(Mixer):
     v = xs.astype(jnp.float32) * delta[..., None]                                # [b, n, h, P]
     y, state = parts.recurrence(ops.chunk_simple_gla, ops.recurrent_simple_gla, C, B, v, g,
                                 mask=mask, state=state, chunk_size=self.options["chunk_size"],
-                                scale=1.0)
+                                scale=1.0, segment_ids=segment_ids)
     y = y + self.D[...][:, None] * xs.astype(jnp.float32)                        # [b, n, h, P]
     y = self.norm(y.reshape(b, n, self.d_inner), z)                              # [b, n, h·P]
     return self.out(y.astype(self.dtype)), state

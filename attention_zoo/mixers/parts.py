@@ -81,12 +81,14 @@ def gated_output(mixer, x, o):
   return mixer.out(y.reshape(b, n, h * d_v).astype(mixer.dtype))
 
 
-def short_conv(conv, x, mask, decode: bool):
+def short_conv(conv, x, mask, decode: bool, segment_ids=None):
   """SiLU(conv(x)) with masked tokens entering as zeros (so the convolution never sees a padded
-  token's content), or x unchanged when conv is None. x [b, n, c], mask bool [b, n]."""
+  token's content), or x unchanged when conv is None. x [b, n, c], mask bool [b, n];
+  segment_ids int [b, n] or None (packed sequences: no tap crosses into another)."""
   if conv is None:
     return x
-  return jax.nn.silu(conv(jnp.where(mask[..., None], x, 0), decode=decode))
+  return jax.nn.silu(conv(jnp.where(mask[..., None], x, 0), decode=decode,
+                          segment_ids=segment_ids))
 
 
 def repeat_kv(x, num_heads: int):
@@ -130,10 +132,13 @@ class DecayGate(nnx.Module):
     return delta, -rate.reshape(rate.shape + (1,) * (self.dt_bias.ndim - 1)) * delta
 
 
-def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None):
+def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None,
+               segment_ids=None):
   """One of the ops in `attention_zoo.ops`: the whole sequence by chunks from the empty state
   (state None), or in decoding from the carried state: one token by the token form, several (a
-  prefill) by chunks. -> (o [b, n, h, dv], final state float32 [b, h, dk, dv])."""
+  prefill) by chunks. segment_ids: packed sequences (whole sequences only). -> (o [b, n, h, dv],
+  final state float32 [b, h, dk, dv])."""
   if state is not None and inputs[0].shape[1] == 1:
     return step_op(*inputs, scale=scale, initial_state=state, mask=mask)
-  return chunk_op(*inputs, scale=scale, initial_state=state, mask=mask, chunk_size=chunk_size)
+  return chunk_op(*inputs, scale=scale, initial_state=state, mask=mask, chunk_size=chunk_size,
+                  segment_ids=segment_ids)

@@ -25,12 +25,14 @@ import numpy as np
 from attention_zoo import ops, positions
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
+from attention_zoo.ops.segments import positions_in_segments
 from attention_zoo.options import Bool, Float, Int
 
 
 @register_mixer("retnet", complexity="O(n·C·d + n·d²)",
                 paper="Sun et al. 2023, Retentive Network: A Successor to Transformer for Large "
-                      "Language Models (arXiv:2307.08621)")
+                      "Language Models (arXiv:2307.08621)",
+                supports_segment_ids=True)
 class RetNet(Mixer):
   OPTIONS = {"expand_k": Float(1.0, above=0), "expand_v": Float(2.0, above=0),
              "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
@@ -49,20 +51,23 @@ class RetNet(Mixer):
     parts.add_gated_output(self, rngs, use_gate=self.options["use_output_gate"])
     self.log_gamma = np.log1p(-2.0 ** (-5.0 - np.arange(self.num_heads)))  # [h], fixed
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
-    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None)
+    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None,
+                            segment_ids=segment_ids)
     q, k, v = jnp.split(qkv, [h * d_k, (h + kvh) * d_k], axis=-1)
     offset = 0 if state is None else state["position"]
-    position_ids = jnp.arange(n) + offset
+    position_ids = (jnp.arange(n) + offset if segment_ids is None
+                    else positions_in_segments(segment_ids))                     # [n] | [b, n]
     q = positions.rope(q.reshape(b, n, h, d_k), position_ids)                    # [b, n, h, dk]
     k = parts.repeat_kv(positions.rope(k.reshape(b, n, kvh, d_k), position_ids), h)
     v = parts.repeat_kv(v.reshape(b, n, kvh, d_v), h)                            # [b, n, h, dv]
     g = jnp.broadcast_to(jnp.asarray(self.log_gamma, jnp.float32), (b, n, h))
     o, kv_state = parts.recurrence(ops.chunk_simple_gla, ops.recurrent_simple_gla, q, k, v, g,
                                    mask=mask, state=None if state is None else state["state"],
-                                   chunk_size=self.options["chunk_size"])
+                                   chunk_size=self.options["chunk_size"],
+                                   segment_ids=segment_ids)
     new_state = None if state is None else {"state": kv_state, "position": offset + n}
     return parts.gated_output(self, x, o), new_state
 

@@ -13,7 +13,8 @@ packed sequences (segment_ids).
 The attention maths, in its modules: softmax.py (the numerics the variants share and the dense
 path), oracle.py (the dense oracle), blocks.py (lengths in blocks), tiles.py (the online
 softmax of one tile), flex.py (the block-mask engine, flex_attention), flash/ (FlashAttention:
-chunked, and the Pallas kernels).
+chunked, and the Pallas kernels); segments.py, what a packed sequence is (its starts, runs and
+positions), for the layers that must not cross one (short convolutions, token shifts).
 """
 from attention_zoo.ops.delta_rule import (chunk_delta_rule, chunk_gated_delta_product,
                                           chunk_gated_delta_rule, chunk_kda,

@@ -88,6 +88,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_zoo.ops.blocks import ceil_div
+from attention_zoo.ops.segments import segment_starts
 
 # chunk_gated_delta_rule forward+backward at T = 8192 (B=1, H=4, K=V=64, f32) on a shared
 # 2-core CPU, medians of 7 interleaved calls: chunk 16 568 ms, 32 498 ms, 64 550 ms, 128 772 ms.
@@ -447,8 +448,7 @@ def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask,
   q, k, v = map(neutral, (q, k, v))
   state = (jnp.zeros((B, H, K, v.shape[-1]), dtype) if initial_state is None
            else initial_state.astype(dtype))
-  resets = None if segment_ids is None else jnp.pad(
-      segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)])  # [B, T], False at t = 0
+  resets = None if segment_ids is None else segment_starts(segment_ids)   # [B, T]
   return (q * scale, k, v, {arg: neutral(value) for arg, (value, _) in per_token.items()},
           state, mask, resets, out_dtype)
 

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 from attention_zoo.ops import flex, softmax, tiles
 from attention_zoo.ops.flash import chunked
+from attention_zoo.ops.segments import segment_runs
 
 
 def _check(q, k, v, log_f, mask, *, decode: bool, segment_ids=None):
@@ -111,9 +112,7 @@ def forgetting_attention(q, k, v, log_f, *, scale: float | None = None, mask=Non
   block_mask = chunked.block_mask(length, length, causal=True, block_q=block_size,
                                   block_k=block_size)
   if segment_ids is not None:
-    # runs, not ids: a new run wherever the id changes
-    runs = jnp.cumsum(jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], [(0, 0), (1, 0)]),
-                      axis=1)                                              # [B, T]
+    runs = segment_runs(segment_ids)                                       # [B, T]
     block_mask = flex.with_segments(block_mask, runs, runs)
   out = flex.flex_attention(
       q, k, v, block_mask=block_mask, score_mod=_forget_gate_bias(log_f, k.shape[2]),

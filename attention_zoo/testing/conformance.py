@@ -29,7 +29,9 @@ masked_rows, determinism, forward_mode (as for attention, differentiated in x), 
 prefill of several tokens then one-token steps, with holes in the mask, equal the parallel
 forward: recurrent state and convolution cache), bidirectional
 (the encoder form is the mean of the forward pass and flip(f(flip(x), flip(mask))), and
-causal=True ignores the option).
+causal=True ignores the option), packed (spec.supports_segment_ids: each run of a packed row,
+with padding, equals that sequence run alone, causal and bidirectional; with chunked TEST_OPTIONS
+the runs cross chunk edges).
 """
 from __future__ import annotations
 
@@ -805,3 +807,30 @@ def main(argv=None) -> int:
   print(f"{counts['pass']} passed, {counts['n/a']} not applicable, {counts['fail']} failed"
         + (f": {', '.join(failed)}" if failed else ""))
   return 1 if failed else 0
+
+
+@_mixer_check
+def check_mixer_packed(name):
+  if not registry.spec(name).supports_segment_ids:
+    return "spec says supports_segment_ids=False"
+  runs = ((0, 7), (7, 16), (16, LEN)), ((0, 13), (13, LEN))    # per batch row, [start, stop)
+  segment_ids = jnp.asarray([np.repeat(np.arange(len(r)) + 5 * row, [b - a for a, b in r])
+                             for row, r in enumerate(runs)])
+  x, mask = mixer_input(31), padding_mask(LEN)
+  worst = 0.0
+  for causal in (True, False):
+    mixer = build_mixer(name, causal=causal)
+    packed = apply_packed(mixer, x, mask, segment_ids)
+    for row, row_runs in enumerate(runs):
+      for start, stop in row_runs:
+        alone = apply_mixer(mixer, x[row:row + 1, start:stop], mask[row:row + 1, start:stop])
+        worst = max(worst, expect_close(packed[row:row + 1, start:stop], alone,
+                                        f"row {row}'s tokens {start}:{stop} packed vs alone "
+                                        f"(causal={causal})"))
+  return worst
+
+
+@nnx.jit
+def apply_packed(mixer, x, mask, segment_ids):
+  return mixer(x, mask=mask, segment_ids=segment_ids)
+
