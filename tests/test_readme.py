@@ -26,7 +26,14 @@ def test_readme_is_short():
   assert len(README) <= 15_000, f"README.md has {len(README)} characters: move details to docs/"
 
 
-@pytest.mark.parametrize("kind, page", [("attention", "README.md"), ("mixer", "docs/mixers.md")])
+def test_readme_tables_list_exactly_the_registry():
+  """The README's short tables (attention, then mixers) name every registered class once."""
+  names = re.findall(r"^\| `(\w+)` \|", README, flags=re.M)
+  assert sorted(names) == sorted(az.available())
+
+
+@pytest.mark.parametrize("kind, page", [("attention", "docs/variants.md"),
+                                        ("mixer", "docs/mixers.md")])
 def test_variants_table_lists_exactly_the_registry(kind, page):
   text = (REPO / page).read_text(encoding="utf-8")
   table_names = re.findall(r"^\| `(\w+)` \|", text, flags=re.M)
@@ -34,10 +41,10 @@ def test_variants_table_lists_exactly_the_registry(kind, page):
   for name in az.available(kind):
     row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
     spec = az.spec(name)
-    assert spec.complexity in row, f"{name}: the README row disagrees with the spec"
+    assert spec.complexity in row, f"{name}: the {page} row disagrees with the spec"
     defaults = [f"`{option}={value}`" for option, value in spec.options.items()
                 if option not in ("scale", "dropout_rate", "softcap")]
-    assert ", ".join(defaults) in row, f"{name}: the README's options are not {defaults}"
+    assert ", ".join(defaults) in row, f"{name}: the {page} options are not {defaults}"
 
 
 @pytest.mark.slow
