@@ -1,5 +1,5 @@
-"""The ops mode: the linear-recurrence ops of attention_zoo.ops alone, forward+backward, against
-causal `full` attention and against the gated delta rule's token-by-token form.
+"""The ops mode: the linear-recurrence ops of attention_zoo.ops alone, forward+backward, each
+chunkwise form against causal `full` attention and against its own token-by-token form.
 
 At each length: batch 1, 4 heads, K = V = 64, float32, the gradients of Σ o with respect to
 every input (q, k, v, and g and beta where the op takes them), in one process so that the
@@ -27,12 +27,17 @@ from experiments.common.records import write_text
 
 BATCH, HEADS, HEAD_DIM = 1, 4, 64
 BASELINE = "full (causal)"
-# name -> (function, its inputs after q, k, v)
-OPS = {"chunk_gated_delta_rule": (ops.chunk_gated_delta_rule, ("g", "beta")),
-       "recurrent_gated_delta_rule": (ops.recurrent_gated_delta_rule, ("g", "beta")),
-       "chunk_delta_rule": (ops.chunk_delta_rule, ("beta",)),
-       "chunk_simple_gla": (ops.chunk_simple_gla, ("g",)),
-       "chunk_gla": (ops.chunk_gla, ("g_channel",))}
+NUM_HOUSEHOLDER = 2   # Gated DeltaProduct's (k, v, beta) per token
+# family -> its inputs; each family's chunk_<family> and recurrent_<family> are measured
+FAMILIES = {"gated_delta_rule": ("q", "k", "v", "g", "beta"),
+            "delta_rule": ("q", "k", "v", "beta"),
+            "simple_gla": ("q", "k", "v", "g"),
+            "gla": ("q", "k", "v", "g_channel"),
+            "kda": ("q", "k", "v", "g_channel", "beta"),
+            "dplr_delta_rule": ("q", "k", "v", "a", "b", "g_channel"),
+            "gated_delta_product": ("q", "k_steps", "v_steps", "g", "beta_steps")}
+OPS = {f"{form}_{family}": (getattr(ops, f"{form}_{family}"), names)
+       for family, names in FAMILIES.items() for form in ("chunk", "recurrent")}
 COLUMNS = ("op", "length", "status", "note", "fwd_bwd_ms", "speedup_vs_full",
            "speedup_vs_recurrent", "first_call_ms", "temp_bytes", "device", "jax_version",
            "xla_flags", "date")
@@ -40,16 +45,22 @@ COLUMNS = ("op", "length", "status", "note", "fwd_bwd_ms", "speedup_vs_full",
 
 def inputs(length: int) -> dict[str, jax.Array]:
   """Random inputs as a layer would give them: unit-norm keys, log-sigmoid gates, beta in
-  (0, 1)."""
-  keys = jax.random.split(jax.random.key(0), 6)
+  (0, 1); RWKV-7's a = -β k̂, b = k̂ (the delta rule's transition); Gated DeltaProduct's
+  NUM_HOUSEHOLDER keys, values and betas per token."""
+  keys = jax.random.split(jax.random.key(0), 9)
   shape = (BATCH, length, HEADS, HEAD_DIM)
-  k = jax.random.normal(keys[1], shape)
-  return {"q": jax.random.normal(keys[0], shape),
-          "k": k / jnp.linalg.norm(k, axis=-1, keepdims=True),
+  steps = (BATCH, length, NUM_HOUSEHOLDER, HEADS, HEAD_DIM)
+  unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+  k, beta = unit(jax.random.normal(keys[1], shape)), jax.nn.sigmoid(
+      jax.random.normal(keys[5], shape[:3]))
+  return {"q": jax.random.normal(keys[0], shape), "k": k,
           "v": jax.random.normal(keys[2], shape),
           "g": jax.nn.log_sigmoid(jax.random.normal(keys[3], shape[:3]) + 2),
           "g_channel": jax.nn.log_sigmoid(jax.random.normal(keys[4], shape) + 2),
-          "beta": jax.nn.sigmoid(jax.random.normal(keys[5], shape[:3]))}
+          "beta": beta, "a": -beta[..., None] * k, "b": k,
+          "k_steps": unit(jax.random.normal(keys[6], steps)),
+          "v_steps": jax.random.normal(keys[7], steps),
+          "beta_steps": jax.nn.sigmoid(jax.random.normal(keys[8], steps[:4]))}
 
 
 def program(name: str):
@@ -58,8 +69,8 @@ def program(name: str):
     attention = az.create("full", num_heads=HEADS, head_dim=HEAD_DIM, causal=True,
                           rngs=nnx.Rngs(0))
     return lambda q, k, v: attention(q, k, v), ("q", "k", "v")
-  fn, extra = OPS[name]
-  return lambda *args: fn(*args)[0], ("q", "k", "v", *extra)
+  fn, names = OPS[name]
+  return lambda *args: fn(*args)[0], names
 
 
 def measure_one(name: str, length: int, *, warmup: int, repeats: int, budget_s: float) -> dict:
@@ -81,7 +92,7 @@ def measure_one(name: str, length: int, *, warmup: int, repeats: int, budget_s: 
 
 def run(lengths, *, warmup: int, repeats: int, budget_s: float, progress=None) -> list[dict]:
   """Every op (and the baseline) at every length, with speed-ups against full attention and
-  against recurrent_gated_delta_rule at the same length."""
+  against the op's own token-by-token form at the same length."""
   env = run_environment()
   rows = []
   for length in sorted(lengths):
@@ -93,8 +104,9 @@ def run(lengths, *, warmup: int, repeats: int, budget_s: float, progress=None) -
   for row in rows:
     same = {r["op"]: r.get("fwd_bwd_ms") for r in rows if r["length"] == row["length"]}
     mine = row.get("fwd_bwd_ms")
-    for key, base in (("speedup_vs_full", BASELINE),
-                      ("speedup_vs_recurrent", "recurrent_gated_delta_rule")):
+    own_recurrent = (row["op"].replace("chunk_", "recurrent_", 1)
+                     if row["op"].startswith("chunk_") else None)
+    for key, base in (("speedup_vs_full", BASELINE), ("speedup_vs_recurrent", own_recurrent)):
       row[key] = same[base] / mine if mine and same.get(base) else None
   return rows
 
@@ -117,9 +129,11 @@ def markdown(rows: list[dict], *, command: str, warmup: int, repeats: int) -> st
   names = list(dict.fromkeys(r["op"] for r in rows))
   lines += [table_row([name] + [cell(by_key[(name, n)]) for n in lengths])
             for name in names]
-  lines += ["", "chunk_gated_delta_rule vs recurrent_gated_delta_rule: " + ", ".join(
-      f"{length_label(n)} {by_key[('chunk_gated_delta_rule', n)]['speedup_vs_recurrent']:.2f}x"
-      for n in lengths if by_key[("chunk_gated_delta_rule", n)].get("speedup_vs_recurrent"))]
+  lines += ["", "Each chunk form against its own token-by-token form:", ""]
+  lines += [f"- chunk_{family}: " + ", ".join(
+      f"{length_label(n)} {by_key[(f'chunk_{family}', n)]['speedup_vs_recurrent']:.2f}x"
+      for n in lengths if by_key[(f"chunk_{family}", n)].get("speedup_vs_recurrent"))
+      for family in FAMILIES]
   return "\n".join(lines) + "\n"
 
 
