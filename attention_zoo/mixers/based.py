@@ -27,8 +27,9 @@ convolutions, BaseConv, with linear attention layers and a few sliding-window la
 mixer instead runs the linear attention and the window side by side on the same input and
 sums their projected outputs, so every block of a zoo model has both (window=0: the linear
 attention layer alone; the short convolutions are the models' `short_conv` option, not the
-mixer's). The authors' window layer (flash-attn's window_size=(w, 0)) has qkv and output
-biases and optional rotary embeddings; ours has no biases and always RoPE. Head dimensions
+mixer's). The authors' window layer (based/models/mixers/slide_attention.py: flash-attn with
+window_size = (its option // 2, 0) keys back) has qkv and output biases and optional rotary
+embeddings; ours has no biases and always RoPE. Head dimensions
 come from the model's (v and the window: qkv_dim / heads); num_kv_heads < num_heads shares the
 k and v of both parts between query heads (GQA).
 """

@@ -10,20 +10,20 @@ Every head forgets at its own fixed rate: at depth 0 (the first layer) λ runs f
 exp(-2^{-8/H}) (0.61 with 8 heads: a memory of a few tokens) to exp(-2^{-8}) ≈ 0.996 (a
 few hundred), and the rates slow towards the last layer (depth 1: λ ≈ 1, no decay).
 
-The layer as its authors run it (the released TransNormerLLM / MiniMax-Text-01 layers and the
-lightning-attention kernels: `_build_slope_tensor`, then slope · (1 - l/(L-1) + 1e-5) for layer
-l of L): one projection to q | k | v with SiLU on all three (TransNormerLLM's swish), no biases;
-scale 1; the output RMS-normalised over the whole hidden vector (all heads at once, a scale
-per channel) times σ(W_g x), then projected back. Chunkwise by
+The layer as its authors run it at scale (MiniMax-Text-01's lightning attention layer, with
+the lightning-attention kernels' `_build_slope_tensor`, then slope · (1 - l/(L-1) + 1e-5) for
+layer l of L): one projection to q | k | v with SiLU on all three (TransNormerLLM's swish), no
+biases; scale 1; the output RMS-normalised over the whole hidden vector (all heads at once, a
+scale per channel) times σ(W_g x), then projected back. Chunkwise by
 `attention_zoo.ops.chunk_simple_gla` with the constant log-decay -s_h (1 - depth + 1e-5).
 
 Where ours differs: a zoo mixer does not know its layer, so depth = l/(L-1) is the option
-`depth` (default 0, the first layer's), the same in every block. TransNormerLLM's paper prints
-the schedule as λ = exp(-(8h/H)(1 - l/L)), which flash-linear-attention's chunk_lightning_attn
-implements literally (head 0 then never decays); the authors' code, followed here, uses the
-ALiBi slopes above. TransNormerLLM's LRPE rotation and its SimpleRMSNorm (no scale) are not
-built (MiniMax's layer has neither). A masked token neither decays the state nor writes to it.
-Head dimensions come from the model's.
+`depth` (default 0, the first layer's), the same in every block. flash-linear-attention's
+chunk_lightning_attn uses λ_h = exp(-(8h/H)(1 - l/L)) with h from 0 (its head 0 never decays);
+the authors' code, followed here, uses the ALiBi slopes above. TransNormerLLM's own layer also
+rotates q and k (LRPE) and normalises with SimpleRMSNorm (no scale): not built, as in
+MiniMax's layer. A masked token neither decays the state nor writes to it. Head dimensions
+come from the model's.
 """
 from __future__ import annotations
 
