@@ -4,8 +4,8 @@ the 2nd-order Taylor expansion of exp, beside a small sliding window of softmax 
 
     φ(x) = [1, x / f^{1/4}, (x ⊗ x) / (√2 √f)],   so  φ(q)ᵀφ(k) = 1 + s + s²/2 ≈ e^s,  s = qᵀk/√f
     S_t = S_{t-1} + φ(k_t) v_tᵀ,   z_t = z_{t-1} + φ(k_t),   o_t = S_tᵀφ(q_t) / (z_tᵀφ(q_t) + ε)
-    w_t = Σ_{t-w <= j <= t} softmax_j(d^{-1/2} q̃_tᵀ k̃_j) ṽ_j                (the window, RoPE)
-    y_t = W_o [o_t ; w_t] = W_lin o_t + W_win w_t
+    u_t = Σ_{t-w <= j <= t} softmax_j(d^{-1/2} q̃_tᵀ k̃_j) ṽ_j                (the window, RoPE)
+    y_t = W_o [o_t ; u_t] = W_lin o_t + W_win u_t
 
 q and k are projected to a small feature dimension f (16) per head, so φ has 1 + f + f(f+1)/2
 features (x ⊗ x is symmetric: each pair x_i x_j, i < j, is kept once with weight 1/√f, the
@@ -26,12 +26,12 @@ Where ours differs: the paper's Based model interleaves separate layers (mostly 
 convolutions, BaseConv, with linear attention layers and a few sliding-window layers). One zoo
 mixer instead runs the linear attention and the window side by side on the same input and
 sums their projected outputs, so every block of a zoo model has both (window=0: the linear
-attention layer alone; the short convolutions are the models' `short_conv` option, not the
-mixer's). The authors' window layer (based/models/mixers/slide_attention.py: flash-attn with
+attention layer alone; BaseConv is not built: the nearest is the models' `short_conv` option,
+an ungated depthwise convolution beside the mixer). The authors' window layer (based/models/mixers/slide_attention.py: flash-attn with
 window_size = (its option // 2, 0) keys back) has qkv and output biases and optional rotary
-embeddings; ours has no biases and always RoPE. Head dimensions
-come from the model's (v and the window: qkv_dim / heads); num_kv_heads < num_heads shares the
-k and v of both parts between query heads (GQA).
+embeddings; ours has no biases and always RoPE. Head dimensions come from the model's (v and
+the window: qkv_dim / heads); num_kv_heads < num_heads shares the k and v of both parts between
+query heads (GQA).
 """
 from __future__ import annotations
 
