@@ -27,11 +27,11 @@ convolutions, BaseConv, with linear attention layers and a few sliding-window la
 mixer instead runs the linear attention and the window side by side on the same input and
 sums their projected outputs, so every block of a zoo model has both (window=0: the linear
 attention layer alone; BaseConv is not built: the nearest is the models' `short_conv` option,
-an ungated depthwise convolution beside the mixer). The authors' window layer (based/models/mixers/slide_attention.py: flash-attn with
-window_size = (its option // 2, 0) keys back) has qkv and output biases and optional rotary
-embeddings; ours has no biases and always RoPE. Head dimensions come from the model's (v and
-the window: qkv_dim / heads); num_kv_heads < num_heads shares the k and v of both parts between
-query heads (GQA).
+an ungated depthwise convolution beside the mixer). The authors' window layer
+(based/models/mixers/slide_attention.py: flash-attn with window_size = (its option // 2, 0)
+keys back) has qkv and output biases and optional rotary embeddings; ours has no biases and
+always RoPE. Head dimensions come from the model's (v and the window: qkv_dim / heads);
+num_kv_heads < num_heads shares the k and v of both parts between query heads (GQA).
 """
 from __future__ import annotations
 
