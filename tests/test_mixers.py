@@ -14,12 +14,15 @@ from attention_zoo import positions
 from attention_zoo.layers import MultiHeadAttention
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
                                   TransformerConfig)
+from test_linear_mixers import ORACLES as LINEAR_ORACLES
 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
            "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
-           "gated_deltaproduct": {"chunk_size": 5}}   # 5 steps: a token's 2 split by a chunk
+           "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
+           "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
+           "based": {"chunk_size": 4, "window": 3, "feature_dim": 3}}
 
 
 def test_every_mixer_has_test_options():
@@ -254,10 +257,19 @@ def oracle_fox(mixer, x):
   return mixer.out(jnp.asarray(o.reshape(1, -1, h * d), jnp.float32))[0]
 
 
+def float64_oracle(oracle):
+  """One of tests/test_linear_mixers.py's oracles (jnp, batched, with a mask) in float64."""
+  def run(mixer, x):
+    with jax.enable_x64(True):
+      return np.asarray(oracle(mixer, jnp.asarray(x, jnp.float64), jnp.ones(x.shape[:2], bool)))[0]
+  return run
+
+
 ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "gated_deltaproduct": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
-           "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox}
+           "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox,
+           **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()}}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))
