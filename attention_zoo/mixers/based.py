@@ -41,6 +41,7 @@ import numpy as np
 from attention_zoo import flex, ops, positions
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
+from attention_zoo.ops.segments import positions_in_segments, segment_runs
 from attention_zoo.options import Int
 
 EPS = 1e-12   # the authors' ε in the normaliser
@@ -73,7 +74,8 @@ def window_mask(window: int, q_len: int, kv_len: int):
 
 @register_mixer("based", complexity="O(n·f²·(C + d) + n·w·d)",
                 paper="Arora et al. 2024, Simple linear attention language models balance the "
-                      "recall-throughput tradeoff (arXiv:2402.18668)")
+                      "recall-throughput tradeoff (arXiv:2402.18668)",
+                supports_segment_ids=True)
 class Based(Mixer):
   OPTIONS = {"feature_dim": Int(16, minimum=1), "window": Int(64, minimum=0),
              "chunk_size": Int(64, minimum=1)}
@@ -100,7 +102,7 @@ class Based(Mixer):
                        if self.window else None)
     self.out = parts.linear((2 if self.window else 1) * h * d, emb, dtype=dtype, rngs=rngs)
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d, f = self.num_heads, self.num_kv_heads, self.head_dim, self.options["feature_dim"]
     q, k, v = jnp.split(self.taylor_qkv(x), [h * f, (h + kvh) * f], axis=-1)
@@ -111,35 +113,39 @@ class Based(Mixer):
     o, taylor_state = parts.recurrence(
         ops.chunk_simple_gla, ops.recurrent_simple_gla, q, k, jnp.concatenate([v, ones], -1),
         None, mask=mask, state=None if state is None else state["taylor"],
-        chunk_size=self.options["chunk_size"], scale=1.0)                       # [b, n, h, d+1]
+        chunk_size=self.options["chunk_size"], scale=1.0,
+        segment_ids=segment_ids)                                                # [b, n, h, d+1]
     outputs = [o[..., :d] / (o[..., d:] + EPS)]                                 # [b, n, h, d]
     new_state = None if state is None else {"taylor": taylor_state}
     if self.window:
-      window_out, window_state = self._window(x, mask, state)
+      window_out, window_state = self._window(x, mask, state, segment_ids)
       outputs.append(window_out.astype(jnp.float32))                            # [b, n, h, d]
       new_state = None if state is None else {**new_state, **window_state}
     y = jnp.concatenate(outputs, axis=-1).reshape(b, n, -1)
     return self.out(y.astype(self.dtype)), new_state
 
-  def _window(self, x, mask, state):
+  def _window(self, x, mask, state, segment_ids=None):
     """The window's output [b, n, h, d], and with a decode state the state's window part:
-    the buffer of the last w positions' keys (rotated), values and flags, and the position."""
+    the buffer of the last w positions' keys (rotated), values and flags, and the position.
+    segment_ids (whole sequences): a query sees the keys of its own run only."""
     b, n, _ = x.shape
     h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
     q, k, v = jnp.split(self.window_qkv(x), [h * d, (h + kvh) * d], axis=-1)
     offset = 0 if state is None else state["position"]
-    position_ids = jnp.arange(n) + offset
+    position_ids = (jnp.arange(n) + offset if segment_ids is None
+                    else positions_in_segments(segment_ids))                    # [n] | [b, n]
     q = positions.rope(q.reshape(b, n, h, d), position_ids)                     # [b, n, h, d]
     k = positions.rope(k.reshape(b, n, kvh, d), position_ids)                   # [b, n, kvh, d]
     v = v.reshape(b, n, kvh, d)                                                 # [b, n, kvh, d]
     keys, values, filled = k, v, mask
+    runs = None if segment_ids is None else (segment_runs(segment_ids),) * 2
     if state is not None:   # the buffer's positions come just before these tokens
       keys = jnp.concatenate([state["key"], k.astype(state["key"].dtype)], axis=1)
       values = jnp.concatenate([state["value"], v.astype(state["value"].dtype)], axis=1)
       filled = jnp.concatenate([state["filled"], mask], axis=1)                # [b, m + n]
     o = flex.pattern_attention(q, keys.astype(q.dtype), values.astype(q.dtype),
                                window_mask(self.window, n, keys.shape[1]), kv_mask=filled,
-                               scale=d ** -0.5)
+                               scale=d ** -0.5, segment_ids=runs)
     if state is None:
       return o, None
     m = state["key"].shape[1]

@@ -35,7 +35,8 @@ from attention_zoo.options import Float, Int
 
 @register_mixer("hgrn2", complexity="O(n·C·d + n·d²)",
                 paper="Qin et al. 2024, HGRN2: Gated Linear RNNs with State Expansion "
-                      "(arXiv:2404.07904)")
+                      "(arXiv:2404.07904)",
+                supports_segment_ids=True)
 class HGRN2(Mixer):
   OPTIONS = {"expand_k": Float(1.0, above=0), "lower_bound": Float(0.0, minimum=0, below=1),
              "chunk_size": Int(64, minimum=1), "norm_eps": Float(1e-5, above=0)}
@@ -52,7 +53,7 @@ class HGRN2(Mixer):
     self.norm = norms.GatedRMSNorm(h * self.d_v, eps=self.options["norm_eps"])
     self.out = parts.linear(h * self.d_v, self.emb_dim, dtype=self.dtype, rngs=rngs)
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
     q, f, v = jnp.split(self.qfv(x), [h * d_k, (h + kvh) * d_k], axis=-1)
@@ -65,7 +66,8 @@ class HGRN2(Mixer):
     k = -jnp.expm1(g)                                                          # 1 - f
     v = parts.repeat_kv(v.reshape(b, n, kvh, d_v), h)                          # [b, n, h, dv]
     o, state = parts.recurrence(ops.chunk_gla, ops.recurrent_gla, q, k, v, g, mask=mask,
-                                state=state, chunk_size=self.options["chunk_size"])
+                                state=state, chunk_size=self.options["chunk_size"],
+                                segment_ids=segment_ids)
     y = self.norm(o.reshape(b, n, h * d_v))                                    # [b, n, h·dv]
     return self.out(y.astype(self.dtype)), state
 

@@ -38,7 +38,8 @@ from attention_zoo.options import Float, Int
 
 @register_mixer("lightning", complexity="O(n·C·d + n·d²)",
                 paper="Qin et al. 2024, Lightning Attention-2 (arXiv:2401.04658); TransNormerLLM "
-                      "(arXiv:2307.14995)")
+                      "(arXiv:2307.14995)",
+                supports_segment_ids=True)
 class Lightning(Mixer):
   OPTIONS = {"depth": Float(0.0, minimum=0, maximum=1), "chunk_size": Int(64, minimum=1),
              "norm_eps": Float(1e-5, above=0)}
@@ -57,7 +58,7 @@ class Lightning(Mixer):
     # fixed: log λ_h = -s_h (1 - depth + 1e-5)
     self.log_decay = -positions.alibi_slopes(h) * (1.0 - self.options["depth"] + 1e-5)
 
-  def forward(self, x, mask, state):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
     q, k, v = jnp.split(jax.nn.silu(self.qkv(x)), [h * d, (h + kvh) * d], axis=-1)
@@ -67,7 +68,7 @@ class Lightning(Mixer):
     g = jnp.broadcast_to(jnp.asarray(self.log_decay, jnp.float32), (b, n, h))
     o, state = parts.recurrence(ops.chunk_simple_gla, ops.recurrent_simple_gla, q, k, v, g,
                                 mask=mask, state=state, chunk_size=self.options["chunk_size"],
-                                scale=1.0)
+                                scale=1.0, segment_ids=segment_ids)
     y = self.norm(o.reshape(b, n, h * d), self.gate_proj(x))                  # [b, n, h·d]
     return self.out(y.astype(self.dtype)), state
 
