@@ -14,7 +14,8 @@ token, so that decoding caches the latent instead of K and V.
 
 d_h = nope_head_dim (the no-RoPE part of q and k), d_h^R = rope_head_dim, v_head_dim the
 value's. The parallel form materialises k_{j,i} and v_{j,i} and runs the softmax on
-attention_zoo.ops.flex (flash's causal or full block mask: memory linear in the length).
+attention_zoo.ops.flex (flash's causal or full block mask, tiles of `block_size`, None: flash's
+defaults; memory linear in the length).
 
 Decoding absorbs the up-projections (the paper's §2.1.2):
 
