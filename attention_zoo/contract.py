@@ -306,10 +306,19 @@ class Mixer(Registered):
   padding, which a masked token leaves untouched) with the same parameters and averages the
   two, as Caduceus ties the weights of its two Mamba directions (Schiff et al. 2024,
   arXiv:2403.03234). bidirectional=False runs the causal mixer even in an encoder. With
-  causal=True the mixer is causal and `bidirectional` has no effect.
+  causal=True the mixer is causal and `bidirectional` has no effect. A class with
+  ONE_PASS_ENCODER (softmax attention that owns its projections: MLA) is not run twice: its
+  forward sees every token when self.bidirectional is True.
   """
   COMMON_OPTIONS = {"bidirectional": Bool(True)}
   DECORATOR = "register_mixer"
+  # Why num_kv_heads != num_heads is refused (a mixer with no key/value heads to share), or
+  # None: GQA/MQA accepted.
+  WHY_NO_GQA: ClassVar[str | None] = None
+  # The encoder form (bidirectional) is forward() itself over the whole sequence (softmax
+  # attention owning its projections, MLA), not the mean of two causal passes: forward reads
+  # self.bidirectional.
+  ONE_PASS_ENCODER: ClassVar[bool] = False
 
   def __init__(self, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,
                head_dim: int | None = None, causal: bool = False, max_len: int | None = None,
@@ -317,6 +326,9 @@ class Mixer(Registered):
     head_dim = emb_dim // num_heads if head_dim is None else head_dim
     self._construct(num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
                     causal=causal, max_len=max_len, options=options, emb_dim=emb_dim)
+    if self.WHY_NO_GQA and self.num_kv_heads != num_heads:
+      raise ValueError(f"{self.spec.name}: num_kv_heads ({self.num_kv_heads}) must equal "
+                       f"num_heads ({num_heads}) or be None: {self.WHY_NO_GQA}")
     self.emb_dim, self.dtype = emb_dim, dtype
     self.bidirectional = self.options["bidirectional"] and not self.causal
     self.conv = nnx.data(None)       # a subclass's ShortConv, if it has one
@@ -351,7 +363,7 @@ class Mixer(Registered):
       self.cache.set_value(state)
     else:
       y, _ = self.forward(x, mask, None, **packed)
-      if self.bidirectional:
+      if self.bidirectional and not self.ONE_PASS_ENCODER:
         flip = lambda a: jnp.flip(a, axis=1)
         flipped = {key: flip(ids) for key, ids in packed.items()}   # runs stay runs
         y = (y + flip(self.forward(flip(x), flip(mask), None, **flipped)[0])) / 2

@@ -15,6 +15,7 @@ from attention_zoo.layers import MultiHeadAttention
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
                                   TransformerConfig)
 from test_linear_mixers import ORACLES as LINEAR_ORACLES
+from test_mla import causal_mla64
 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
@@ -22,7 +23,8 @@ OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
            "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
-           "based": {"chunk_size": 4, "window": 3, "feature_dim": 3}}
+           "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
+           "mla": {"block_size": 4}}
 
 
 def test_every_mixer_has_test_options():
@@ -108,12 +110,13 @@ def test_state_size_formulas():
   assert size("retnet") == 4 * 16 * 32
   assert size("mamba2", d_state=16) == 4 * 16 * 32            # H · N · P, P = 2 · 16
   assert size("fox") == 100 * (2 * 2 * 16 + 4)                # k, v, log f per token
+  assert size("mla") == 100 * (4 * 16 + 8)                    # the latent, the shared RoPE key
   assert az.state_size("gla", emb_dim=64, num_heads=4, seq_len=7, head_dim=32) == 4 * 16 * 32
   with pytest.raises(ValueError, match="gla: unknown option"):
     size("gla", nope=1)
 
 
-@pytest.mark.parametrize("name", sorted(set(az.available("mixer")) - {"fox"}))
+@pytest.mark.parametrize("name", sorted(set(az.available("mixer")) - {"fox", "mla"}))
 def test_state_size_is_the_decode_state(name):
   """The formula counts what decoding carries (the recurrent state; not the conv cache)."""
   options = OPTIONS[name]
@@ -269,7 +272,8 @@ ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "gated_deltaproduct": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
            "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox,
-           **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()}}
+           **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()},
+           "mla": causal_mla64}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))

@@ -28,10 +28,12 @@ before a changed token moves by more than 1e-6, also for bidirectional=False in 
 masked_rows, determinism, forward_mode (as for attention, differentiated in x), decode (a
 prefill of several tokens then one-token steps, with holes in the mask, equal the parallel
 forward: recurrent state and convolution cache), bidirectional
-(the encoder form is the mean of the forward pass and flip(f(flip(x), flip(mask))), and
-causal=True ignores the option), packed (spec.supports_segment_ids: each run of a packed row,
-with padding, equals that sequence run alone, causal and bidirectional; with chunked TEST_OPTIONS
-the runs cross chunk edges).
+(the encoder form is the mean of the forward pass and flip(f(flip(x), flip(mask))), or for a
+mixer with ONE_PASS_ENCODER one pass in which an early output sees a late token; causal=True
+ignores the option), packed (spec.supports_segment_ids: each run of a packed row, with padding,
+equals that sequence run alone, causal and bidirectional; with chunked TEST_OPTIONS the runs
+cross chunk edges). A mixer with WHY_NO_GQA is built with as many kv heads as heads, and
+`shapes` checks that it refuses GQA and MQA with an error naming num_kv_heads.
 """
 from __future__ import annotations
 
@@ -517,9 +519,16 @@ def check_decode(name):
 EMB_DIM = NUM_HEADS * HEAD_DIM
 
 
-def build_mixer(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, dtype=jnp.float32,
+def mixer_kv_heads(name) -> int:
+  """The suite's kv heads for a mixer: NUM_KV_HEADS (GQA), or NUM_HEADS for one that has no
+  key/value heads to share (WHY_NO_GQA)."""
+  return NUM_HEADS if registry.get(name).WHY_NO_GQA else NUM_KV_HEADS
+
+
+def build_mixer(name, *, causal=False, num_kv_heads=None, seed=0, dtype=jnp.float32,
                 **options):
   options = {**settings(name).options, **options}
+  num_kv_heads = mixer_kv_heads(name) if num_kv_heads is None else num_kv_heads
   return create_mixer(name, emb_dim=EMB_DIM, num_heads=NUM_HEADS,
                                num_kv_heads=num_kv_heads, causal=causal, max_len=MAX_LEN,
                                dtype=dtype, rngs=nnx.Rngs(seed), **options)
@@ -542,7 +551,18 @@ def decode_mixer(mixer, x, mask):
 @_mixer_check
 def check_mixer_shapes(name):
   x = mixer_input(0)
-  for num_kv_heads in (NUM_KV_HEADS, 1):      # GQA, MQA (MHA: the other checks)
+  grouped = (NUM_KV_HEADS, 1)                 # GQA, MQA (MHA: the other checks)
+  if registry.get(name).WHY_NO_GQA:
+    for num_kv_heads in grouped:
+      try:
+        build_mixer(name, num_kv_heads=num_kv_heads)
+      except ValueError as e:
+        expect("num_kv_heads" in str(e), f"the error for num_kv_heads={num_kv_heads} does not "
+                                         f"name num_kv_heads: {e}")
+      else:
+        raise CheckFailed(f"WHY_NO_GQA is set but num_kv_heads={num_kv_heads} was accepted")
+    grouped = (NUM_HEADS,)
+  for num_kv_heads in grouped:
     out = apply_mixer(build_mixer(name, num_kv_heads=num_kv_heads), x)
     expect(out.shape == x.shape and out.dtype == x.dtype,
            f"{num_kv_heads} kv heads gave {out.shape} {out.dtype}, want {x.shape} {x.dtype}")
@@ -707,14 +727,20 @@ def check_mixer_bidirectional(name):
   flip = lambda a: jnp.flip(a, axis=1)
   forward_only = build_mixer(name, bidirectional=False)
   forward = apply_mixer(forward_only, x, mask)
+  causal = apply_mixer(build_mixer(name, causal=True, bidirectional=True), x, mask)
+  err = expect_close(causal, forward, "causal=True with bidirectional=True vs the forward pass")
+  if registry.get(name).ONE_PASS_ENCODER:
+    both = build_mixer(name)
+    changed = apply_mixer(both, x.at[:, LEN - 7].add(3.0), mask)   # a real token of both rows
+    expect(max_err(changed[:, 0], apply_mixer(both, x, mask)[:, 0]) > 1e-3,
+           "the one-pass encoder form: changing a late token did not change the first output")
+    return err
   backward = flip(apply_mixer(forward_only, flip(x), flip(mask)))
   expect(max_err(forward, backward) > 1e-3, "the reversed pass equals the forward pass")
   both = apply_mixer(build_mixer(name), x, mask)
-  err = expect_close(both, (forward + backward) / 2,
-                     "bidirectional vs the mean of f(x) and flip(f(flip(x), flip(mask)))")
-  causal = apply_mixer(build_mixer(name, causal=True, bidirectional=True), x, mask)
-  return max(err, expect_close(causal, forward, "causal=True with bidirectional=True vs the "
-                                                "forward pass"))
+  return max(err, expect_close(both, (forward + backward) / 2,
+                               "bidirectional vs the mean of f(x) and flip(f(flip(x), "
+                               "flip(mask)))"))
 
 
 # -- the command ----------------------------------------------------------------------------
