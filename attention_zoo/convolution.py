@@ -42,3 +42,27 @@ class ShortConv(nnx.Module):
     # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
     out = sum(weight[i] * window[:, k - 1 - i:k - 1 - i + n] for i in range(k))
     return out + self.bias[...].astype(self.dtype)
+
+
+class TokenShift(nnx.Module):
+  """RWKV's token shift: each position's previous input x_{t-1} (zeros before the first), which
+  RWKV mixes into x_t by a learned per-channel lerp (a weightless one-tap causal convolution).
+  For decoding it keeps the last input, as ShortConv keeps its window, so any number of tokens
+  can be fed at a time.
+  """
+
+  def __init__(self, features: int):
+    self.features = features
+    self.state = nnx.data(None)   # [b, 1, features] in decoding, set by init_cache
+
+  def init_cache(self, batch_size: int, dtype=jnp.float32):
+    self.state = nnx.Cache(jnp.zeros((batch_size, 1, self.features), dtype))
+
+  def __call__(self, x, *, decode: bool = False):
+    """x [b, n, f] -> x shifted one position right [b, n, f]."""
+    if decode:
+      window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)     # [b, 1 + n, f]
+      self.state[...] = window[:, -1:]
+    else:
+      window = jnp.pad(x, ((0, 0), (1, 0), (0, 0)))
+    return window[:, :-1]

@@ -14,12 +14,15 @@ from attention_zoo import positions
 from attention_zoo.layers import MultiHeadAttention
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
                                   TransformerConfig)
+from test_rwkv7_mamba import OPTIONS as RWKV7_MAMBA_OPTIONS
+from test_rwkv7_mamba import oracle as rwkv7_mamba_oracle
 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
            "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
-           "gated_deltaproduct": {"chunk_size": 5}}   # 5 steps: a token's 2 split by a chunk
+           "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
+           **RWKV7_MAMBA_OPTIONS}
 
 
 def test_every_mixer_has_test_options():
@@ -257,7 +260,9 @@ def oracle_fox(mixer, x):
 ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "gated_deltaproduct": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
-           "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox}
+           "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox,
+           "rwkv7": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
+           "mamba": lambda m, x: rwkv7_mamba_oracle(m, x)[0]}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))
@@ -268,7 +273,7 @@ def test_layer_equals_its_equation_in_float64(name):
   if name == "mamba2":   # a scale per channel, not one shared by the groups
     mixer.norm.scale[...] = jax.random.uniform(jax.random.key(3), mixer.norm.scale.shape) + 0.5
   x = jax.random.normal(jax.random.key(2), (1, 11, 16))
-  got = mixer(x)[0]
+  got = nnx.jit(lambda mixer, x: mixer(x))(mixer, x)[0]   # one program: faster than op by op
   want = ORACLES[name](mixer, x)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
