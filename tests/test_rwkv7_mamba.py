@@ -12,6 +12,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo.models import DecoderLM, Encoder, TransformerConfig
+from helpers import assert_decoding_equals_forward
 from ops_reference import assert_close
 
 NAMES = ["rwkv7", "mamba"]
@@ -130,9 +131,10 @@ def inputs(length=9):
 
 
 @pytest.mark.slow   # the fast lane has test_mixers.py's float64 check of the output (`oracle`)
-@pytest.mark.parametrize("name", NAMES)
-def test_output_and_gradients_equal_the_float64_equations(name):
-  mixer = build(name)
+@pytest.mark.parametrize("name, options", [("rwkv7", {}), ("mamba", {}),
+                                           ("mamba", {"chunk_size": None})])   # token form
+def test_output_and_gradients_equal_the_float64_equations(name, options):
+  mixer = build(name, **options)
   x, mask, w = inputs()
   graph, params = nnx.split(mixer, nnx.Param)
   def loss(params, x):
@@ -161,20 +163,9 @@ def test_output_and_gradients_equal_the_float64_equations(name):
 @pytest.mark.slow   # conformance's decode check runs in the slow lane for these names too
 @pytest.mark.parametrize("name", NAMES)
 def test_decoding_token_by_token_equals_the_parallel_forward(name):
-  """Each decode step (the token form from the carried state and the conv / token-shift cache)
-  equals the chunked forward at that position; a prefill's final state the steps'."""
-  mixer = build(name)
+  """Each step from the carried state and the conv / token-shift cache; a prefill's state."""
   x, mask, _ = inputs()
-  want = mixer(x, mask=mask)
-  step = nnx.jit(lambda mixer, x, mask: mixer(x, mask=mask, decode=True))
-  mixer.init_cache(2, x.shape[1])
-  for t in range(x.shape[1]):
-    assert_close(step(mixer, x[:, t:t + 1], mask[:, t:t + 1]), want[:, t:t + 1], 1e-5,
-                 f"step {t}")
-  stepped = mixer.cache.get_value()
-  mixer.init_cache(2, x.shape[1])
-  assert_close(step(mixer, x, mask), want, 1e-5, "prefill")
-  assert_close(stepped, mixer.cache.get_value(), 1e-5, "final state")
+  assert_decoding_equals_forward(build(name), x, mask)
 
 
 def config(name, **options):

@@ -12,8 +12,11 @@ log-decay Δ_tc A_c [N], per key channel. Its decay varies along c and n both, s
 share a head with a wider value: each of the d_inner channels is a head with K = N, V = 1 of
 `attention_zoo.ops.chunk_gla` (the token form in decoding; the decode state is the conv's last 3
 inputs and h). The chunk form forms a C x C product per channel, O(n·C·N·d_inner) work against
-the selective scan's O(n·N·d_inner): chunks of 16 (fwd+bwd at T = 2048, d_inner 512, N 16 on a
-shared 2-core CPU: chunk 16 7.3 s, 32 16 s, 64 19 s; the token scan `recurrent_gla` 2.7 s).
+the selective scan's O(n·N·d_inner), in exchange for parallel work over the chunk: chunks of 16
+by default; chunk_size=None runs the token form (`recurrent_gla`, a `lax.scan` over tokens)
+throughout. On a shared 2-core CPU, fwd+bwd at T = 2048, d_inner 512, N 16, the op alone: chunk
+16 7.3 s, 32 16 s, 64 19 s, the token form 2.7 s; the layer (emb 256): chunk 16 15.9 s, the
+token form 5.7 s, causal `full` 1.5 s.
 
 The layer as its authors define it (mamba_ssm's Mamba, fla/layers/mamba.py): expand 2, N =
 d_state 16, R = dt_rank = ⌈d / 16⌉; bias-free in, x and out projections; the conv with a bias;
@@ -46,7 +49,7 @@ from attention_zoo.options import Int
 class Mamba(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(16, minimum=1),
              "dt_rank": Int(None, minimum=1, optional=True), "conv_size": Int(4, minimum=1),
-             "chunk_size": Int(16, minimum=1)}
+             "chunk_size": Int(16, minimum=1, optional=True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8, d_state=4)
 
@@ -76,12 +79,10 @@ class Mamba(Mixer):
     self.out = parts.linear(self.d_inner, self.emb_dim, dtype=dtype, rngs=rngs)
 
   def forward(self, x, mask, state):
-    b, n, _ = x.shape
     xs, z = jnp.split(self.in_proj(x), 2, axis=-1)                               # [b, n, E]
     xs = parts.short_conv(self.conv, xs, mask, decode=state is not None)
-    dt, B, C = jnp.split(self.x_proj(xs).astype(jnp.float32),
-                         [self.rank, self.rank + self.n], axis=-1)               # B, C [b, n, N]
-    delta = jax.nn.softplus(self.dt_proj(dt.astype(self.dtype)).astype(jnp.float32))  # [b,n,E]
+    dt, B, C = jnp.split(self.x_proj(xs), [self.rank, self.rank + self.n], axis=-1)  # B, C [b,n,N]
+    delta = jax.nn.softplus(self.dt_proj(dt).astype(jnp.float32))                # Δ [b, n, E]
     g = -delta[..., None] * jnp.exp(self.A_log[...])                             # [b, n, E, N]
     per_channel = lambda a: jnp.broadcast_to(a[:, :, None], g.shape)             # [b, n, E, N]
     v = (delta * xs.astype(jnp.float32))[..., None]                              # [b, n, E, 1]

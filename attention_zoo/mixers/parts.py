@@ -139,10 +139,11 @@ class DecayGate(nnx.Module):
     return delta, -rate.reshape(rate.shape + (1,) * (self.dt_bias.ndim - 1)) * delta
 
 
-def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None):
+def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int | None, scale=None):
   """One of the ops in `attention_zoo.ops`: the whole sequence by chunks from the empty state
   (state None), or in decoding from the carried state: one token by the token form, several (a
-  prefill) by chunks. -> (o [b, n, h, dv], final state float32 [b, h, dk, dv])."""
-  if state is not None and inputs[0].shape[1] == 1:
+  prefill) by chunks; chunk_size None: always the token form. -> (o [b, n, h, dv], final state
+  float32 [b, h, dk, dv])."""
+  if chunk_size is None or (state is not None and inputs[0].shape[1] == 1):
     return step_op(*inputs, scale=scale, initial_state=state, mask=mask)
   return chunk_op(*inputs, scale=scale, initial_state=state, mask=mask, chunk_size=chunk_size)

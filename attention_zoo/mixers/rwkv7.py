@@ -24,8 +24,8 @@ GroupNorm per head with eps = head_dim · norm_eps and a scale and bias per chan
 1 - (i/d)^p with p 0.2 (r, g), 0.7 (k, v), 0.9 (w, a); ξ = 0.71 - 0.1·l, α = 1.02, ρ = -0.04,
 b_w = -6 + 6·(l + 1/2) + 1/2 + 2.5·z and b_a = -0.19 + 0.3·z + 0.4·l over the key channels
 (l linear from -1/2 to 1/2 over all of them, z = ζ|ζ| with ζ linear from -1 to 1 within each
-head), so w starts between about 0.55 and 0.998. μ, ξ, α and ρ carry `weight_decay=False` (the
-authors decay only the matrices).
+head), so w_t = exp(-e^{-1/2} σ(b_w)) lies between about 0.56 and 0.9998 where the low-rank
+term is 0. μ, ξ, α and ρ carry `weight_decay=False` (the authors decay only the matrices).
 
 Where ours differs: the value residual of the full model (v_t = lerp(v_t, v_t of the first
 layer, σ(low-rank(x^v_t))), which needs the first layer's values) is left out: a mixer sees only
