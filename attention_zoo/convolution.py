@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo.ops.segments import segment_runs
+from attention_zoo.ops.segments import segment_runs, segment_starts
 
 
 class ShortConv(nnx.Module):
@@ -53,3 +53,31 @@ class ShortConv(nnx.Module):
       taps = [jnp.where((run_window[:, k - 1 - i:k - 1 - i + n] == runs)[..., None], tap, 0)
               for i, tap in enumerate(taps)]
     return sum(w * tap for w, tap in zip(weight, taps)) + self.bias[...].astype(self.dtype)
+
+
+class TokenShift(nnx.Module):
+  """RWKV's token shift: each position's previous input x_{t-1} (zeros before the first), which
+  RWKV mixes into x_t by a learned per-channel lerp (a weightless one-tap causal convolution).
+  For decoding it keeps the last input, as ShortConv keeps its window, so any number of tokens
+  can be fed at a time.
+  """
+
+  def __init__(self, features: int):
+    self.features = features
+    self.state = nnx.data(None)   # [b, 1, features] in decoding, set by init_cache
+
+  def init_cache(self, batch_size: int, dtype=jnp.float32):
+    self.state = nnx.Cache(jnp.zeros((batch_size, 1, self.features), dtype))
+
+  def __call__(self, x, *, decode: bool = False, segment_ids=None):
+    """x [b, n, f] -> x shifted one position right [b, n, f]; with segment_ids int [b, n]
+    (packed sequences, not decoding) zeros at each run's first token, as at the first."""
+    if decode:
+      window = jnp.concatenate([self.state[...].astype(x.dtype), x], axis=1)     # [b, 1 + n, f]
+      self.state[...] = window[:, -1:]
+    else:
+      window = jnp.pad(x, ((0, 0), (1, 0), (0, 0)))
+    shifted = window[:, :-1]
+    if segment_ids is None:
+      return shifted
+    return jnp.where(segment_starts(segment_ids)[..., None], 0, shifted)

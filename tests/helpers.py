@@ -1,13 +1,15 @@
 """Makers the tests share: random inputs drawn with numpy (cheaper than compiling a random
 kernel for each shape), a padding mask, a variant built at test size, the relative error of an
 approximation, the shapes of every array a traced function forms, a packed model row against
-its sequences run apart, and the overrides of a tiny harness run."""
+its sequences run apart, the overrides of a tiny harness run, and a mixer's decoding checked
+against its parallel forward."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 import attention_zoo as az
+from ops_reference import assert_close
 
 
 def normal(seed, shape, scale=1.0):
@@ -86,3 +88,19 @@ def tiny_run_overrides(*, examples=(32, 8, 8), steps=2, width=16):
   return [f"data.num_train={num_train}", f"data.num_validation={num_validation}",
           f"data.num_test={num_test}", "model.num_layers=1", *widths, "model.mlp_dim=32",
           "batch_size=8", f"num_train_steps={steps}", "eval_every=1", "log_every=1"]
+
+
+def assert_decoding_equals_forward(mixer, x, mask):
+  """Each decode step of a causal mixer (the token form from the carried state) equals its
+  parallel (chunked) forward at that position, and the state after the last step a prefill's.
+  x [b, n, emb], mask bool [b, n]."""
+  want = mixer(x, mask=mask)
+  step = nnx.jit(lambda mixer, x, mask: mixer(x, mask=mask, decode=True))
+  mixer.init_cache(*mask.shape)
+  for t in range(x.shape[1]):
+    assert_close(step(mixer, x[:, t:t + 1], mask[:, t:t + 1]), want[:, t:t + 1], 1e-5,
+                 f"step {t}")
+  stepped = mixer.cache.get_value()
+  mixer.init_cache(*mask.shape)
+  assert_close(step(mixer, x, mask), want, 1e-5, "prefill")
+  assert_close(stepped, mixer.cache.get_value(), 1e-5, "final state")

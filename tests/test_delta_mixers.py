@@ -12,6 +12,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo.models import Decoder, DecoderLM, TransformerConfig
+from helpers import assert_decoding_equals_forward
 from ops_reference import assert_close, delta_product_recurrence, recurrence
 from test_mixers import OPTIONS, ORACLES
 
@@ -92,18 +93,8 @@ def test_allow_neg_eigval_equals_its_equation(name):
 def test_decoding_token_by_token_equals_the_chunked_forward(name):
   """Each decode step (the token form from the carried state) equals the chunked forward at
   that position, and the state after the last step the chunked prefill's."""
-  mixer = build(name)
   x, mask, _ = inputs()
-  want = mixer(x, mask=mask)
-  step = nnx.jit(lambda mixer, x, mask: mixer(x, mask=mask, decode=True))
-  mixer.init_cache(2, x.shape[1])
-  for t in range(x.shape[1]):
-    assert_close(step(mixer, x[:, t:t + 1], mask[:, t:t + 1]), want[:, t:t + 1], 1e-5,
-                 f"step {t}")
-  stepped = mixer.cache.get_value()
-  mixer.init_cache(2, x.shape[1])
-  assert_close(step(mixer, x, mask), want, 1e-5, "prefill")
-  assert_close(stepped, mixer.cache.get_value(), 1e-5, "final state")
+  assert_decoding_equals_forward(build(name), x, mask)
 
 
 @pytest.mark.slow

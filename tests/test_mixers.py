@@ -16,6 +16,8 @@ from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, 
                                   TransformerConfig)
 from test_linear_mixers import ORACLES as LINEAR_ORACLES
 from test_mla import causal_mla64
+from test_rwkv7_mamba import OPTIONS as RWKV7_MAMBA_OPTIONS
+from test_rwkv7_mamba import oracle as rwkv7_mamba_oracle
 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
@@ -24,7 +26,8 @@ OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
            "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
-           "mla": {"block_size": 4}}
+           "mla": {"block_size": 4},
+           **RWKV7_MAMBA_OPTIONS}
 
 
 def test_every_mixer_has_test_options():
@@ -273,7 +276,9 @@ ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
            "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox,
            **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()},
-           "mla": causal_mla64}
+           "mla": causal_mla64,
+           "rwkv7": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
+           "mamba": lambda m, x: rwkv7_mamba_oracle(m, x)[0]}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))
@@ -284,7 +289,7 @@ def test_layer_equals_its_equation_in_float64(name):
   if name == "mamba2":   # a scale per channel, not one shared by the groups
     mixer.norm.scale[...] = jax.random.uniform(jax.random.key(3), mixer.norm.scale.shape) + 0.5
   x = jax.random.normal(jax.random.key(2), (1, 11, 16))
-  got = mixer(x)[0]
+  got = nnx.jit(lambda mixer, x: mixer(x))(mixer, x)[0]   # one program: faster than op by op
   want = ORACLES[name](mixer, x)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

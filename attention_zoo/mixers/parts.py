@@ -18,9 +18,11 @@ def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: 
 
 
 def low_rank(in_features: int, rank: int, out_features: int, *, dtype, rngs: nnx.Rngs,
-             bias: bool = False):
-  """x -> (x W_down) W_up, W_down [in, rank] bias-free, W_up [rank, out] (bias: on W_up)."""
+             bias: bool = False, activation=None):
+  """x -> act(x W_down) W_up, W_down [in, rank] bias-free, W_up [rank, out] (bias: on W_up);
+  act none, or a function between the two (RWKV-7's tanh and sigmoid)."""
   return nnx.Sequential(linear(in_features, rank, dtype=dtype, rngs=rngs),
+                        *([activation] if activation else []),
                         linear(rank, out_features, dtype=dtype, rngs=rngs, bias=bias))
 
 
@@ -96,6 +98,15 @@ def repeat_kv(x, num_heads: int):
   return jnp.repeat(x, num_heads // x.shape[-2], axis=-2)
 
 
+def dt_bias_init(key, shape, dtype=jnp.float32, *, dt_range=(1e-3, 0.1), dt_floor=1e-4):
+  """softplus⁻¹(dt), dt log-uniform in dt_range and floored at dt_floor: the bias whose
+  softplus is the step Δ at init (Mamba's dt_proj bias, Mamba2's dt_bias; the authors')."""
+  log_dt = jax.random.uniform(key, shape, minval=jnp.log(dt_range[0]),
+                              maxval=jnp.log(dt_range[1]))
+  dt = jnp.maximum(jnp.exp(log_dt), dt_floor)
+  return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
 class DecayGate(nnx.Module):
   """Mamba2's data-dependent decay, also Gated DeltaNet's (Dao & Gu 2024; Yang et al. 2024):
 
@@ -117,13 +128,11 @@ class DecayGate(nnx.Module):
     a = jnp.maximum(jax.random.uniform(key_a, (num_heads,), minval=a_range[0],
                                        maxval=a_range[1]), 1e-4)
     shape = (num_heads,) if key_dim is None else (num_heads, key_dim)
-    log_dt = jax.random.uniform(key_dt, shape, minval=jnp.log(dt_range[0]),
-                                maxval=jnp.log(dt_range[1]))
-    dt = jnp.maximum(jnp.exp(log_dt), dt_floor)
     # Excluded from weight decay, as the authors train them: decay would pull A_log and dt_bias
     # towards 0, that is towards α = exp(-softplus(0)) = 0.5, a memory of about one token.
     self.A_log = nnx.Param(jnp.log(a), weight_decay=False)
-    self.dt_bias = nnx.Param(dt + jnp.log(-jnp.expm1(-dt)), weight_decay=False)  # softplus⁻¹(dt)
+    self.dt_bias = nnx.Param(dt_bias_init(key_dt, shape, dt_range=dt_range, dt_floor=dt_floor),
+                             weight_decay=False)
 
   def __call__(self, a):
     """a [b, n, h] (with key_dim [b, n, h, d_k]) -> (Δ, g), both of a's shape, float32."""
@@ -132,13 +141,13 @@ class DecayGate(nnx.Module):
     return delta, -rate.reshape(rate.shape + (1,) * (self.dt_bias.ndim - 1)) * delta
 
 
-def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int, scale=None,
+def recurrence(chunk_op, step_op, *inputs, mask, state, chunk_size: int | None, scale=None,
                segment_ids=None):
   """One of the ops in `attention_zoo.ops`: the whole sequence by chunks from the empty state
   (state None), or in decoding from the carried state: one token by the token form, several (a
-  prefill) by chunks. segment_ids: packed sequences (whole sequences only). -> (o [b, n, h, dv],
-  final state float32 [b, h, dk, dv])."""
-  if state is not None and inputs[0].shape[1] == 1:
-    return step_op(*inputs, scale=scale, initial_state=state, mask=mask)
+  prefill) by chunks; chunk_size None: always the token form. segment_ids: packed sequences
+  (whole sequences only). -> (o [b, n, h, dv], final state float32 [b, h, dk, dv])."""
+  if chunk_size is None or (state is not None and inputs[0].shape[1] == 1):
+    return step_op(*inputs, scale=scale, initial_state=state, mask=mask, segment_ids=segment_ids)
   return chunk_op(*inputs, scale=scale, initial_state=state, mask=mask, chunk_size=chunk_size,
                   segment_ids=segment_ids)
