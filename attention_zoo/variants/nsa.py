@@ -2,7 +2,7 @@
 queries, mixed by learned gates.
 
 The paper (1-based positions, t the query, l / d the compression block length / stride, l' the
-selection block, n blocks selected, w the window, C = {cmp, slc, win}):
+selection block, n blocks selected (n_sel below), w the window, C = {cmp, slc, win}):
 
     o*_t = Σ_{c ∈ C} g_t^c · Attn(q_t, K̃_t^c, Ṽ_t^c),    g_t^c = σ(MLP(x_t))           (5)
     K̃_t^cmp = { φ(k_{id+1 : id+l}) | 0 <= i <= ⌊(t - l)/d⌋ }  (Ṽ_t^cmp likewise)       (7)
@@ -13,22 +13,22 @@ selection block, n blocks selected, w the window, C = {cmp, slc, win}):
     K̃_t^win = k_{t-w : t}
 
 φ is a learned MLP with intra-block position encoding; n counts the initial block and the two
-local blocks, which are always selected. Here, 0-based (query t of block c = ⌊t/l'⌋, scale
-s = d_head^-1/2, m_t = 1 for a real key):
+local blocks, which are always selected. Here, 0-based (T tokens, query t of block c = ⌊t/l'⌋,
+scale s = d_head^-1/2, m_t = 1 for a real key):
 
-    K̃_i = φ_K(k_{id .. id+l-1}),   φ(X) = W₂ gelu(W₁ vec(m ⊙ X + P) + b₁) + b₂,   i < ⌈n/d⌉
+    K̃_i = φ_K(k_{id .. id+l-1}),   φ(X) = W₂ gelu(W₁ vec(m ⊙ X + P) + b₁) + b₂,   i < ⌈T/d⌉
     o_t^cmp = Σ_{i : id + l - 1 <= t} softmax_i(s q_t·K̃_i) Ṽ_i        (blocks ending by t)
     P_t[i]  = that softmax, one per head; importance of selection block j:
-    I_t[j]  = Σ_{heads of the group} Σ_{m=0}^{l'/d - 1} Σ_{r=0}^{l/d - 1} P_t[(l'/d)·j + m - r]
-    S_t     = {0, c - 1, c} ∪ the best of the other blocks j <= c by I_t, n in all
+    imp_t[j] = Σ_{heads of the group} Σ_{m=0}^{l'/d - 1} Σ_{r=0}^{l/d - 1} P_t[(l'/d)·j + m - r]
+    S_t     = {0, c - 1, c} ∪ the best of the other blocks j <= c by imp_t, n_sel in all
     o_t^slc = Σ_{t' <= t, ⌊t'/l'⌋ ∈ S_t} softmax_{t'}(s q_t·k_{t'}) v_{t'}
     o_t^win = Σ_{t - w <= t' <= t} softmax_{t'}(s q_t·k_{t'}) v_{t'}
     o_t     = Σ_c σ(w_c^h·q_t^h + b_c^h) o_t^c                           per head h
 
-I_t is (9) in 0-based indices: each of block j's l'/d stride segments collects the l/d
+imp_t is (9)-(10) in 0-based indices: each of block j's l'/d stride segments collects the l/d
 compression blocks that cover it (the paper's (l'/d)·j - m - n is that sum with j and i
 counted from 1). Every selection block is a candidate only if it holds a real key; ties go to
-the lower block (`lax.top_k`); with at most n candidates a query sees them all (the selected
+the lower block (`lax.top_k`); with at most n_sel candidates a query sees them all (the selected
 branch is then causal `full`). The selection is integers: no gradient, as in the paper.
 
 Where ours differs from the paper:
@@ -50,12 +50,14 @@ Where ours differs from the paper:
   the selection among all blocks (still with 0, c - 1 and c), the window |t - t'| <= w.
 
 Every branch runs on the block-sparse engine (`attention_zoo.flex`): the compressed one over the
-⌈n/d⌉ compressed keys with the mask id + l - 1 <= t (O(n²/d) time, as the paper's), the
+⌈T/d⌉ compressed keys with the mask id + l - 1 <= t (O(T²/d) time, as the paper's), the
 selected one as MoBA's (`moba.attend_chosen_blocks`: a row per (query, head, selected block),
 sorted by block, tiles of l' rows by one key block, the rows merged by their log-sum-exps; the
 importance computed one query block at a time), the window as `sliding_window`'s mask. Memory is
-linear in n but for the engine's tile lists of the selected branch, O((n/l')²·g·n_sel) small
-integers per K/V head. Self-attention only; no one-token decoding.
+linear in T, mostly the selected branch's rows (each query copied once per selected block:
+T·g·n_sel·d floats per K/V head, 16x the queries at the defaults), but for the engine's tile
+lists of that branch, O((T/l')²·g·n_sel) small integers per K/V head. Self-attention only; no
+one-token decoding.
 """
 from __future__ import annotations
 
