@@ -146,9 +146,10 @@ def test_branches_and_mixture_equal_the_float64_oracles(causal, padded):
   mask = padding_mask(2, n, hole=9, tail=4) if padded else jnp.ones((2, n), bool)
   cotangent = normal(7, q.shape)
 
-  def variant(q, k, v):
+  def variant(q, k, v):   # the branches' padded query rows zeroed, as the call zeroes them
     branches = attn.branches(q, k, v, q_mask=mask, kv_mask=mask)
-    return (*branches, attn(q, k, v, q_mask=mask, kv_mask=mask))
+    return (*(jnp.where(mask[:, :, None, None], out, 0) for out in branches),
+            attn(q, k, v, q_mask=mask, kv_mask=mask))
 
   got_outs, got_grads = jax.jit(outputs_and_grads, static_argnums=0)(variant, q, k, v, cotangent)
   f, selected, gap = oracle(attn, q, k, v, mask, mask)
