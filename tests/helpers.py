@@ -1,8 +1,9 @@
 """Makers the tests share: random inputs drawn with numpy (cheaper than compiling a random
 kernel for each shape), a padding mask, a variant built at test size, the relative error of an
 approximation, the shapes of every array a traced function forms, a packed model row against
-its sequences run apart, the overrides of a tiny harness run, and a mixer's decoding checked
-against its parallel forward."""
+its sequences run apart, the overrides of a tiny harness run, a mixer's decoding checked
+against its parallel forward, and float64 softmax attention over a given pattern (the sparse
+variants' oracle)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,3 +105,19 @@ def assert_decoding_equals_forward(mixer, x, mask):
   mixer.init_cache(*mask.shape)
   assert_close(step(mixer, x, mask), want, 1e-5, "prefill")
   assert_close(stepped, mixer.cache.get_value(), 1e-5, "final state")
+
+
+def attention64(q, k, v, allowed, q_mask):
+  """Softmax attention over `allowed` bool [b, h, q_len, kv_len] in float64 (scale d^-1/2, K/V
+  heads repeated for GQA); masked query rows and rows that see no key give 0."""
+  with jax.enable_x64(True):
+    q, k, v = (jnp.asarray(x, jnp.float64) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5     # [b, h, q, k]
+    scores = jnp.where(allowed, scores, -jnp.inf)
+    top = jax.lax.stop_gradient(jnp.max(jnp.where(allowed, scores, 0.0), -1, keepdims=True))
+    weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
+    total = weights.sum(-1, keepdims=True)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights / jnp.where(total > 0, total, 1.0), v)
+    return jnp.where(jnp.asarray(q_mask)[:, :, None, None], out, 0.0)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from attention_zoo.variants.moba import choose_blocks
-from helpers import array_shapes, create_variant, normal, padding_mask, random_qkv
+from helpers import (array_shapes, attention64, create_variant, normal, padding_mask,
+                     random_qkv)
 
 
 def build(causal, num_kv_heads=2, **options):
@@ -37,22 +38,6 @@ def oracle_pattern(q, k, kv_mask, *, block, top_k, causal):
         own = (block_of == c) & ((np.arange(n) <= i) if causal else True)
         allowed[b, h, i] = kv_mask[b] & (np.isin(block_of, ranked[:top_k]) | own)
   return allowed
-
-
-def attention64(q, k, v, allowed, q_mask):
-  """Softmax attention over `allowed` [b, h, n, n] in float64; masked query rows and rows that
-  see no key give 0."""
-  with jax.enable_x64(True):
-    q, k, v = (jnp.asarray(x, jnp.float64) for x in (q, k, v))
-    group = q.shape[2] // k.shape[2]
-    k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5     # [b, h, n, n]
-    scores = jnp.where(allowed, scores, -jnp.inf)
-    top = jax.lax.stop_gradient(jnp.max(jnp.where(allowed, scores, 0.0), -1, keepdims=True))
-    weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)
-    total = weights.sum(-1, keepdims=True)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights / jnp.where(total > 0, total, 1.0), v)
-    return jnp.where(jnp.asarray(q_mask)[:, :, None, None], out, 0.0)
 
 
 def out_and_grads(f, q, k, v, cotangent):

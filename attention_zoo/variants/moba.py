@@ -30,6 +30,8 @@ decoding.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -119,6 +121,45 @@ def _attend_chosen(q, k, v, kv_real, chosen, rng, *, block: int, causal: bool, s
   return jnp.einsum("ngs,ngsd->ngd", weights, out, precision=tiles.matmul_precision(out.dtype))
 
 
+def attend_chosen_blocks(variant, q, k, v, *, q_mask, kv_mask, deterministic, block: int, choose,
+                         per_head=()):
+  """Each query's softmax attention over the union of the key blocks `choose` picks for it, one
+  (batch row, K/V head) at a time: q [b, n, h, d], k, v [b, n, kvh, d], masks bool [b, n] ->
+  [b, n, h, dv] f32. choose(q [L, g, d], k [L, d], kv_real [L], q_real [L], *extras) -> int32
+  [L, g, s] as `choose_blocks` gives (L: n padded to whole blocks); per_head: arrays
+  [b·kvh, ...] whose row for the head becomes `extras` (batch row major). MoBA's `attend`, and
+  NSA's selected branch."""
+  batch, length, num_heads, _ = q.shape
+  kv_heads = variant.num_kv_heads
+  group = num_heads // kv_heads
+  # One sequence per (batch row, K/V head): [b·kvh, L, ...], L padded to whole blocks.
+  by_head = lambda x: jnp.moveaxis(pad_to_multiple(x, block), 2, 1).reshape(
+      batch * kv_heads, -1, *x.shape[3:])
+  q_heads = by_head(softmax.group_heads(q, kv_heads))                         # [b·kvh, L, g, d]
+  k_heads, v_heads = by_head(k), by_head(v)                                    # [b·kvh, L, d]
+  real = lambda mask: jnp.repeat(pad_to_multiple(mask, block, value=False), kv_heads, axis=0)
+  kv_real, q_real = real(kv_mask), real(q_mask)                                # [b·kvh, L]
+  rng = variant.dropout_rng(deterministic)
+  rngs = None if rng is None else jax.random.split(rng, batch * kv_heads)
+
+  def one_head(args):
+    index, q, k, v, kv_real, q_real, extras = args
+    chosen = choose(q, k, kv_real, q_real, *extras)   # integers: no gradient, as in the papers
+    return _attend_chosen(q, k, v, kv_real, chosen, None if rngs is None else rngs[index],
+                          block=block, causal=variant.causal, scale=variant.scale,
+                          dropout_rate=variant.dropout_rate)
+
+  heads = (jnp.arange(batch * kv_heads), q_heads, k_heads, v_heads, kv_real, q_real,
+           tuple(per_head))
+  # A head at a time; but lax.map would hide forward-mode autodiff from the engine (which then
+  # needs its plain forward: ops/autodiff.py), so under jax.jvp the heads go through vmap.
+  forward_mode = autodiff_modes()[:1] == ("forward",)
+  out = jax.vmap(one_head)(heads) if forward_mode else jax.lax.map(one_head, heads)
+  # out [b·kvh, L, g, dv]
+  out = jnp.moveaxis(out.reshape(batch, kv_heads, -1, group, out.shape[-1]), 1, 2)
+  return out.reshape(batch, -1, num_heads, out.shape[-1])[:, :length]
+
+
 @register("moba", exact=False, supports_causal=True, supports_cross=False,
           complexity="O(n·(k + 1)·b + n²/b)",
           paper="Lu et al. 2025, MoBA: Mixture of Block Attention for Long-Context LLMs "
@@ -137,31 +178,7 @@ class MobaAttention(Attention):
     self.top_k = self.options["top_k"]
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
-    batch, length, num_heads, head_dim = q.shape
-    kv_heads, group, block = self.num_kv_heads, num_heads // self.num_kv_heads, self.block_size
-    # One sequence per (batch row, K/V head): [b·kvh, L, ...], L padded to whole blocks.
-    per_head = lambda x: jnp.moveaxis(pad_to_multiple(x, block), 2, 1).reshape(
-        batch * kv_heads, -1, *x.shape[3:])
-    q_heads = per_head(softmax.group_heads(q, kv_heads))                      # [b·kvh, L, g, d]
-    k_heads, v_heads = per_head(k), per_head(v)                                # [b·kvh, L, d]
-    real = lambda mask: jnp.repeat(pad_to_multiple(mask, block, value=False), kv_heads, axis=0)
-    kv_real, q_real = real(kv_mask), real(q_mask)                              # [b·kvh, L]
-    rng = self.dropout_rng(deterministic)
-    rngs = None if rng is None else jax.random.split(rng, batch * kv_heads)
-
-    def one_head(args):
-      index, q, k, v, kv_real, q_real = args
-      chosen = choose_blocks(q, k, kv_real, q_real, block=block, top_k=self.top_k,
-                             causal=self.causal)   # integers: no gradient, as in the paper
-      return _attend_chosen(q, k, v, kv_real, chosen, None if rngs is None else rngs[index],
-                            block=block, causal=self.causal, scale=self.scale,
-                            dropout_rate=self.dropout_rate)
-
-    heads = (jnp.arange(batch * kv_heads), q_heads, k_heads, v_heads, kv_real, q_real)
-    # A head at a time; but lax.map would hide forward-mode autodiff from the engine (which then
-    # needs its plain forward: ops/autodiff.py), so under jax.jvp the heads go through vmap.
-    forward_mode = autodiff_modes()[:1] == ("forward",)
-    out = jax.vmap(one_head)(heads) if forward_mode else jax.lax.map(one_head, heads)
-    # out [b·kvh, L, g, dv]
-    out = jnp.moveaxis(out.reshape(batch, kv_heads, -1, group, out.shape[-1]), 1, 2)
-    return out.reshape(batch, -1, num_heads, out.shape[-1])[:, :length]
+    choose = functools.partial(choose_blocks, block=self.block_size, top_k=self.top_k,
+                               causal=self.causal)
+    return attend_chosen_blocks(self, q, k, v, q_mask=q_mask, kv_mask=kv_mask,
+                                deterministic=deterministic, block=self.block_size, choose=choose)
