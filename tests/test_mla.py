@@ -85,7 +85,9 @@ def causal_mla64(mla, x):
                             heads=mla.num_heads, sizes=mla.sizes))
 
 
-@pytest.mark.parametrize("causal, q_lora_rank", [(True, 12), (False, 0)])
+# The causal form is also checked in the fast lane by tests/test_mixers.py's float64 check.
+@pytest.mark.parametrize("causal, q_lora_rank", [pytest.param(True, 12, marks=pytest.mark.slow),
+                                                 (False, 0)])
 def test_forward_and_gradients_equal_the_float64_oracle(causal, q_lora_rank):
   mla = build(causal, q_lora_rank=q_lora_rank)
   x = normal(0, (2, 13, EMB))

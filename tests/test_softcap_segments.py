@@ -139,7 +139,8 @@ def test_a_packed_causal_decoder_row_equals_its_sequences_apart():
 
 
 @pytest.mark.parametrize("attention, causal, short_conv", [
-    ("gated_deltanet", False, 0),          # bidirectional: the reversed pass restarts too
+    # bidirectional, the reversed pass restarting too (the fast lane: conformance's `packed`)
+    pytest.param("gated_deltanet", False, 0, marks=pytest.mark.slow),
     ("mamba2", True, 3),                   # its own convolution and the block's
     pytest.param("full", True, 3, marks=pytest.mark.slow),
     pytest.param("retnet", True, 0, marks=pytest.mark.slow),   # its RoPE restarts per run
