@@ -86,3 +86,26 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if is_slow(item):
       item.add_marker(pytest.mark.slow)
+
+
+def _map_limit() -> int:
+  try:
+    with open("/proc/sys/vm/max_map_count", encoding="ascii") as limit:
+      return int(limit.read())
+  except (OSError, ValueError):
+    return 65530
+
+
+# A worker releases its compiled programs when its memory maps pass a third of the kernel's
+# limit, checked every 20 tests (reading the maps costs a few ms): see release_compiled_programs.
+MAP_BUDGET, CHECK_EVERY = _map_limit() // 3, 20
+_tests_run = 0
+
+
+def pytest_runtest_teardown(item, nextitem):
+  global _tests_run
+  _tests_run += 1
+  if _tests_run % CHECK_EVERY == 0:
+    from helpers import release_compiled_programs   # JAX loads after the flags above are set
+    release_compiled_programs(MAP_BUDGET)
+

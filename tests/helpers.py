@@ -2,8 +2,12 @@
 kernel for each shape), a padding mask, a variant built at test size, the relative error of an
 approximation, the shapes of every array a traced function forms, a packed model row against
 its sequences run apart, the overrides of a tiny harness run, a mixer's decoding checked
-against its parallel forward, and float64 softmax attention over a given pattern (the sparse
-variants' oracle)."""
+against its parallel forward, float64 softmax attention over a given pattern (the sparse
+variants' oracle), and the release of compiled programs before a process runs out of memory
+maps."""
+import gc
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,3 +125,27 @@ def attention64(q, k, v, allowed, q_mask):
     total = weights.sum(-1, keepdims=True)
     out = jnp.einsum("bhqk,bkhd->bqhd", weights / jnp.where(total > 0, total, 1.0), v)
     return jnp.where(jnp.asarray(q_mask)[:, :, None, None], out, 0.0)
+
+
+def memory_maps() -> int | None:
+  """How many memory mappings this process holds (Linux), or None where that cannot be read."""
+  try:
+    with open(f"/proc/{os.getpid()}/maps", encoding="ascii", errors="replace") as maps:
+      return sum(1 for _ in maps)
+  except OSError:
+    return None
+
+
+def release_compiled_programs(limit: int) -> bool:
+  """Drops JAX's compiled programs when this process holds more than `limit` memory maps; True
+  if it did. Each program XLA:CPU compiles keeps about three maps, and a process that reaches
+  the kernel's vm.max_map_count (65,530 by default) dies in LLVM's next compilation ("Cannot
+  allocate memory", then a segmentation fault): a long test worker compiles tens of thousands
+  of programs (docs/xla_cpu_fault.md)."""
+  count = memory_maps()
+  if count is None or count <= limit:
+    return False
+  jax.clear_caches()
+  gc.collect()
+  return True
+

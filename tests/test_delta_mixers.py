@@ -35,7 +35,8 @@ def inputs(length=9):
 def float64_rule(seen):
   """A stand-in for the layer's op (both forms): the recurrence token by token in float64
   (tests/ops_reference.py), recording the β it is given in `seen`."""
-  def rule(q, k, v, *gates, scale=None, initial_state=None, mask=None, chunk_size=None):
+  def rule(q, k, v, *gates, scale=None, initial_state=None, mask=None, chunk_size=None,
+           segment_ids=None):
     *g, beta = gates
     seen.append(beta)
     if initial_state is None:

@@ -8,7 +8,11 @@ Two kinds of test. The crash tests run the reproducing programs in a child proce
 fails one test instead of the whole run, and then make further JAX calls there (the crash came
 at the call after the corrupting one). The structural tests hold on any CPU: no fusion handed to
 the library in the compiled backward of any op or registered variant is over arrays of more than
-`MAX_LIBRARY_FUSION_RANK` dimensions (the crashing program had 7; the same program at 6 ran)."""
+`MAX_LIBRARY_FUSION_RANK` dimensions (the crashing program had 7; the same program at 6 ran).
+
+And the second fault, of long processes: each program XLA:CPU compiles keeps memory maps, and a
+test worker that reaches the kernel's vm.max_map_count dies in its next compilation; the
+conftest has each worker release its compiled programs well before that (tested last here)."""
 import re
 import subprocess
 import sys
@@ -22,7 +26,8 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import ops
-from tests.helpers import array_shapes, create_variant, normal, random_qkv
+from tests.helpers import (array_shapes, create_variant, memory_maps, normal, random_qkv,
+                           release_compiled_programs)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -168,3 +173,17 @@ def test_variant_backward_hands_no_high_rank_array_to_a_fusion_library(name):
   rank = max_library_fusion_rank(lambda *a: nnx.merge(graph, state)(*a), *args)
   assert rank <= MAX_LIBRARY_FUSION_RANK, rank
 
+
+def test_compiled_programs_are_released_when_their_memory_maps_pass_the_budget():
+  """50 fresh programs (distinct shapes) add memory maps; a budget not reached releases
+  nothing, one passed releases at least half of what they added."""
+  before = memory_maps()
+  if before is None:
+    pytest.skip("this system does not show a process's memory maps (/proc/<pid>/maps)")
+  for i in range(50):
+    jax.jit(lambda x, i=i: jnp.sin(x) * i)(jnp.ones(i + 4)).block_until_ready()
+  added = memory_maps() - before
+  assert added >= 50, f"50 programs added only {added} memory maps"
+  assert not release_compiled_programs(10 ** 9)
+  assert release_compiled_programs(before)
+  assert memory_maps() <= before + added // 2
