@@ -3,7 +3,10 @@
     python -m experiments.report --runs=results/tiny/runs --out=results/tiny
 
 Reads every `results.json` (and `metrics.jsonl`) under --runs. The LRA tasks, the MAD tasks (one
-column per task and their average, as MAD's table) and the other diagnostics get a table each.
+column per task and their average, as MAD's table), the state-tracking tasks and the other
+diagnostics get a table each; a run that allows negative eigenvalues (the mixer option
+`allow_neg_eigval`) is a row of its own, and the state-tracking runs also go to
+state_tracking_<preset>.csv (write_state_tracking_csvs).
 Each cell is a test accuracy (%),
 mean ± std over seeds, with the LRA paper's number and our difference beside it; a "majority
 class" row gives each task's chance level (the most frequent class of its test split). Two
@@ -77,6 +80,16 @@ def paper_accuracy(attention: str, task: str, preset: str = "paper") -> float | 
   return table[attention][task]
 
 
+NEG_EIGVAL = "allow_neg_eigval"
+
+
+def variant(run: dict) -> str:
+  """A run's row in the tables: its attention, marked when it allows negative eigenvalues
+  (NEG_EIGVAL, set in the run's model options), so that runs with and without stay apart."""
+  options = run.get("model", {}).get("attention_options", {})
+  return f"{run['attention']} ({NEG_EIGVAL})" if options.get(NEG_EIGVAL) else run["attention"]
+
+
 def _order(attentions, preset: str) -> list[str]:
   """The published table's row order first, then the rest alphabetically."""
   known = [a for a in published_table(preset) if a in attentions]
@@ -84,9 +97,12 @@ def _order(attentions, preset: str) -> list[str]:
 
 
 def kinds() -> tuple[tuple[str, tuple[str, ...]], ...]:
-  """(kind, its tasks): "lra" (LRA Table 1), "mad" (the MAD suite), "diagnostics" (the rest)."""
-  others = tuple(t for t in lra.diagnostic_tasks() if t not in lra.mad_tasks())
-  return ("lra", lra.available_tasks()), ("mad", lra.mad_tasks()), ("diagnostics", others)
+  """(kind, its tasks): "lra" (LRA Table 1), "mad" (the MAD suite), "state_tracking" (parity,
+  s3, s5), "diagnostics" (the rest)."""
+  grouped = lra.mad_tasks() + lra.state_tracking_tasks()
+  others = tuple(t for t in lra.diagnostic_tasks() if t not in grouped)
+  return (("lra", lra.available_tasks()), ("mad", lra.mad_tasks()),
+          ("state_tracking", lra.state_tracking_tasks()), ("diagnostics", others))
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -105,12 +121,12 @@ def summarize(runs: list[dict]) -> dict:
       for run in finished:
         majority[run["task"]].append(100 * run["majority_accuracy"])
       tasks = [t for t in known if t in majority]
-      not_applicable = {(run["attention"], run["task"]): run["not_applicable"]
+      not_applicable = {(variant(run), run["task"]): run["not_applicable"]
                         for run in runs_here if "not_applicable" in run}
       for policy in POLICIES if tasks else ():
         accuracies = defaultdict(list)
         for run in finished:
-          accuracies[run["attention"], run["task"]].append(100 * run[policy])
+          accuracies[variant(run), run["task"]].append(100 * run[policy])
         tables[preset, policy, kind] = {
             "tasks": tasks, "cells": {key: _stats(values) for key, values in accuracies.items()},
             "attentions": _order({a for a, _ in accuracies} | {a for a, _ in not_applicable},
@@ -178,6 +194,14 @@ def markdown(tables: dict) -> str:
                 "2024 (docs/mad.md); Avg: the mean over the tasks of the row."
                 + (" The tiny preset is a CPU-sized run: its numbers are not comparable with "
                    "the paper's." if preset == "tiny" else ""), ""]
+    elif kind == "state_tracking":
+      lines += [f"### State tracking, preset `{preset}`, {which}: test accuracy on the prefixes "
+                "longer than the training sequences (%)", "",
+                f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
+                f"Seeds per cell: {', '.join(map(str, seeds))}. The running parity (parity) and "
+                "permutation product (s3, s5) at every test position past the longest training "
+                f"sequence (docs/state_tracking.md); ({NEG_EIGVAL}): the mixer's transition "
+                "eigenvalues reach -1.", ""]
     else:
       lines += [f"### Diagnostics, preset `{preset}`, {which}: test accuracy on the asked "
                 "tokens (%)", "",
@@ -260,6 +284,41 @@ def write_published_csvs(tables: dict, out: Path) -> list[Path]:
   return written
 
 
+# What the state-tracking CSV reports: the model chosen on validation (drawn at the test lengths).
+STATE_TRACKING_TESTED = "test_accuracy_best_validation"
+
+
+def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
+  """state_tracking_<preset>.csv per preset with state-tracking runs: a row per task, variant and
+  allow_neg_eigval (True / False, "n/a" for a variant without the option): seeds, test_mean,
+  test_std (% of the asked positions, STATE_TRACKING_TESTED)."""
+  import attention_zoo as az
+
+  groups = defaultdict(list)
+  for run in runs:
+    if run["task"] in lra.state_tracking_tasks() and "not_applicable" not in run:
+      options = run.get("model", {}).get("attention_options", {})
+      has_option = NEG_EIGVAL in az.spec(run["attention"]).options
+      negative = str(bool(options.get(NEG_EIGVAL))) if has_option else "n/a"
+      groups[run["preset"], run["task"], run["attention"], negative].append(
+          100 * run[STATE_TRACKING_TESTED])
+  written = []
+  for preset in sorted({preset for preset, *_ in groups}):
+    here = {key[1:]: values for key, values in groups.items() if key[0] == preset}
+    order = _order({attention for _, attention, _ in here}, preset)
+    path = out / f"state_tracking_{preset}.csv"
+    with atomic_write(path, "w", newline="", encoding="utf-8") as f:
+      rows = csv.writer(f, lineterminator="\n")
+      rows.writerow(["task", "variant", NEG_EIGVAL, "seeds", "test_mean", "test_std"])
+      for task, attention, negative in sorted(here, key=lambda key: (
+          lra.state_tracking_tasks().index(key[0]), order.index(key[1]), key[2])):
+        cell = _stats(here[task, attention, negative])
+        rows.writerow([task, attention, negative, cell["num_seeds"], f"{cell['mean']:.2f}",
+                       "" if cell["std"] is None else f"{cell['std']:.2f}"])
+    written.append(path)
+  return written
+
+
 # The variants' colours in one chart: tab10 without its cyan, which reads as a second blue beside
 # tab:blue; from the tenth variant on the hues repeat, the bars hatched and the curves dashed.
 HUES = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
@@ -312,12 +371,13 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
         if run["preset"] != preset or run["task"] != task or "not_applicable" in run:
           continue
         events = read_metrics(run["workdir"])
-        label = None if run["attention"] in labelled else run["attention"]  # one per attention
-        labelled.add(run["attention"])
+        row = variant(run)
+        label = None if row in labelled else row   # one per row
+        labelled.add(row)
         for ax, key in ((acc_ax, "eval_accuracy"), (loss_ax, "train_loss")):
           points = [(e["step"], e[key]) for e in events if isinstance(e.get(key), float)]
           if points:
-            color, repeated = styles[run["attention"]]
+            color, repeated = styles[row]
             ax.plot(*zip(*points), color=color, linestyle="--" if repeated else "-",
                     label=label)
       acc_ax.set(xlabel="step", ylabel="validation accuracy", title=f"{task} ({preset})")
@@ -357,16 +417,16 @@ def plot_profile(table: dict, path: Path, title: str, preset: str) -> Path:
 
 
 # What a report writes into its folder, besides table.md.
-REPORT_FILES = ("table.csv", *(f"{preset}_*.csv" for preset in PUBLISHED), "bars_*.png",
+REPORT_FILES = ("table.csv", *(f"{preset}_*.csv" for preset in PUBLISHED),
+                "state_tracking_*.csv", "bars_*.png",
                 "curves_*.png", "mad_*.png")
 
 
 def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
-  """Writes table.md, table.csv (and write_published_csvs's) and the PNGs of the runs under
-  runs_dir (those `only` keeps: see read_runs) into out_dir (each atomically); returns the
-  markdown. A report of other runs
-  already there is kept, not overwritten: its files are renamed <name>.1 (older ones shift to
-  .2, ...), with a warning."""
+  """Writes table.md, table.csv (and write_published_csvs's and write_state_tracking_csvs's) and
+  the PNGs of the runs under runs_dir (those `only` keeps: see read_runs) into out_dir (each
+  atomically); returns the markdown. A report of other runs already there is kept, not
+  overwritten: its files are renamed <name>.1 (older ones shift to .2, ...), with a warning."""
   runs = read_runs(runs_dir, only=only)
   if not runs:
     raise HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
@@ -383,6 +443,7 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   write_text(out / "table.md", text)
   write_csv(tables, out / "table.csv")
   write_published_csvs(tables, out)
+  write_state_tracking_csvs(runs, out)
   plot(tables, runs, out)
   return text
 
