@@ -58,7 +58,9 @@ REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_variant_backward_hands_no_high_rank_array_to_a_fusion_library": "name",
                    # tests/test_delta_mixers.py, over the delta-rule mixers
                    "test_allow_neg_eigval_equals_its_equation": "name",
-                   "test_decoding_token_by_token_equals_the_chunked_forward": "name"}
+                   "test_decoding_token_by_token_equals_the_chunked_forward": "name",
+                   # tests/test_mixers.py: every mixer against its equation in float64
+                   "test_layer_equals_its_equation_in_float64": "name"}
 REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
                            "gated_deltanet"}
 # The op sweeps (tests/test_ops.py over its OPS, test_ops_segments.py over their chunk and

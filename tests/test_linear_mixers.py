@@ -138,7 +138,8 @@ def oracle_output_and_grads(name, mixer, x, mask, w):
 # hgrn2's and based's compile for several seconds: the slow lane (the fast lane has lightning's
 # and, forward only, every layer's oracle in tests/test_mixers.py)
 @pytest.mark.parametrize("name", [pytest.param("based", marks=pytest.mark.slow),
-                                  pytest.param("hgrn2", marks=pytest.mark.slow), "lightning"])
+                                  pytest.param("hgrn2", marks=pytest.mark.slow),
+                                  pytest.param("lightning", marks=pytest.mark.slow)])
 def test_output_and_gradients_equal_the_equations_in_float64(name):
   mixer = build(name)
   x, mask, w = inputs()
@@ -154,7 +155,8 @@ def test_output_and_gradients_equal_the_equations_in_float64(name):
 
 
 # based's window compiles a flex call per block size: the slow lane (as its conformance checks)
-HEAVY_BASED = [pytest.param("based", marks=pytest.mark.slow), "hgrn2", "lightning"]
+HEAVY_BASED = [pytest.param("based", marks=pytest.mark.slow),
+               pytest.param("hgrn2", marks=pytest.mark.slow), "lightning"]
 
 
 @pytest.mark.parametrize("name", HEAVY_BASED)

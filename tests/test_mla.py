@@ -122,6 +122,7 @@ def test_forward_and_gradients_equal_the_float64_oracle(causal, q_lora_rank):
   assert np.abs(want_dx).max() > 0
 
 
+@pytest.mark.slow
 def test_absorbed_decoding_equals_the_parallel_forward_token_by_token():
   """Default sizes (from head_dim 8) and q_lora_rank=0; the decode step's program forms no
   per-head key or value over the cache: scores are against the latent itself."""
@@ -173,6 +174,7 @@ def test_options_that_make_no_sense_are_refused():
     mla(normal(3, (1, 5, EMB)), decode=True)
 
 
+@pytest.mark.slow
 def test_a_decoder_lm_trains_with_the_harness_loss_and_generates_from_its_cache():
   config = TransformerConfig(vocab_size=16, max_len=12, num_layers=1, emb_dim=EMB,
                              num_heads=HEADS, mlp_dim=32, dropout_rate=0.0, attention="mla",

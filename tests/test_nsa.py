@@ -134,7 +134,8 @@ def outputs_and_grads(f, q, k, v, cotangents):
 
 
 @pytest.mark.parametrize("causal, padded", [
-    (True, True),                                            # a hole and a padded tail
+    # a hole and a padded tail (slow too: the fast lane checks nsa by the conformance suite)
+    pytest.param(True, True, marks=pytest.mark.slow),
     pytest.param(True, False, marks=pytest.mark.slow),
     pytest.param(False, True, marks=pytest.mark.slow),       # the bidirectional form
 ])
@@ -221,6 +222,7 @@ def test_blocks_must_be_multiples_of_the_stride():
       build(True, **bad)
 
 
+@pytest.mark.slow
 def test_no_n_by_n_array_forward_or_backward():
   """The largest intermediates are linear in n (a row of d per query, head and selected block:
   n·g·count·d; the engine's 128 x 128 tiles), far from n x n."""
