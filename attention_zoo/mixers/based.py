@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_zoo import flex, ops, positions
+from attention_zoo.ops import softmax
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
 from attention_zoo.ops.segments import positions_in_segments, segment_runs
@@ -60,16 +61,6 @@ def taylor_features(x):
   i, j = np.triu_indices(f, 1)
   return jnp.concatenate([jnp.ones_like(x[..., :1]), x * f ** -0.25, x * x * (2 * f) ** -0.5,
                           x[..., i] * x[..., j] * f ** -0.5], axis=-1)
-
-
-def window_mask(window: int, q_len: int, kv_len: int):
-  """flex's mask function: query q (aligned to the end of the keys) sees keys q - w .. q."""
-  offset = kv_len - q_len
-
-  def allowed(b, h, q, kv):
-    back = q + offset - kv
-    return (back >= 0) & (back <= window)
-  return allowed
 
 
 @register_mixer("based", complexity="O(n·f²·(C + d) + n·w·d)",
@@ -143,9 +134,9 @@ class Based(Mixer):
       keys = jnp.concatenate([state["key"], k.astype(state["key"].dtype)], axis=1)
       values = jnp.concatenate([state["value"], v.astype(state["value"].dtype)], axis=1)
       filled = jnp.concatenate([state["filled"], mask], axis=1)                # [b, m + n]
-    o = flex.pattern_attention(q, keys.astype(q.dtype), values.astype(q.dtype),
-                               window_mask(self.window, n, keys.shape[1]), kv_mask=filled,
-                               scale=d ** -0.5, segment_ids=runs)
+    window = softmax.window_allowed(self.window, n, keys.shape[1], causal=True)
+    o = flex.pattern_attention(q, keys.astype(q.dtype), values.astype(q.dtype), window,
+                               kv_mask=filled, scale=d ** -0.5, segment_ids=runs)
     if state is None:
       return o, None
     m = state["key"].shape[1]

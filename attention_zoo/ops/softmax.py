@@ -26,6 +26,18 @@ def causal_allowed(q_positions, k_positions, q_len: int, kv_len: int):
   return k_positions <= q_positions + (kv_len - q_len)
 
 
+def window_allowed(window: int, q_len: int, kv_len: int, causal: bool):
+  """The sliding window as a flex mask function (b, h, q, kv) -> bool: query i sees key j iff
+  |i + (kv_len - q_len) - j| <= window (queries aligned to the end of the keys), and with
+  `causal` only j <= i + (kv_len - q_len) too (`sliding_window`, NSA's window, Based's)."""
+  offset = kv_len - q_len
+
+  def allowed(b, h, q, kv):
+    keep = jnp.abs(q + offset - kv) <= window
+    return keep & causal_allowed(q, kv, q_len, kv_len) if causal else keep
+  return allowed
+
+
 def causal_pattern(q_len: int, kv_len: int, causal: bool):
   """`pattern()` of a variant that sees every key (or, causal, the bottom-right triangle):
   bool [1, q, k]."""

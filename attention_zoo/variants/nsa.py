@@ -205,7 +205,7 @@ class NativeSparseAttention(Attention):
                                     deterministic=deterministic, block=self.selection_block,
                                     choose=choose, per_head=per_head)
 
-    near = lambda b, h, t, s: ((s <= t) & (t - s <= window)) if causal else (abs(t - s) <= window)
+    near = softmax.window_allowed(window, q.shape[1], k.shape[1], causal)
     windowed = flex.attend(self, q, k, v, near, kv_mask=kv_mask, deterministic=deterministic,
                            alibi_slopes=None)
     return tuple(x.astype(jnp.float32) for x in (compressed, selected, windowed))

@@ -10,8 +10,6 @@ decoding against the base class's right-aligned KV cache is exact.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from attention_zoo import flex
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
@@ -38,12 +36,7 @@ class SlidingWindowAttention(Attention):
 
   def mask_mod(self, q_len: int, kv_len: int):
     """(b, h, q, kv) -> whether query q sees key kv (flex's mask function)."""
-    window, offset = self.window, kv_len - q_len
-
-    def allowed(b, h, q, kv):
-      keep = jnp.abs(q + offset - kv) <= window
-      return keep & softmax.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
-    return allowed
+    return softmax.window_allowed(self.window, q_len, kv_len, self.causal)
 
   def pattern(self, q_len: int, kv_len: int):
     return flex.dense_mask(self.mask_mod(q_len, kv_len), None, q_len, kv_len)

@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from lra.diagnostics.mqar import IGNORED, SPLIT_SEEDS
+from lra.diagnostics.mqar import IGNORED, SPLIT_SEEDS, check_integer_fields
 
 RULES_VERSION = 1   # bump when a generator's output for given settings changes
 _MAY_BE_ZERO = ("seed", "map_seed", "noise_vocab_size")
@@ -45,12 +45,7 @@ class _Settings:
   task = ""
 
   def check(self, seq_len: int) -> None:
-    for field in dataclasses.fields(self):
-      value, least = getattr(self, field.name), 0 if field.name in _MAY_BE_ZERO else 1
-      if field.type == "int" and (isinstance(value, bool) or
-                                  not isinstance(value, (int, np.integer)) or value < least):
-        raise ValueError(f"{self.task}: {field.name} must be an integer >= {least}, got "
-                         f"{value!r}")
+    check_integer_fields(self, _MAY_BE_ZERO)
     self._check(seq_len)
 
   def _check(self, seq_len: int) -> None:

@@ -29,6 +29,17 @@ RULES_VERSION = 1   # bump when the generator's output for given settings change
 SPLIT_SEEDS = {"train": 0, "validation": 1, "test": 2}
 
 
+def check_integer_fields(settings, may_be_zero=("seed",)) -> None:
+  """ValueError naming the first `int` field of a diagnostic's settings (a dataclass) that is
+  not an integer >= 1 (>= 0 for those in may_be_zero)."""
+  for field in dataclasses.fields(settings):
+    value, least = getattr(settings, field.name), 0 if field.name in may_be_zero else 1
+    if field.type == "int" and (isinstance(value, bool) or
+                                not isinstance(value, (int, np.integer)) or value < least):
+      raise ValueError(f"{settings.task}: {field.name} must be an integer >= {least}, got "
+                       f"{value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The generator's parameters (seq_len is the task's max_len)."""

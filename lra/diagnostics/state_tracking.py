@@ -32,7 +32,7 @@ import itertools
 
 import numpy as np
 
-from lra.diagnostics.mqar import IGNORED, SPLIT_SEEDS
+from lra.diagnostics.mqar import IGNORED, SPLIT_SEEDS, check_integer_fields
 
 RULES_VERSION = 1   # bump when the generator's output for given settings changes
 
@@ -69,11 +69,7 @@ class _Settings:
     raise NotImplementedError
 
   def check(self, seq_len: int) -> None:
-    for field in dataclasses.fields(self):
-      value, least = getattr(self, field.name), 0 if field.name == "seed" else 1
-      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise ValueError(f"{self.task}: {field.name} must be an integer >= {least}, got "
-                         f"{value!r}")
+    check_integer_fields(self)
     if self.min_train_len > self.max_train_len:
       raise ValueError(f"{self.task}: min_train_len={self.min_train_len} exceeds "
                        f"max_train_len={self.max_train_len}")
