@@ -51,7 +51,7 @@ from tqdm import tqdm
 import lra
 from attention_zoo.models import TransformerConfig, num_params
 from experiments.common import device, dry_run, records
-from experiments.common.errors import HarnessError, Interrupted
+from experiments.common.errors import CtrlC, HarnessError, Interrupted
 from experiments.train import build
 from experiments.train import checkpoints as checkpoints_lib
 from experiments.train import data as data_lib
@@ -234,6 +234,7 @@ class Trainer:
     config, _ = check_run(config)   # before the data: a bad config fails in a second
     self.config, self.workdir, self.restart = config, Path(workdir), restart
     self.steps_done: int | None = None   # the step training has reached (None: not started)
+    self.ctrl_c = CtrlC()   # taken between steps and evaluation batches
     self.task = lra.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
     self.mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -273,6 +274,7 @@ class Trainer:
                else data_lib.test_batches(ds, self.config))
     totals = None
     for batch in batches:
+      self.ctrl_c.check()
       sums = self.eval_step(model_state, data_lib.to_device(batch, self.batch_sharding))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     totals = jax.device_get(totals)
@@ -292,11 +294,12 @@ class Trainer:
                       f"; the earlier run's files are kept as {kept}" if kept else "")
     checkpoints = Checkpoints(self.workdir, keep=self.config.keep_checkpoints)
     try:
-      record = dict(FRESH_RECORD) if self.restart else self._resume(checkpoints, writer)
-      clock = _Clock(record["wall_seconds"])
-      self._train(checkpoints, writer, record, clock)
-      checkpoints.finish()
-      return self._test(writer, record, clock)
+      with self.ctrl_c.deferred():
+        record = dict(FRESH_RECORD) if self.restart else self._resume(checkpoints, writer)
+        clock = _Clock(record["wall_seconds"])
+        self._train(checkpoints, writer, record, clock)
+        checkpoints.finish()
+        return self._test(writer, record, clock)
     except KeyboardInterrupt:
       raise self._interrupted(checkpoints) from None
     finally:
@@ -340,6 +343,7 @@ class Trainer:
     with tqdm(total=config.num_train_steps, initial=first, disable=not self.is_writer,
               desc=f"{config.task}/{config.model.attention}", unit="step", mininterval=2) as bar:
       for step in range(first + 1, config.num_train_steps + 1):
+        self.ctrl_c.check()
         batch = data_lib.to_device(next(batches), self.batch_sharding)
         self.state, metrics = self.train_step(self.state, batch)
         self.steps_done = step   # counted here: the state's buffers are donated to the step

@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import shutil
+import gc
 import signal
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import lra
 from command_runner import run_commands
 from experiments import reproduce
 from experiments.common import task_configs
-from experiments.common.errors import HarnessError
+from experiments.common.errors import CtrlC, HarnessError
 from experiments.train import trainer
 from experiments.train.metrics import read_metrics
 
@@ -140,6 +141,43 @@ def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_resume_command(list
   assert "--restart" not in resume and resume[1:] == [a for a in args[1:] if a != "--restart"]
   (planned,) = run_commands([resume + ["--dry_run"]], cwd=REPO)
   assert planned["code"] == 0 and f"resumes from step {saved} -> " in planned["stdout"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")   # the dropped one
+def test_ctrl_c_inside_a_gc_callback_is_not_lost():
+  """Python's own handler raises KeyboardInterrupt in whatever runs when Ctrl-C arrives; inside
+  a garbage-collection callback (JAX registers one) Python drops it and training went on (a CI
+  run timed out so). CtrlC records it and raises at the next check; a second Ctrl-C raises at
+  once; the previous handler is back afterwards."""
+  fired = []
+
+  def ctrl_c_during_collection(phase, info):
+    if phase == "start" and not fired:
+      fired.append(phase)
+      os.kill(os.getpid(), signal.SIGINT)
+      sum(range(1000))   # Python runs the handler here, inside the callback
+
+  gc.callbacks.append(ctrl_c_during_collection)
+  try:
+    gc.collect()   # Python's handler: raised inside the callback and dropped
+    assert fired
+    fired.clear()
+    ctrl_c = CtrlC()
+    with pytest.raises(KeyboardInterrupt), ctrl_c.deferred():
+      gc.collect()
+      assert fired and ctrl_c.requested
+      ctrl_c.check()
+      pytest.fail("check() did not raise")
+  finally:
+    gc.callbacks.remove(ctrl_c_during_collection)
+  with pytest.raises(KeyboardInterrupt), ctrl_c.deferred():
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(1000))
+    assert ctrl_c.requested
+    os.kill(os.getpid(), signal.SIGINT)   # the second one
+    sum(range(1000))
+    pytest.fail("a second Ctrl-C did not raise at once")
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_batch_not_divisible_by_devices(listops_dir, tmp_path, monkeypatch):
