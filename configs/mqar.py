@@ -31,6 +31,15 @@ ATTENTION_SETTINGS = {
                 "model.attention_options.num_random_blocks": 2},
     "reformer": {"model.attention_options.chunk_len": 8},
     "sinkhorn": {"model.attention_options.block_size": 8},
+    # Their blocks chosen from the data: 8-token blocks, so a query sees 3 (MoBA) or 4 (NSA:
+    # the first, the two local ones and one chosen) of the 8 blocks, not the whole sequence.
+    "moba": {"model.attention_options.block_size": 8, "model.attention_options.top_k": 2},
+    "nsa": {"model.attention_options.block_length": 8, "model.attention_options.block_stride": 4,
+            "model.attention_options.selection_block": 8,
+            "model.attention_options.selected_blocks": 4, "model.attention_options.window": 8},
+    # Its window beside the linear attention, as short as sliding_window's (its default, 64, is
+    # the whole sequence here).
+    "based": {"model.attention_options.window": 8},
 }
 
 
