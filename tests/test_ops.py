@@ -85,7 +85,8 @@ def reference(name, x, mask=None):
     return jax.tree.map(np.asarray, reference_of(name, x, mask))
 
 
-# chunk 32: two sub-chunks of GLA's per-channel products; 64 > T
+# The per-channel products by halves: chunk 32 down to single tokens; 64 > T: one chunk of 40,
+# halved down to blocks of 5 (odd: by columns)
 FORMS = [("chunk", {"chunk_size": c}) for c in (1, 8, 16, 32, 64)] + [("recurrent", {})]
 FORM_IDS = ["chunk1", "chunk8", "chunk16", "chunk32", "chunk64", "recurrent"]
 
@@ -197,7 +198,7 @@ def test_gradients_equal_float64_autodiff_of_the_recurrence(name, form, gate):
   rng = np.random.default_rng(2)
   do = jnp.asarray(rng.normal(size=(B, T, H, V)), jnp.float32)
   dS = jnp.asarray(rng.normal(size=(B, H, K, V)), jnp.float32)
-  kw = {"chunk_size": 32} if form == "chunk" else {}   # GLA: two sub-chunks per chunk
+  kw = {"chunk_size": 32} if form == "chunk" else {}   # several chunks, each halved down
   grads = jax.jit(lambda x: loss_grads(lambda x: call(name, form, x, mask=mask, **kw), x, do,
                                        dS))(x)
   with jax.enable_x64(True):

@@ -9,7 +9,8 @@ The layer as flash-linear-attention defines it (fla/layers/gla.py): q, k, v line
 kernel-4 causal conv and SiLU (off by default); the low-rank gate W_1 [d, 16] (no bias),
 W_2 [16, key_dim] (with bias), normalised by τ = 16, so at init α ≈ 0.5^{1/16} ≈ 0.96 (a memory
 of tens of tokens); the output per head RMS-normalised times SiLU(W_g x), then projected
-back. Chunkwise by `attention_zoo.ops.chunk_gla` (sub-chunked, every exponent <= 0).
+back. Chunkwise by `attention_zoo.ops.chunk_gla` (per-channel decays by halves,
+every exponent <= 0).
 
 Where ours differs: head dimensions come from the model's (fla: expand · hidden / heads, the
 same with qkv_dim = emb_dim); q, k, v share one projection (and one convolution, which has a

@@ -71,10 +71,13 @@ steps), which the DPLR products, their rows decayed up to the token before, meet
 the products count the decaying tokens of each chunk and take equal counts as the constant 0.
 With a scalar gate the C x C decay e^{G_i - G_j} is formed directly. With a per-channel gate
 the products are not one matmul, and factoring e^{G_i - G_j} = e^{G_i} e^{-G_j} across a chunk
-overflows for strong gates; they are built from sub-chunks of c tokens: a pair of sub-chunks
-I > J is one batched matmul of (Q_I ⊙ e^{G_I - G_f}) and (K_J ⊙ e^{G_l - G_J}) ⊙ e^{G_f - G_l},
-with f the first token of I and l the last of J (all exponents <= 0), a diagonal pair I = J an
-elementwise product, one key column at a time.
+overflows for strong gates; they are built by halves: the pairs of a block's second half
+(rows i) and first half (columns j) are one matmul of (Q_i ⊙ e^{G_i - G_r}) and
+(K_j ⊙ e^{G_r - G_j}) with r the first half's last token (j <= r < i: both exponents <= 0, so no
+overflow), then each half the same way, down to single tokens (a block of odd length: one key
+column at a time, elementwise). That is log2(C) exponentials per token and channel, and half of
+the C x C matmul; sub-chunks of 8 with an elementwise diagonal took 2.5x the time (forward
+and backward, 4K, one CPU process).
 Gates, cumulative sums, states, the solve and all accumulation are float32 (float64 for
 float64 inputs), matmuls at Precision.HIGHEST. No intermediate has more than five axes (a
 rank-7 reduction made XLA's CPU backward corrupt memory: docs/xla_cpu_fault.md).
@@ -94,8 +97,8 @@ from attention_zoo.ops.segments import segment_starts
 # 2-core CPU, medians of 7 interleaved calls: chunk 16 568 ms, 32 498 ms, 64 550 ms, 128 772 ms.
 # 32 and 64 are within the machine's noise (~10%); 64 is flash-linear-attention's default.
 DEFAULT_CHUNK_SIZE = 64
-# Tokens per sub-chunk of the per-channel-gate intra-chunk products (at most; a divisor of C).
-SUB_CHUNK = 8
+# A short sequence is one chunk of a multiple of this many tokens.
+SHORT_CHUNK_MULTIPLE = 8
 
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
@@ -117,40 +120,51 @@ def _decayed_products_scalar(a, b, G, counts, strict: bool):
   return _einsum("nbhik,nbhjk->nbhij", a, b) * jnp.exp(exponent)                   # [n,b,h,C,C]
 
 
+def _zero_if_empty(same_count, exponent):
+  """An exponent over no decaying token (equal counts at its ends) is the constant 0."""
+  return jnp.where(same_count, 0.0, exponent)
+
+
 def _decayed_products_vector(a, b, G, counts, strict: bool):
   """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, and counts
-  [n, b, 1, C, 1], by sub-chunks of c tokens. The leading dims are merged (M = n·b·h) and no
-  intermediate has more than two axes besides M and the channel: a rank-7 broadcast product
-  here made XLA's CPU backward corrupt memory on some CPUs (docs/xla_cpu_fault.md)."""
+  [n, b, 1, C, 1], by halves (see the module docstring). The leading dims are merged
+  (M = n·b·h) and no intermediate has more than four axes: a rank-7 broadcast product here
+  made XLA's CPU backward corrupt memory on some CPUs (docs/xla_cpu_fault.md)."""
   *lead, C, K = G.shape
-  c = next(d for d in range(min(SUB_CHUNK, C), 0, -1) if C % d == 0)
-  S = C // c
-  a, b, G = (x.reshape(-1, S, c, K) for x in (a, b, G))                     # [M, S, c, K]
-  counts = jnp.broadcast_to(counts, (*lead, C, 1)).reshape(-1, S, c, 1)  # [M, S, c, 1]
-  row = jnp.arange(c)[:, None]                                             # [c, 1]
-  # an exponent over no decaying token (equal counts at its ends) is the constant 0
-  zero_if_empty = lambda same_count, diff: jnp.where(same_count, 0.0, diff)
-  # diagonal sub-blocks, one column j at a time: e^{G_i - G_j} elementwise over (i, channel)
+  a, b, G = (x.reshape(-1, C, K) for x in (a, b, G))                        # [M, C, K]
+  counts = jnp.broadcast_to(counts, (*lead, C, 1)).reshape(-1, C, 1)      # [M, C, 1]
+  return _products_by_halves(a, b, G, counts, strict).reshape(*lead, C, C)
+
+
+def _products_by_halves(a, b, G, counts, strict: bool):
+  """[M, L, K] (counts [M, L, 1]) -> [M, L, L]. The pairs of the second half's rows and the
+  first half's columns are one matmul through the first half's last token r, then each half
+  recursively (as one batch of 2M); a block of odd length one column at a time."""
+  M, L, K = a.shape
+  if L % 2:
+    return _products_by_columns(a, b, G, counts, strict)
+  h = L // 2
+  ref, ref_count = G[:, h - 1:h], counts[:, h - 1:h]                      # [M, 1, K], [M, 1, 1]
+  late = a[:, h:] * jnp.exp(_zero_if_empty(counts[:, h:] == ref_count, G[:, h:] - ref))
+  early = b[:, :h] * jnp.exp(_zero_if_empty(counts[:, :h] == ref_count, ref - G[:, :h]))
+  across = _einsum("mik,mjk->mij", late, early)                           # [M, h, h]
+  halves = lambda x: x.reshape(2 * M, h, x.shape[-1])                     # [2M, h, K|1]
+  within = _products_by_halves(*map(halves, (a, b, G, counts)), strict).reshape(M, 2, h, h)
+  return jnp.concatenate([
+      jnp.concatenate([within[:, 0], jnp.zeros_like(across)], axis=-1),
+      jnp.concatenate([across, within[:, 1]], axis=-1)], axis=-2)          # [M, L, L]
+
+
+def _products_by_columns(a, b, G, counts, strict: bool):
+  """[M, L, K] (counts [M, L, 1]) -> [M, L, L], e^{G_i - G_j} elementwise, one column j at a
+  time."""
+  row = jnp.arange(a.shape[1])[:, None]                                    # [L, 1]
   columns = []
-  for j in range(c):
-    exponent = zero_if_empty(counts == counts[:, :, j:j + 1], G - G[:, :, j:j + 1, :])
-    exponent = jnp.where(row > j if strict else row >= j, exponent, -jnp.inf)  # [M, S, c, K]
-    columns.append(jnp.sum(a * b[:, :, j:j + 1, :] * jnp.exp(exponent), axis=-1))  # [M, S, c]
-  diagonal = jnp.stack(columns, axis=-1)                                    # [M, S, c, c]
-  # sub-blocks I > J: e^{G_i - G_j} = e^{G_i - G_first(I)} e^{G_first(I) - G_last(J)}
-  # e^{G_last(J) - G_j}, every exponent <= 0 (so no overflow)
-  first, last = G[:, :, :1, :], G[:, :, -1:, :]                            # [M, S, 1, K]
-  first_count, last_count = counts[:, :, :1], counts[:, :, -1:]            # [M, S, 1, 1]
-  a_ref = a * jnp.exp(zero_if_empty(counts == first_count, G - first))     # [M, S, c, K]
-  b_ref = b * jnp.exp(zero_if_empty(counts == last_count, last - G))       # [M, S, c, K]
-  earlier = (jnp.arange(S)[None, :] < jnp.arange(S)[:, None])[:, :, None, None]  # [S,S,1,1] J<I
-  between = jnp.where(earlier, zero_if_empty(first_count[:, :, None] == last_count[:, None],
-                                             first[:, :, None] - last[:, None, :]),
-                      -jnp.inf)                                             # [M, S, S, 1, K]
-  b_pairs = jnp.exp(between) * b_ref[:, None]                               # [M, S, S, c, K]
-  off_diagonal = _einsum("mIik,mIJjk->mIiJj", a_ref, b_pairs)               # [M, S, c, S, c]
-  block_diagonal = diagonal[:, :, :, None, :] * jnp.eye(S, dtype=a.dtype)[:, None, :, None]
-  return (off_diagonal + block_diagonal).reshape(*lead, C, C)                # [n,b,h,C,C]
+  for j in range(a.shape[1]):
+    exponent = _zero_if_empty(counts == counts[:, j:j + 1], G - G[:, j:j + 1])
+    exponent = jnp.where(row > j if strict else row >= j, exponent, -jnp.inf)  # [M, L, K]
+    columns.append(jnp.sum(a * b[:, j:j + 1] * jnp.exp(exponent), axis=-1))   # [M, L]
+  return jnp.stack(columns, axis=-1)
 
 
 def _decayed_products(a, b, G, counts, strict: bool):
@@ -242,7 +256,7 @@ def _within_segments(products, segments: Segments | None):
 
 def _chunk_layout(T: int, chunk_size: int) -> tuple[int, int]:
   """(C, N): tokens per chunk (a short T: one padded chunk) and chunks."""
-  C = min(chunk_size, ceil_div(T, SUB_CHUNK) * SUB_CHUNK)
+  C = min(chunk_size, ceil_div(T, SHORT_CHUNK_MULTIPLE) * SHORT_CHUNK_MULTIPLE)
   return C, ceil_div(T, C)
 
 
