@@ -10,7 +10,8 @@
 and is skipped, with a log line, for the others (docs/harness.md, Configs).
 
 Runs go to OUT/runs/<task>/<attention>/seed<seed>; a run whose results.json exists is
-skipped and an interrupted one resumes, so the same command continues a grid. The report
+skipped and an interrupted one resumes, so the same command continues a grid (a finished run
+with other --override values is an error naming them: another grid needs its own --out). The report
 (table.md, table.csv, PNGs) covers the asked preset, tasks, attentions and seeds and goes to a
 folder named by the asked tasks, OUT/<tasks joined by +> (OUT/mqar, OUT/mad; OUT/lra for the six
 LRA tasks): a report of other runs found there is kept as <name>.1. A value every run would
@@ -26,6 +27,8 @@ of best mean validation accuracy: OUT/tuning.md, tuning.json and tuning.csv
         --tune=schedule.base_learning_rate=1e-4,5e-4,1e-3 --tune=optimizer.weight_decay=0,0.1
 """
 from __future__ import annotations
+
+import json
 
 import time
 from pathlib import Path
@@ -137,6 +140,25 @@ def run_dir(out, task: str, attention: str, seed: int) -> Path:
   return Path(out) / "runs" / task / attention / f"seed{seed}"
 
 
+def check_finished(workdir: Path, config) -> None:
+  """A finished run is skipped only if it ran with the overrides asked now: its folder is named
+  by task, variant and seed alone, so a grid with another --override would otherwise take its
+  results as its own. HarnessError naming the fields that differ."""
+  from experiments.train import build
+
+  recorded = json.loads((workdir / "results.json").read_text()).get("overrides")
+  if recorded is None:   # a not-applicable record
+    return
+  asked = json.loads(json.dumps(build.overrides(config)))
+  differ = sorted(f for f in recorded.keys() | asked.keys() if recorded.get(f) != asked.get(f))
+  if differ:
+    value = lambda values, f: repr(values[f]) if f in values else "the config file's value"
+    raise HarnessError(
+        f"{workdir} holds a finished run with other settings ("
+        + "; ".join(f"{f}: {value(recorded, f)} there, {value(asked, f)} now" for f in differ)
+        + "): give this grid its own --out, or remove that folder to run it again")
+
+
 def report_dir(out, tasks) -> Path:
   """The report's folder of a grid over `tasks` (as asked, group names kept): OUT/<the tasks
   joined by +>, e.g. OUT/mqar, OUT/mad, OUT/listops+text; OUT/lra for the six LRA tasks. So
@@ -157,6 +179,7 @@ def plan_lines(configs: dict, out) -> list[str]:
     if (workdir / "results.json").exists():
       if not not_applicable(task, attention):
         trainer.check_run(config)
+        check_finished(workdir, config)
       lines.append(f"{task} / {attention} / seed {seed}: {workdir}/results.json exists: skipped")
     elif reason := not_applicable(task, attention):
       lines.append(f"{task} / {attention} / seed {seed}: not applicable ({reason})")
@@ -197,6 +220,9 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   from experiments.train import trainer
 
   grid = list(configs)
+  for (task, attention, seed), config in configs.items():   # before the first run trains
+    if (run_dir(out, task, attention, seed) / "results.json").exists():
+      check_finished(run_dir(out, task, attention, seed), config)
   failures = []
   for number, (task, attention, seed) in enumerate(grid, start=1):
     workdir = run_dir(out, task, attention, seed)

@@ -300,6 +300,13 @@ def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path,
   assert reproduce.run_grid(preset="tiny", tasks=["listops"], attentions=["full"], seeds=[0, 1],
                             out=out,
                             overrides=overrides("", {**SMALL, "data_dir": listops_dir})) == []
+  # the same folders asked with another override: refused, not taken as that grid's results
+  with pytest.raises(HarnessError, match=(
+      r"seed0 holds a finished run with other settings \(schedule.base_learning_rate: the "
+      r"config file's value there, 0.01 now\): give this grid its own --out")):
+    reproduce.run_grid(preset="tiny", tasks=["listops"], attentions=["full"], seeds=[0], out=out,
+                       overrides=overrides("", {**SMALL, "data_dir": listops_dir,
+                                                "schedule.base_learning_rate": 0.01}))
 
 
 def test_dry_run_plans_the_grid_without_running_it(tmp_path):
