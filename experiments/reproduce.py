@@ -221,8 +221,8 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
 
   grid = list(configs)
   for (task, attention, seed), config in configs.items():   # before the first run trains
-    if (run_dir(out, task, attention, seed) / "results.json").exists():
-      check_finished(run_dir(out, task, attention, seed), config)
+    if (workdir := run_dir(out, task, attention, seed)).joinpath("results.json").exists():
+      check_finished(workdir, config)
   failures = []
   for number, (task, attention, seed) in enumerate(grid, start=1):
     workdir = run_dir(out, task, attention, seed)

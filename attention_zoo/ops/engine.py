@@ -76,7 +76,7 @@ overflows for strong gates; they are built by halves: the pairs of a block's sec
 (K_j ⊙ e^{G_r - G_j}) with r the first half's last token (j <= r < i: both exponents <= 0, so no
 overflow), then each half the same way, down to single tokens (a block of odd length: one key
 column at a time, elementwise). That is log2(C) exponentials per token and channel, and half of
-the C x C matmul; sub-chunks of 8 with an elementwise diagonal took 2.5x the time (forward
+the C x C matmul; sub-chunks of 8 with an elementwise diagonal took 2-2.5x the time (forward
 and backward, 4K, one CPU process).
 Gates, cumulative sums, states, the solve and all accumulation are float32 (float64 for
 float64 inputs), matmuls at Precision.HIGHEST. No intermediate has more than five axes (a
