@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from attention_zoo import ops
+from attention_zoo.ops import engine
 from tests import ops_reference
 from tests.ops_reference import assert_close, loss_grads
 
@@ -30,12 +31,12 @@ JITTED = {name: jax.jit(getattr(ops, name),
           for name in ops.__all__}
 
 
-def make_inputs(name, *, length=T, seed=0, gate=None, steps=STEPS, beta_max=1.0):
+def make_inputs(name, *, length=T, seed=0, gate=None, steps=STEPS, beta_max=1.0, gate_scale=1.0):
   """Random inputs of op `name`: {q, k, v, its inputs, initial_state}, float32. Delta-rule
   keys are L2-normalised (as the layers give them), beta = beta_max · σ(·); the delta product
   has `steps` keys, values and betas per token ([B, T, steps, ...]); DPLR's a = -κ̂,
   b = κ̂ ⊙ σ(·) with κ̂ a unit key (as RWKV-7 gives them). `gate`: a constant log-gate instead
-  of random log-sigmoid gates."""
+  of random log-sigmoid gates; `gate_scale` multiplies the random ones."""
   gate_kind, inputs = OPS[name]
   rng = np.random.default_rng(seed)
   normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
@@ -54,7 +55,7 @@ def make_inputs(name, *, length=T, seed=0, gate=None, steps=STEPS, beta_max=1.0)
     shape = (B, length, H) + ((K,) if gate_kind == "channel" else ())
     # log-sigmoid gates, decays from about 0.3 to 0.99 per step
     x["g"] = (np.full(shape, gate, np.float32) if gate is not None
-              else np.log(sigmoid(normal(*shape) + 2)))
+              else gate_scale * np.log(sigmoid(normal(*shape) + 2)))
   x["initial_state"] = normal(B, H, K, V)
   return {key: jnp.asarray(value) for key, value in x.items()}
 
@@ -85,8 +86,8 @@ def reference(name, x, mask=None):
     return jax.tree.map(np.asarray, reference_of(name, x, mask))
 
 
-# The per-channel products by halves: chunk 32 down to single tokens; 64 > T: one chunk of 40,
-# halved down to blocks of 5 (odd: by columns)
+# 64 > T: one chunk of 40. The per-channel products of these gates go through the midpoint;
+# by halves (chunk 32 down to single tokens, 40 down to blocks of 5, by columns) at strong gates
 FORMS = [("chunk", {"chunk_size": c}) for c in (1, 8, 16, 32, 64)] + [("recurrent", {})]
 FORM_IDS = ["chunk1", "chunk8", "chunk16", "chunk32", "chunk64", "recurrent"]
 
@@ -102,6 +103,90 @@ def test_forms_equal_the_float64_recurrence(name, form, kw):
   assert state.dtype == jnp.float32 and state.shape == (B, H, K, V)
   assert_close(o, o_ref, 1e-5, "o")
   assert_close(state, state_ref, 1e-5, "final state")
+
+
+CHANNEL_OPS = [name for name in OPS if OPS[name][0] == "channel"]
+
+
+@pytest.mark.parametrize("form,kw", FORMS[1:-1], ids=FORM_IDS[1:-1])
+@pytest.mark.parametrize("name", CHANNEL_OPS)
+def test_per_channel_ops_with_strong_gates_equal_the_float64_recurrence(name, form, kw):
+  """Random log-gates 30x the others (decays from e^-40 to 0.7 per step): the cumulative gates
+  of a chunk span more than MIDPOINT_SPAN, so the products are built by halves (the one chunk
+  of 40, halved to blocks of 5, by columns), where the other tests' gates go through the
+  midpoint."""
+  x = make_inputs(name, gate_scale=30.0)
+  first_chunk = np.cumsum(np.asarray(x["g"])[:, :kw["chunk_size"]], axis=1)
+  assert np.max(first_chunk.max(1) - first_chunk.min(1)) > engine.MIDPOINT_SPAN
+  o, state = call(name, form, x, **kw)
+  o_ref, state_ref = reference(name, x)
+  assert_close(o, o_ref, 1e-5, "o")
+  assert_close(state, state_ref, 1e-5, "final state")
+
+
+def direct_products(a, b, G, counts, strict):
+  """Σ_d a_id b_jd e^{G_id - G_jd} over j <= i (j < i if strict), the exponent 0 where counts
+  are equal, in float64 numpy: [M, L, K] -> [M, L, L]."""
+  L = a.shape[1]
+  keep = np.tril(np.ones((L, L), bool), -1 if strict else 0)
+  exponent = np.where((counts[:, :, None] == counts[:, None, :])[..., None], 0.0,
+                      G[:, :, None, :] - G[:, None, :, :])                # [M, i, j, K]
+  decay = np.exp(np.where(keep[None, :, :, None], exponent, -np.inf))
+  return np.einsum("mik,mjk,mijk->mij", a, b, decay)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("length", [6, 16])
+@pytest.mark.parametrize("gate_scale", [1.0, 100.0])
+def test_per_channel_products_equal_the_direct_sum(gate_scale, length, strict):
+  """Through the midpoint (weak gates only: its domain) and by halves (any gates; 6 halves to
+  blocks of 3, by columns), with holes (tokens that do not decay), float64; the dispatcher
+  takes the midpoint exactly when the span allows."""
+  rng = np.random.default_rng(3)
+  M, K = 3, 4
+  a, b = rng.normal(size=(2, M, length, K))
+  decaying = rng.random((M, length)) < 0.7
+  g = np.where(decaying[..., None], gate_scale * np.log(1 / (1 + np.exp(-rng.normal(
+      size=(M, length, K)) - 2))), 0.0)
+  G, counts = np.cumsum(g, axis=1), np.cumsum(decaying, axis=1)[..., None]
+  expected = direct_products(a, b, G, counts[..., 0], strict)
+  weak = np.max(G.max(1) - G.min(1)) <= engine.MIDPOINT_SPAN
+  with jax.enable_x64(True):
+    ways = {"by_halves": engine._products_by_halves}
+    if weak:
+      ways["through_midpoint"] = engine._products_through_midpoint
+    for way, fn in ways.items():
+      assert_close(fn(a, b, G, counts, strict), expected, 1e-12, way)
+    grouped = lambda x: x.reshape(M, 1, 1, length, -1)                   # [n, b, h, C, K]
+    chosen = engine._decayed_products_vector(*map(grouped, (a, b, G, counts)), strict)
+  assert_close(chosen.reshape(M, length, length), expected, 1e-12, "dispatched")
+  assert weak == (gate_scale == 1.0)
+
+
+def test_per_channel_ops_under_vmap_equal_the_unmapped_op():
+  """Under vmap the `cond` between the two ways becomes a `select` of both."""
+  x = make_inputs("gla", gate_scale=300.0)
+  names = ("q", "k", "v", "g", "initial_state")
+  loss = lambda *args: jnp.sum(ops.chunk_gla(*args[:4], initial_state=args[4],
+                                             chunk_size=CHUNK)[0])
+  grad = jax.grad(loss, argnums=tuple(range(len(names))))
+  mapped = jax.vmap(grad)(*(x[name][:, None] for name in names))      # a batch of 1 per row
+  for name, value, row in zip(names, mapped, grad(*(x[name] for name in names))):
+    assert_close(value[:, 0], row, 1e-5, name)
+
+
+def test_the_midpoint_way_keeps_finite_gradients_on_gates_it_is_not_chosen_for():
+  """A select of both ways evaluates the midpoint's on any gates: its exponents are clipped,
+  or e^{±375} here would overflow and the zero cotangent times inf would be NaN."""
+  rng = np.random.default_rng(0)
+  a, b = (jnp.asarray(rng.normal(size=(2, 16, 4)), jnp.float32) for _ in range(2))
+  G = jnp.cumsum(jnp.asarray(-50 * rng.random((2, 16, 4)), jnp.float32), axis=1)
+  counts = jnp.cumsum(jnp.ones((2, 16, 1), jnp.int32), axis=1)
+  chosen = lambda a, b, G: jnp.sum(jnp.where(
+      False, engine._products_through_midpoint(a, b, G, counts, False),
+      engine._products_by_halves(a, b, G, counts, False)))
+  for name, grad in zip("abG", jax.grad(chosen, argnums=(0, 1, 2))(a, b, G)):
+    assert np.all(np.isfinite(np.asarray(grad))), name
 
 
 @pytest.mark.parametrize("name", OPS)

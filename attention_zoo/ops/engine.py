@@ -61,8 +61,8 @@ boundaries need not align.
 
 Numerics. Every exponent is masked before `exp` (`where(mask, x, -inf)`, never
 `where(mask, exp(x), 0)`: exp overflows in the unused branch and its gradient becomes NaN), and
-every exponent used is <= 0, so gates of any size underflow (the true value) but never
-overflow. An exponent that is identically 0 is written as the constant 0, and G_C - G_r as a
+every exponent used is <= 0 (or, through a midpoint below, within ±MIDPOINT_SPAN/2), so gates
+of any size underflow (the true value) but never overflow. An exponent that is identically 0 is written as the constant 0, and G_C - G_r as a
 sum: as differences of cumulative sums they would send two opposite O(1) gradients into the
 cumulative sum, whose rounding (~1e-7) then swamps the true dg under strong gates (~e^-20).
 Identically 0 means that no token of the interval decays: G_i - G_i on the diagonal, and a
@@ -70,14 +70,20 @@ pair apart only by tokens whose g is 0 by construction (masked tokens; a delta p
 steps), which the DPLR products, their rows decayed up to the token before, meet at every hole;
 the products count the decaying tokens of each chunk and take equal counts as the constant 0.
 With a scalar gate the C x C decay e^{G_i - G_j} is formed directly. With a per-channel gate
-the products are not one matmul, and factoring e^{G_i - G_j} = e^{G_i} e^{-G_j} across a chunk
-overflows for strong gates; they are built by halves: the pairs of a block's second half
-(rows i) and first half (columns j) are one matmul of (Q_i ⊙ e^{G_i - G_r}) and
+the products are not one matmul of the inputs, and factoring e^{G_i - G_j} = e^{G_i} e^{-G_j}
+across a chunk overflows for strong gates. When in every chunk and channel the cumulative
+gates span at most MIDPOINT_SPAN (max G - min G <= 40: weak gates, the usual case), each
+channel's midpoint m keeps both factors of e^{G_i - m} e^{m - G_j} within e^{±20}, and the
+products are that one matmul, the pairs over no decaying token taking the undecayed product
+(their exponent is the constant 0). Otherwise they are built by halves: the pairs of a block's
+second half (rows i) and first half (columns j) are one matmul of (Q_i ⊙ e^{G_i - G_r}) and
 (K_j ⊙ e^{G_r - G_j}) with r the first half's last token (j <= r < i: both exponents <= 0, so no
 overflow), then each half the same way, down to single tokens (a block of odd length: one key
-column at a time, elementwise). That is log2(C) exponentials per token and channel, and half of
-the C x C matmul; sub-chunks of 8 with an elementwise diagonal took 2-2.5x the time (forward
-and backward, 4K, one CPU process).
+column at a time, elementwise): log2(C) exponentials per token and channel, and half of the
+C x C matmul. A `lax.cond` on the largest span picks one way for the whole call. Forward and
+backward of chunk_gla at 4K (one CPU process) took 1.6-1.8x chunk_simple_gla through the
+midpoint and 2.2-2.4x by halves (2.4x before the midpoint and the checkpointed branches);
+sub-chunks of 8 with an elementwise diagonal had taken 2-2.5x by halves' time.
 Gates, cumulative sums, states, the solve and all accumulation are float32 (float64 for
 float64 inputs), matmuls at Precision.HIGHEST. No intermediate has more than five axes (a
 rank-7 reduction made XLA's CPU backward corrupt memory: docs/xla_cpu_fault.md).
@@ -99,6 +105,9 @@ from attention_zoo.ops.segments import segment_starts
 DEFAULT_CHUNK_SIZE = 64
 # A short sequence is one chunk of a multiple of this many tokens.
 SHORT_CHUNK_MULTIPLE = 8
+# A block of per-channel gates spanning at most this (max G - min G, every channel) has its
+# products as one matmul through its midpoint: factors within e^{±20}, far inside float32
+MIDPOINT_SPAN = 40.0
 
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
@@ -127,13 +136,38 @@ def _zero_if_empty(same_count, exponent):
 
 def _decayed_products_vector(a, b, G, counts, strict: bool):
   """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, and counts
-  [n, b, 1, C, 1], by halves (see the module docstring). The leading dims are merged
+  [n, b, 1, C, 1]: through each chunk's midpoint if the gates of every chunk span at most
+  MIDPOINT_SPAN in every channel, else by halves (see the module docstring). Each branch is
+  under `jax.checkpoint`: `cond` would keep the residuals of both (the untaken one's as
+  zeros), and recomputing them was cheaper than storing them. The leading dims are merged
   (M = n·b·h) and no intermediate has more than four axes: a rank-7 broadcast product here
   made XLA's CPU backward corrupt memory on some CPUs (docs/xla_cpu_fault.md)."""
   *lead, C, K = G.shape
   a, b, G = (x.reshape(-1, C, K) for x in (a, b, G))                        # [M, C, K]
   counts = jnp.broadcast_to(counts, (*lead, C, 1)).reshape(-1, C, 1)      # [M, C, 1]
-  return _products_by_halves(a, b, G, counts, strict).reshape(*lead, C, C)
+  span = jnp.max(jnp.max(G, axis=1) - jnp.min(G, axis=1))
+  through_midpoint, by_halves = (jax.checkpoint(functools.partial(fn, strict=strict))
+                                 for fn in (_products_through_midpoint, _products_by_halves))
+  products = jax.lax.cond(span <= MIDPOINT_SPAN, through_midpoint, by_halves, a, b, G, counts)
+  return products.reshape(*lead, C, C)
+
+
+def _products_through_midpoint(a, b, G, counts, strict: bool):
+  """[M, L, K] (counts [M, L, 1]) -> [M, L, L], for gates spanning at most MIDPOINT_SPAN:
+  (A ⊙ e^{G - m}) (B ⊙ e^{m - G})ᵀ with m the midpoint of each channel's range, both exponents
+  within ±MIDPOINT_SPAN/2. The pairs over no decaying token (the diagonal, holes) take the
+  undecayed A Bᵀ: their exponent is the constant 0 (see the module docstring). The exponents
+  are clipped at ±MIDPOINT_SPAN, which changes nothing here, so that the branch and its
+  gradient stay finite wherever it runs on gates it was not chosen for (a `cond` with a
+  batched predicate is a select of both branches)."""
+  midpoint = 0.5 * (jnp.max(G, axis=1, keepdims=True) + jnp.min(G, axis=1, keepdims=True))
+  from_midpoint = jnp.clip(G - midpoint, -MIDPOINT_SPAN, MIDPOINT_SPAN)   # [M, L, K]
+  decayed = _einsum("mik,mjk->mij", a * jnp.exp(from_midpoint),
+                    b * jnp.exp(-from_midpoint))                          # [M, L, L]
+  undecayed = _einsum("mik,mjk->mij", a, b)                               # [M, L, L]
+  products = jnp.where(counts == counts.swapaxes(1, 2), undecayed, decayed)
+  i, j = jnp.arange(a.shape[1])[:, None], jnp.arange(a.shape[1])[None, :]
+  return jnp.where(j < i if strict else j <= i, products, 0.0)
 
 
 def _products_by_halves(a, b, G, counts, strict: bool):
