@@ -62,10 +62,10 @@ boundaries need not align.
 Numerics. Every exponent is masked before `exp` (`where(mask, x, -inf)`, never
 `where(mask, exp(x), 0)`: exp overflows in the unused branch and its gradient becomes NaN), and
 every exponent used is <= 0 (or, through a midpoint below, within ±MIDPOINT_SPAN/2), so gates
-of any size underflow (the true value) but never overflow. An exponent that is identically 0 is written as the constant 0, and G_C - G_r as a
-sum: as differences of cumulative sums they would send two opposite O(1) gradients into the
-cumulative sum, whose rounding (~1e-7) then swamps the true dg under strong gates (~e^-20).
-Identically 0 means that no token of the interval decays: G_i - G_i on the diagonal, and a
+of any size underflow (the true value) but never overflow. An exponent that is identically 0
+is written as the constant 0, and G_C - G_r as a sum: as differences of cumulative sums they
+would send two opposite O(1) gradients into the cumulative sum, whose rounding (~1e-7) then
+swamps the true dg under strong gates (~e^-20). Identically 0 means that no token of the interval decays: G_i - G_i on the diagonal, and a
 pair apart only by tokens whose g is 0 by construction (masked tokens; a delta product's later
 steps), which the DPLR products, their rows decayed up to the token before, meet at every hole;
 the products count the decaying tokens of each chunk and take equal counts as the constant 0.
@@ -81,8 +81,8 @@ second half (rows i) and first half (columns j) are one matmul of (Q_i ⊙ e^{G_
 overflow), then each half the same way, down to single tokens (a block of odd length: one key
 column at a time, elementwise): log2(C) exponentials per token and channel, and half of the
 C x C matmul. A `lax.cond` on the largest span picks one way for the whole call. Forward and
-backward of chunk_gla at 4K (one CPU process) took 1.6-1.8x chunk_simple_gla through the
-midpoint and 2.2-2.4x by halves (2.4x before the midpoint and the checkpointed branches);
+backward of chunk_gla at 4K (one CPU process) took 1.8x chunk_simple_gla through the midpoint
+and 2.2x by halves (2.4x before the midpoint and the checkpointed branches);
 sub-chunks of 8 with an elementwise diagonal had taken 2-2.5x by halves' time.
 Gates, cumulative sums, states, the solve and all accumulation are float32 (float64 for
 float64 inputs), matmuls at Precision.HIGHEST. No intermediate has more than five axes (a
