@@ -59,16 +59,17 @@ to (e^G masked), only the last segment's tokens reach S_out (e^{G_C - G} masked)
 entering state carries on only if the chunk holds no reset (e^{G_C} masked). Chunk and segment
 boundaries need not align.
 
-Numerics. Every exponent is masked before `exp` (`where(mask, x, -inf)`, never
-`where(mask, exp(x), 0)`: exp overflows in the unused branch and its gradient becomes NaN), and
-every exponent used is <= 0 (or, through a midpoint below, within ±MIDPOINT_SPAN/2), so gates
-of any size underflow (the true value) but never overflow. An exponent that is identically 0
-is written as the constant 0, and G_C - G_r as a sum: as differences of cumulative sums they
-would send two opposite O(1) gradients into the cumulative sum, whose rounding (~1e-7) then
-swamps the true dg under strong gates (~e^-20). Identically 0 means that no token of the interval decays: G_i - G_i on the diagonal, and a
-pair apart only by tokens whose g is 0 by construction (masked tokens; a delta product's later
-steps), which the DPLR products, their rows decayed up to the token before, meet at every hole;
-the products count the decaying tokens of each chunk and take equal counts as the constant 0.
+Numerics. Every exponent is masked before `exp` (`where(mask, x, -inf)`, never `where(mask,
+exp(x), 0)`: exp overflows in the unused branch and its gradient becomes NaN), and every
+exponent used is <= 0 (or, through a midpoint below, within ±MIDPOINT_SPAN/2), so gates of any
+size underflow (the true value) but never overflow. An exponent that is identically 0 is
+written as the constant 0, and G_C - G_r as a sum: as differences of cumulative sums they would
+send two opposite O(1) gradients into the cumulative sum, whose rounding (~1e-7) then swamps
+the true dg under strong gates (~e^-20). Identically 0 means that no token of the interval
+decays: G_i - G_i on the diagonal, and a pair apart only by tokens whose g is 0 by construction
+(masked tokens; a delta product's later steps), which the DPLR products, their rows decayed up
+to the token before, meet at every hole; the products count the decaying tokens of each chunk
+and take equal counts as the constant 0.
 With a scalar gate the C x C decay e^{G_i - G_j} is formed directly. With a per-channel gate
 the products are not one matmul of the inputs, and factoring e^{G_i - G_j} = e^{G_i} e^{-G_j}
 across a chunk overflows for strong gates. When in every chunk and channel the cumulative
