@@ -38,14 +38,21 @@ FAMILIES = {"gated_delta_rule": ("q", "k", "v", "g", "beta"),
             "gated_delta_product": ("q", "k_steps", "v_steps", "g", "beta_steps")}
 OPS = {f"{form}_{family}": (getattr(ops, f"{form}_{family}"), names)
        for family, names in FAMILIES.items() for form in ("chunk", "recurrent")}
+# The per-channel products take one matmul through each chunk's midpoint when the gates of
+# every chunk span at most ops.engine.MIDPOINT_SPAN (these inputs' gates do), and are built by
+# halves otherwise: these rows time that way, with log-gates 30x (decays e^-40 to 0.7 per step).
+STRONG_GATES = " (strong gates)"
+OPS |= {f"chunk_{family}{STRONG_GATES}": (getattr(ops, f"chunk_{family}"), tuple(
+    "g_channel_strong" if name == "g_channel" else name for name in FAMILIES[family]))
+    for family in ("gla", "kda")}
 COLUMNS = ("op", "length", "status", "note", "fwd_bwd_ms", "speedup_vs_full",
            "speedup_vs_recurrent", "first_call_ms", "temp_bytes", "device", "jax_version",
            "xla_flags", "date")
 
 
 def inputs(length: int) -> dict[str, jax.Array]:
-  """Random inputs as a layer would give them: unit-norm keys, log-sigmoid gates, beta in
-  (0, 1); RWKV-7's a = -β k̂, b = k̂ (the delta rule's transition); Gated DeltaProduct's
+  """Random inputs as a layer would give them: unit-norm keys, log-sigmoid gates (and 30x
+  those: STRONG_GATES), beta in (0, 1); RWKV-7's a = -β k̂, b = k̂ (the delta rule's transition); Gated DeltaProduct's
   NUM_HOUSEHOLDER keys, values and betas per token."""
   keys = jax.random.split(jax.random.key(0), 9)
   shape = (BATCH, length, HEADS, HEAD_DIM)
@@ -57,6 +64,7 @@ def inputs(length: int) -> dict[str, jax.Array]:
           "v": jax.random.normal(keys[2], shape),
           "g": jax.nn.log_sigmoid(jax.random.normal(keys[3], shape[:3]) + 2),
           "g_channel": jax.nn.log_sigmoid(jax.random.normal(keys[4], shape) + 2),
+          "g_channel_strong": 30 * jax.nn.log_sigmoid(jax.random.normal(keys[4], shape) + 2),
           "beta": beta, "a": -beta[..., None] * k, "b": k,
           "k_steps": unit(jax.random.normal(keys[6], steps)),
           "v_steps": jax.random.normal(keys[7], steps),

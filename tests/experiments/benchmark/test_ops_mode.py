@@ -1,6 +1,8 @@
 """experiments.benchmark --mode=ops (experiments/benchmark/ops.py)."""
+import jax.numpy as jnp
 import pytest
 
+from attention_zoo.ops import engine
 from experiments.benchmark import ops
 
 
@@ -21,3 +23,13 @@ def test_ops_benchmark_rows_and_table(tmp_path):
   table = (tmp_path / "benchmark_ops.md").read_text()
   assert "| chunk_kda |" in table and "- chunk_dplr_delta_rule: " in table
   assert (tmp_path / "benchmark_ops.csv").read_text().startswith("op,length,status")
+
+
+def test_the_strong_gate_rows_time_the_products_by_halves():
+  """At 4K in chunks of 64 the usual gates span at most MIDPOINT_SPAN in every chunk (the
+  midpoint way) and the strong ones more (by halves)."""
+  x = ops.inputs(4096)
+  span = lambda g: float(jnp.max(jnp.ptp(jnp.cumsum(g.reshape(1, 64, 64, *g.shape[2:]), 2), 2)))
+  assert span(x["g_channel"]) <= engine.MIDPOINT_SPAN < span(x["g_channel_strong"])
+  assert {name for name in ops.OPS if name.endswith(ops.STRONG_GATES)} == {
+      f"chunk_{family}{ops.STRONG_GATES}" for family in ("gla", "kda")}
