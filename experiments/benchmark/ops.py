@@ -52,8 +52,8 @@ COLUMNS = ("op", "length", "status", "note", "fwd_bwd_ms", "speedup_vs_full",
 
 def inputs(length: int) -> dict[str, jax.Array]:
   """Random inputs as a layer would give them: unit-norm keys, log-sigmoid gates (and 30x
-  those: STRONG_GATES), beta in (0, 1); RWKV-7's a = -β k̂, b = k̂ (the delta rule's transition); Gated DeltaProduct's
-  NUM_HOUSEHOLDER keys, values and betas per token."""
+  those: STRONG_GATES), beta in (0, 1); RWKV-7's a = -β k̂, b = k̂ (the delta rule's
+  transition); Gated DeltaProduct's NUM_HOUSEHOLDER keys, values and betas per token."""
   keys = jax.random.split(jax.random.key(0), 9)
   shape = (BATCH, length, HEADS, HEAD_DIM)
   steps = (BATCH, length, NUM_HOUSEHOLDER, HEADS, HEAD_DIM)
