@@ -113,29 +113,29 @@ MIDPOINT_SPAN = 40.0
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
 
 
-def _pair_exponent(diff, same_count, strict: bool):
-  """diff = G_i - G_j [..., i, j] kept for j < i, -inf above the diagonal and, if `strict`, on
-  it; the constant 0 where no token of (j, i] decays (same_count: the diagonal, and pairs
-  apart only by tokens whose g is 0 by construction: see the module docstring)."""
-  i, j = jnp.arange(diff.shape[-1])[:, None], jnp.arange(diff.shape[-1])[None, :]
-  exponent = jnp.where(j <= i, jnp.where(same_count, 0.0, diff), -jnp.inf)
-  return jnp.where(i == j, -jnp.inf, exponent) if strict else exponent
-
-
-def _decayed_products_scalar(a, b, G, counts, strict: bool):
-  """Σ_d a_id b_jd e^{G_i - G_j} over the causal pairs of each chunk, 0 elsewhere.
-  a, b [n, b, h, C, K]; G [n, b, h, C]; counts [n, b, 1, C] -> [n, b, h, C, C]."""
-  exponent = _pair_exponent(G[..., :, None] - G[..., None, :],
-                            counts[..., :, None] == counts[..., None, :], strict)
-  return _einsum("nbhik,nbhjk->nbhij", a, b) * jnp.exp(exponent)                   # [n,b,h,C,C]
-
-
 def _zero_if_empty(same_count, exponent):
   """An exponent over no decaying token (equal counts at its ends) is the constant 0."""
   return jnp.where(same_count, 0.0, exponent)
 
 
-def _decayed_products_vector(a, b, G, counts, strict: bool):
+def _causal(L: int, strict: bool = False):
+  """[L, L] bool: the pairs j <= i (j < i if strict)."""
+  i, j = jnp.arange(L)[:, None], jnp.arange(L)[None, :]
+  return j < i if strict else j <= i
+
+
+def _decayed_products_scalar(a, b, G, counts):
+  """Σ_d a_id b_jd e^{G_i - G_j} over the causal pairs j <= i of each chunk, 0 elsewhere; the
+  exponent the constant 0 where no token of (j, i] decays (equal counts: the diagonal, and
+  pairs apart only by tokens whose g is 0 by construction: see the module docstring).
+  a, b [n, b, h, C, K]; G [n, b, h, C]; counts [n, b, 1, C] -> [n, b, h, C, C]."""
+  same_count = counts[..., :, None] == counts[..., None, :]
+  exponent = jnp.where(_causal(G.shape[-1]), _zero_if_empty(
+      same_count, G[..., :, None] - G[..., None, :]), -jnp.inf)         # [n, b, h, C, C]
+  return _einsum("nbhik,nbhjk->nbhij", a, b) * jnp.exp(exponent)                   # [n,b,h,C,C]
+
+
+def _decayed_products_vector(a, b, G, counts):
   """As `_decayed_products_scalar` with G [n, b, h, C, K], per channel, and counts
   [n, b, 1, C, 1]: through each chunk's midpoint if the gates of every chunk span at most
   MIDPOINT_SPAN in every channel, else by halves (see the module docstring). Each branch is
@@ -147,13 +147,12 @@ def _decayed_products_vector(a, b, G, counts, strict: bool):
   a, b, G = (x.reshape(-1, C, K) for x in (a, b, G))                        # [M, C, K]
   counts = jnp.broadcast_to(counts, (*lead, C, 1)).reshape(-1, C, 1)      # [M, C, 1]
   span = jnp.max(jnp.max(G, axis=1) - jnp.min(G, axis=1))
-  through_midpoint, by_halves = (jax.checkpoint(functools.partial(fn, strict=strict))
-                                 for fn in (_products_through_midpoint, _products_by_halves))
-  products = jax.lax.cond(span <= MIDPOINT_SPAN, through_midpoint, by_halves, a, b, G, counts)
+  products = jax.lax.cond(span <= MIDPOINT_SPAN, jax.checkpoint(_products_through_midpoint),
+                          jax.checkpoint(_products_by_halves), a, b, G, counts)
   return products.reshape(*lead, C, C)
 
 
-def _products_through_midpoint(a, b, G, counts, strict: bool):
+def _products_through_midpoint(a, b, G, counts):
   """[M, L, K] (counts [M, L, 1]) -> [M, L, L], for gates spanning at most MIDPOINT_SPAN:
   (A ⊙ e^{G - m}) (B ⊙ e^{m - G})ᵀ with m the midpoint of each channel's range, both exponents
   within ±MIDPOINT_SPAN/2. The pairs over no decaying token (the diagonal, holes) take the
@@ -167,46 +166,50 @@ def _products_through_midpoint(a, b, G, counts, strict: bool):
                     b * jnp.exp(-from_midpoint))                          # [M, L, L]
   undecayed = _einsum("mik,mjk->mij", a, b)                               # [M, L, L]
   products = jnp.where(counts == counts.swapaxes(1, 2), undecayed, decayed)
-  i, j = jnp.arange(a.shape[1])[:, None], jnp.arange(a.shape[1])[None, :]
-  return jnp.where(j < i if strict else j <= i, products, 0.0)
+  return jnp.where(_causal(a.shape[1]), products, 0.0)
 
 
-def _products_by_halves(a, b, G, counts, strict: bool):
+def _products_by_halves(a, b, G, counts):
   """[M, L, K] (counts [M, L, 1]) -> [M, L, L]. The pairs of the second half's rows and the
   first half's columns are one matmul through the first half's last token r, then each half
   recursively (as one batch of 2M); a block of odd length one column at a time."""
   M, L, K = a.shape
   if L % 2:
-    return _products_by_columns(a, b, G, counts, strict)
+    return _products_by_columns(a, b, G, counts)
   h = L // 2
   ref, ref_count = G[:, h - 1:h], counts[:, h - 1:h]                      # [M, 1, K], [M, 1, 1]
   late = a[:, h:] * jnp.exp(_zero_if_empty(counts[:, h:] == ref_count, G[:, h:] - ref))
   early = b[:, :h] * jnp.exp(_zero_if_empty(counts[:, :h] == ref_count, ref - G[:, :h]))
   across = _einsum("mik,mjk->mij", late, early)                           # [M, h, h]
   halves = lambda x: x.reshape(2 * M, h, x.shape[-1])                     # [2M, h, K|1]
-  within = _products_by_halves(*map(halves, (a, b, G, counts)), strict).reshape(M, 2, h, h)
+  within = _products_by_halves(*map(halves, (a, b, G, counts))).reshape(M, 2, h, h)
   return jnp.concatenate([
       jnp.concatenate([within[:, 0], jnp.zeros_like(across)], axis=-1),
       jnp.concatenate([across, within[:, 1]], axis=-1)], axis=-2)          # [M, L, L]
 
 
-def _products_by_columns(a, b, G, counts, strict: bool):
+def _products_by_columns(a, b, G, counts):
   """[M, L, K] (counts [M, L, 1]) -> [M, L, L], e^{G_i - G_j} elementwise, one column j at a
   time."""
   row = jnp.arange(a.shape[1])[:, None]                                    # [L, 1]
   columns = []
   for j in range(a.shape[1]):
     exponent = _zero_if_empty(counts == counts[:, j:j + 1], G - G[:, j:j + 1])
-    exponent = jnp.where(row > j if strict else row >= j, exponent, -jnp.inf)  # [M, L, K]
+    exponent = jnp.where(row >= j, exponent, -jnp.inf)                  # [M, L, K]
     columns.append(jnp.sum(a * b[:, j:j + 1] * jnp.exp(exponent), axis=-1))   # [M, L]
   return jnp.stack(columns, axis=-1)
 
 
-def _decayed_products(a, b, G, counts, strict: bool):
-  """a, b [n, b, h, C, K], G [n, b, h, C, 1|K], counts [n, b, 1, C, 1] -> [n, b, h, C, C]."""
-  if G.shape[-1] == 1:
-    return _decayed_products_scalar(a, b, G[..., 0], counts[..., 0], strict)
-  return _decayed_products_vector(a, b, G, counts, strict)
+def _decayed_products(pairs, G, counts, segments):
+  """Σ_d a_id b_jd e^{G_id - G_jd} over the causal pairs j <= i of each chunk, 0 elsewhere and
+  between segments, for each (a, b) of `pairs` (a, b [n, b, h, C, K]; G [n, b, h, C, 1|K];
+  counts [n, b, 1, C, 1]) -> a list of [n, b, h, C, C]. The pairs go through as one batch
+  along the chunk axis: a per-channel gate compiles (and runs) its `cond` once."""
+  rows, columns = (jnp.concatenate(x, axis=0) for x in zip(*pairs))     # [pn, b, h, C, K]
+  G, counts = (jnp.concatenate([x] * len(pairs), axis=0) for x in (G, counts))
+  products = (_decayed_products_scalar(rows, columns, G[..., 0], counts[..., 0])
+              if G.shape[-1] == 1 else _decayed_products_vector(rows, columns, G, counts))
+  return [_within_segments(x, segments) for x in jnp.split(products, len(pairs), axis=0)]
 
 
 @jax.custom_jvp
@@ -359,17 +362,15 @@ def chunk_recurrence(q, k, v, g, beta, initial_state, chunk_size: int, decaying=
   counts, segments = _decay_counts(decaying, B, T, N, C), _segments(resets, N, C)
   G, read, to_end, decay = _chunk_gates(g, segments)
   k_to_end = k * jnp.exp(to_end)                             # [n, b, h, C, K]
-  scores = _within_segments(_decayed_products(q, k, G, counts, strict=False),
-                            segments)                        # [n, b, h, C, C]
-
   if beta is None:
+    (scores,) = _decayed_products([(q, k)], G, counts, segments)  # [n, b, h, C, C]
     values = v
     writes = _einsum("nbhck,nbhcv->nbhkv", k_to_end, v)      # [n, b, h, K, V]
     final_state, entering, _ = _scan_chunks(initial_state, decay, writes, None)
   else:
     beta = _to_chunks(beta[..., None], N, C)                 # [n, b, h, C, 1]
-    strength = beta * _within_segments(_decayed_products(k, k, G, counts, strict=True),
-                                        segments)            # [n, b, h, C, C], A
+    scores, strength = _decayed_products([(q, k), (k, k)], G, counts, segments)
+    strength = beta * jnp.where(_causal(C, strict=True), strength, 0.0)  # [n, b, h, C, C], A
     inverse = unit_lower_inverse(strength)                   # [n, b, h, C, C], (I + A)^{-1}
     W = -_einsum("nbhij,nbhjk->nbhik", inverse, beta * k * jnp.exp(read))  # [n, b, h, C, K]
     U = _einsum("nbhij,nbhjv->nbhiv", inverse, beta * v)     # [n, b, h, C, V]
@@ -397,10 +398,12 @@ def chunk_dplr_recurrence(q, k, v, a, b, g, initial_state, chunk_size: int, deca
   # row r of a_next holds a_{r+1}: the inclusive products of a_next, moved down a row, are
   # Σ_d a_id x_jd e^{G_{i-1,d} - G_jd} for j < i
   a_next = jnp.concatenate([a[..., 1:, :], jnp.zeros_like(a[..., :1, :])], axis=-2)
+  # P_qk, P_qb, and A_ab, A_ak before the shift: [n, b, h, C, C] each
+  to_v, to_low_rank, A_ab, A_ak = _decayed_products(
+      [(q, k), (q, b), (a_next, b), (a_next, k)], G, counts, segments)
   below = lambda products: _within_segments(jnp.concatenate(
       [jnp.zeros_like(products[..., :1, :]), products[..., :-1, :]], axis=-2), segments)
-  A_ab = below(_decayed_products(a_next, b, G, counts, strict=False))  # [n, b, h, C, C]
-  A_ak = below(_decayed_products(a_next, k, G, counts, strict=False))  # [n, b, h, C, C]
+  A_ab, A_ak = below(A_ab), below(A_ak)
   inverse = unit_lower_inverse(-A_ab)                        # (I - A_ab)^{-1}
   W = _einsum("nbhij,nbhjk->nbhik", inverse, a * jnp.exp(read_before))  # [n, b, h, C, K]
   U = _einsum("nbhij,nbhjv->nbhiv", inverse,
@@ -409,9 +412,6 @@ def chunk_dplr_recurrence(q, k, v, a, b, g, initial_state, chunk_size: int, deca
   final_state, entering, low_rank_values = _scan_chunks(
       initial_state, decay, writes, (W, U, b * jnp.exp(to_end)))
 
-  to_v = _within_segments(_decayed_products(q, k, G, counts, strict=False), segments)  # P_qk
-  to_low_rank = _within_segments(_decayed_products(q, b, G, counts, strict=False),
-                                 segments)                   # P_qb
   o = (_einsum("nbhck,nbhkv->nbhcv", q * jnp.exp(read), entering)  # [n, b, h, C, V]
        + _einsum("nbhij,nbhjv->nbhiv", to_v, v)
        + _einsum("nbhij,nbhjv->nbhiv", to_low_rank, low_rank_values))
