@@ -285,7 +285,7 @@ def test_unknown_names_suggest_the_closest():
 
 
 def test_the_names_read_from_source_are_the_registry():
-  assert variant_names.names_in_source() == list(az.available())
+  assert list(variant_names.names_in_source()) == list(az.available())
 
 
 def test_an_option_override_applies_to_the_variants_that_have_it(caplog):
