@@ -111,10 +111,10 @@ CHANNEL_OPS = [name for name in OPS if OPS[name][0] == "channel"]
 @pytest.mark.parametrize("chunk_size", [16, 64])
 @pytest.mark.parametrize("name", CHANNEL_OPS)
 def test_per_channel_ops_with_strong_gates_equal_the_float64_recurrence(name, chunk_size):
-  """Random log-gates 30x the others (decays from e^-40 to 0.7 per step): the cumulative gates
-  of a chunk span more than MIDPOINT_SPAN, so the products are built by halves (chunks of 16
-  down to single tokens; 64 > T: the one chunk of 40, halved to blocks of 5, by columns),
-  where the other tests' gates go through the midpoint."""
+  """Random log-gates 30x the others (per-step decays from about e^-40 to 0.8): the cumulative
+  gates of a chunk span more than MIDPOINT_SPAN, so the products are built by halves (chunks
+  of 16 down to single tokens; 64 > T: the one chunk of 40, halved to blocks of 5, by
+  columns), where the other tests' gates go through the midpoint."""
   x = make_inputs(name, gate_scale=30.0)
   first_chunk = np.cumsum(np.asarray(x["g"])[:, :chunk_size], axis=1)
   assert np.max(first_chunk.max(1) - first_chunk.min(1)) > engine.MIDPOINT_SPAN
