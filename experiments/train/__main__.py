@@ -8,7 +8,7 @@
 `--config=FILE:ATTENTION[,PRESET]` (preset paper, the default, fair or tiny); any field can
 be overridden with `--config.<field>=value`. Running again with the same workdir resumes;
 `--restart` starts it again from step 0, keeping the earlier run's files renamed (a workdir
-holding checkpoints of another model is refused without it).
+holding checkpoints of another run is refused without it).
 """
 from absl import flags, logging
 from ml_collections import config_flags

@@ -138,9 +138,14 @@ def overrides(config) -> dict:
   """Where `config` departs from its config file's get_config("<attention>,<preset>"), in
   dotted fields: the user's changes, for results.json."""
   default = task_config(config.task, config.model.attention, config.preset)
-  ours, theirs = _flatten(config.to_dict()), _flatten(default.to_dict())
+  ours, theirs = fields(config), fields(default)
   return {field: value for field, value in ours.items()
           if field not in theirs or theirs[field] != value}
+
+
+def fields(config) -> dict:
+  """Every value of a config, by dotted field ("model.emb_dim": 64)."""
+  return _flatten(config.to_dict())
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

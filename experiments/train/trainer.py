@@ -26,8 +26,8 @@ A run in `workdir` leaves:
                    data came from, the code and device
 Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
 does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
-(experiments/train/metrics.py). Checkpoints of another model (a model field changed, other than the
-compute-only `dtype` and `remat`) are refused with an error naming the fields: train it in a
+(experiments/train/metrics.py). Checkpoints of another run (a field of the config changed, other
+than COMPUTE_ONLY_FIELDS and HOW_FIELDS) are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
 the earlier run's files and checkpoints renamed <name>.1. Ctrl-C stops a run with
 Interrupted, saying the step it reached and its last checkpoint (the entry points print that
@@ -70,6 +70,10 @@ class NaNLossError(HarnessError):
 # Model fields that change how the model is computed, not what it is or what a checkpoint holds:
 # a run may resume with them changed (check_memory suggests both to make a run fit).
 COMPUTE_ONLY_FIELDS = ("dtype", "remat")
+# Fields of the rest of a config that say how a run is carried out or where its data lies, not
+# what it trains: a run may resume with them changed too. Every other field must match.
+HOW_FIELDS = ("check_memory", "checkpoint_every", "data_dir", "generate_data",
+              "grad_accum_steps", "keep_checkpoints", "log_every")
 
 
 def model_differences(saved: dict, current: dict) -> list[str]:
@@ -84,10 +88,21 @@ def model_differences(saved: dict, current: dict) -> list[str]:
         fields[f"{prefix}.{name}"] = value
     return fields
 
-  saved, current = flat(saved), flat(current)
+  return field_differences(flat(saved), flat(current))
+
+
+def field_differences(saved: dict, current: dict) -> list[str]:
+  """"<field> is <saved> there, <current> in this config" for each field whose values differ."""
   return [f"{name} is {saved.get(name, 'unset')} there, {current.get(name, 'unset')} in this "
           "config" for name in sorted(saved.keys() | current.keys())
           if saved.get(name) != current.get(name)]
+
+
+def settings_record(config) -> dict:
+  """What a run trains beside its model, as a checkpoint records it: every field of the config
+  but the model's (the model record) and HOW_FIELDS, as JSON reads it back."""
+  return json.loads(json.dumps({field: value for field, value in build.fields(config).items()
+                                if not field.startswith("model.") and field not in HOW_FIELDS}))
 
 
 # What a run that starts from step 0 has seen.
@@ -171,7 +186,7 @@ def abstract_model(resolved) -> nnx.Module:
 def plan_line(config, workdir, *, restart: bool = False) -> str:
   """What a run of `config` into `workdir` would be, in one line (a dry run's), after the
   checks the run makes before its first step (`check_run`; a workdir holding checkpoints of
-  another model is refused unless `restart`): task, variant, seed, the resolved size, budget
+  another run is refused unless `restart`): task, variant, seed, the resolved size, budget
   and options, the parameter count, the data, and the step it would resume from."""
   resolved, abstract = check_run(config)
   model = resolved.model
@@ -184,9 +199,8 @@ def plan_line(config, workdir, *, restart: bool = False) -> str:
   latest = None if restart else checkpoints_lib.latest_saved_record(workdir)
   if latest is not None:
     step, record = latest
-    if "model" in record:
-      check_same_model(Path(workdir).absolute() / CHECKPOINT_FOLDERS[0], step, record["model"],
-                       model_record(build.model_config(resolved)))
+    check_same_run(Path(workdir).absolute() / CHECKPOINT_FOLDERS[0], step, record,
+                   model_record(build.model_config(resolved)), settings_record(resolved))
     parts.append(f"resumes from step {step}")
   return "; ".join(filter(None, parts)) + f" -> {workdir}"
 
@@ -196,15 +210,21 @@ def model_record(model: TransformerConfig) -> dict:
   return json.loads(json.dumps(build.describe(model)))
 
 
-def check_same_model(directory: Path, step: int, saved: dict, current: dict) -> None:
-  """HarnessError if the model a checkpoint recorded (`saved`) is not `current` (compute-only
-  fields aside), naming the fields and the ways out."""
-  differences = model_differences(saved, current)
+def check_same_run(directory: Path, step: int, saved: dict, model: dict, settings: dict) -> None:
+  """HarnessError if the checkpoint record `saved` is of another run than the one of `model`
+  (model_record) and `settings` (settings_record), compute-only and HOW_FIELDS aside, naming
+  the fields and the ways out. A record written before a key was recorded is not compared on
+  it."""
+  differences = []
+  if "model" in saved:
+    differences += model_differences(saved["model"], model)
+  if "settings" in saved:
+    differences += field_differences(saved["settings"], settings)
   if differences:
     raise HarnessError(
-        f"{directory} holds checkpoints of another model (step {step}): "
-        f"{'; '.join(differences)}. To train this model, use a new workdir, or start this "
-        "one again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
+        f"{directory} holds checkpoints of another run (step {step}): "
+        f"{'; '.join(differences)}. To train this one, use a new workdir, or start this one "
+        "again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
         "earlier run's files and checkpoints as <name>.1")
 
 
@@ -269,6 +289,7 @@ class Trainer:
     self.data_checks = data_lib.check_splits(config, self.datasets)
     model, self.model_config = build_model(config)
     self.model_record = model_record(self.model_config)
+    self.settings_record = settings_record(config)
     self.num_params = num_params(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, replicated))
@@ -332,8 +353,8 @@ class Trainer:
                    "checksums, then reading it", checkpoints.directory,
                    ", ".join(map(str, checkpoints.all_steps())))
     latest = checkpoints.latest_record()
-    if latest is not None and "model" in latest[1]:   # older checkpoints did not record it
-      check_same_model(checkpoints.directory, latest[0], latest[1]["model"], self.model_record)
+    if latest is not None:
+      check_same_run(checkpoints.directory, *latest, self.model_record, self.settings_record)
     record = dict(FRESH_RECORD)
     restored = checkpoints.restore_latest({"train": self.state, "best": self.best})
     if restored is None:
@@ -392,7 +413,8 @@ class Trainer:
             self._stop(step, "the parameters", checkpoints)
           record["wall_seconds"] = clock.total()
           checkpoints.save(step, {"train": self.state, "best": self.best},
-                           {**record, "model": self.model_record})
+                           {**record, "model": self.model_record,
+                            "settings": self.settings_record})
 
   def _interrupted(self, checkpoints: Checkpoints) -> Interrupted:
     """Where a run stopped by Ctrl-C stands: its step and its last checkpoint (a save under way

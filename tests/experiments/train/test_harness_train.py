@@ -242,17 +242,22 @@ def test_no_usable_checkpoint_keeps_the_earlier_files_and_starts_afresh(run_a, d
       tmp_path / "tensorboard"))
 
 
-def test_a_checkpoint_of_another_model_is_refused_then_restarted_on_request(run_a, data_root,
-                                                                          tmp_path):
-  """Not corrupt, so not set aside: the error names the differing fields (not remat, which
-  changes no stored value) and the ways out; restart=True keeps the earlier run's files."""
+def test_a_checkpoint_of_another_run_is_refused_then_restarted_on_request(run_a, data_root,
+                                                                        tmp_path):
+  """Not corrupt, so not set aside: the error names the differing fields, of the model (not
+  remat, which changes no stored value) and of the training (not log_every, which says how it
+  is carried out), and the ways out; restart=True keeps the earlier run's files."""
   run, results_a, _ = run_a
   shutil.copytree(run.workdir, tmp_path, dirs_exist_ok=True)
   config = run_config("listops", data_root)
+  config.log_every += 1
   assert trainer.plan_line(config, tmp_path).endswith(f"; resumes from step 6 -> {tmp_path}")
   config.model.mlp_dim, config.model.remat = 48, "block"
-  refused = (rf"^{tmp_path}/checkpoints holds checkpoints of another model \(step 6\): "
-             r"model.mlp_dim is 32 there, 48 in this config\. .*a new workdir.*--restart")
+  config.schedule.base_learning_rate *= 2
+  refused = (rf"^{tmp_path}/checkpoints holds checkpoints of another run \(step 6\): "
+             r"model.mlp_dim is 32 there, 48 in this config; schedule.base_learning_rate is "
+             rf"{run_config('listops', data_root).schedule.base_learning_rate} there, "
+             r".*a new workdir.*--restart")
   with pytest.raises(HarnessError, match=refused):   # the dry run refuses it as the run does
     trainer.plan_line(config, tmp_path)
   with pytest.raises(HarnessError, match=refused):
