@@ -1,0 +1,86 @@
+"""Finished runs in one file that travels with the repository, and back into an output folder.
+
+    python -m experiments.archive --save --out=OUT --archive=docs/runs/mad_tuned.jsonl
+    python -m experiments.archive --restore --out=OUT --archive=docs/runs/mad_tuned.jsonl
+
+A long grid (a `--tune` table: hundreds of runs, CPU-hours) outlives the machine it ran on only
+through what is committed. `--save` writes a line per finished run under OUT, sorted by folder:
+{"run": its folder relative to OUT, "results": its results.json}; checkpoints and curves stay
+behind. `--restore` writes each archived results.json back into OUT, so that the command that
+made the grid, run again on another machine, skips those runs (experiments.reproduce, sweep),
+trains what is missing and reports over all of them. A restore never replaces a results.json
+that differs from the archived one (HarnessError naming it); an equal one is left as it is.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from absl import app, flags
+
+from experiments.common.errors import HarnessError, fail
+from experiments.common.records import write_json, write_text
+
+FLAGS = flags.FLAGS
+RESULTS = "results.json"
+
+
+def save(out, archive) -> int:
+  """Writes the archive of every finished run under `out`; returns how many runs it holds."""
+  out = Path(out)
+  found = sorted(out.rglob(RESULTS))
+  if not found:
+    raise HarnessError(f"no finished run under {out} (no {RESULTS} there): nothing to archive")
+  lines = [json.dumps({"run": path.parent.relative_to(out).as_posix(),
+                       "results": json.loads(path.read_text())}, sort_keys=True)
+           for path in found]
+  Path(archive).parent.mkdir(parents=True, exist_ok=True)
+  write_text(archive, "\n".join(lines) + "\n")
+  return len(lines)
+
+
+def restore(archive, out) -> tuple[int, int]:
+  """Writes each archived run's results.json into `out`; returns (written, already there)."""
+  archive = Path(archive)
+  if not archive.exists():
+    raise HarnessError(f"{archive} does not exist: `--save --out=OUT --archive={archive}` "
+                       "writes it from a grid's output folder")
+  written = present = 0
+  for number, line in enumerate(archive.read_text().splitlines(), start=1):
+    record = json.loads(line)
+    run = Path(record["run"])
+    if run.is_absolute() or ".." in run.parts:
+      raise HarnessError(f"{archive}, line {number}: the run {run} is not a folder inside OUT")
+    path = Path(out) / run / RESULTS
+    if path.exists():
+      if json.loads(path.read_text()) != record["results"]:
+        raise HarnessError(f"{path} holds other results than {archive}, line {number}: "
+                           "restore into a new folder, or remove that run to take the archived one")
+      present += 1
+      continue
+    write_json(path, record["results"])
+    written += 1
+  return written, present
+
+
+def main(argv):
+  try:
+    if len(argv) > 1:
+      raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.save == FLAGS.restore:
+      raise HarnessError("give one of --save (OUT -> archive) and --restore (archive -> OUT)")
+    if FLAGS.save:
+      print(f"{FLAGS.archive}: {save(FLAGS.out, FLAGS.archive)} finished runs of {FLAGS.out}")
+    else:
+      written, present = restore(FLAGS.archive, FLAGS.out)
+      print(f"{FLAGS.out}: {written} runs restored from {FLAGS.archive}, {present} already there")
+  except HarnessError as e:
+    fail(str(e))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_bool("save", False, "Write the archive of every finished run under --out.")
+  flags.DEFINE_bool("restore", False, "Write the archived runs' results.json into --out.")
+  flags.DEFINE_string("out", None, "The grid's output folder.", required=True)
+  flags.DEFINE_string("archive", None, "The archive file (JSON lines).", required=True)
+  app.run(main)

@@ -1,0 +1,73 @@
+"""experiments.archive: the finished runs of a grid into one file and back."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments import archive
+from experiments.common.errors import HarnessError
+
+RUNS = {"tune/schedule.base_learning_rate=0.01/runs/mqar/full/seed0": {"seed": 0, "acc": 0.5},
+        "tune/schedule.base_learning_rate=0.01/runs/mqar/full/seed1": {"seed": 1, "acc": 0.75},
+        "runs/mad/compression/gla/seed0": {"not_applicable": "why"}}
+
+
+@pytest.fixture
+def out(tmp_path):
+  out = tmp_path / "out"
+  for run, results in RUNS.items():
+    (out / run).mkdir(parents=True)
+    (out / run / "results.json").write_text(json.dumps(results))
+  (out / "runs/mad/compression/gla/seed0/metrics.jsonl").write_text("{}\n")   # not archived
+  (out / "runs/mqar/deltanet/seed0").mkdir(parents=True)   # an unfinished run: no results.json
+  return out
+
+
+def test_a_restored_archive_holds_every_finished_run_and_nothing_else(out, tmp_path):
+  assert archive.save(out, tmp_path / "docs/a.jsonl") == 3
+  lines = [json.loads(line) for line in (tmp_path / "docs/a.jsonl").read_text().splitlines()]
+  assert [line["run"] for line in lines] == sorted(RUNS)
+  restored = tmp_path / "restored"
+  assert archive.restore(tmp_path / "docs/a.jsonl", restored) == (3, 0)
+  assert sorted(p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()) \
+      == sorted(f"{run}/results.json" for run in RUNS)
+  for run, results in RUNS.items():
+    assert json.loads((restored / run / "results.json").read_text()) == results
+  # Again into the same folder: every run is there already, and equal.
+  assert archive.restore(tmp_path / "docs/a.jsonl", restored) == (0, 3)
+
+
+def test_a_restore_never_replaces_other_results(out, tmp_path):
+  archive.save(out, tmp_path / "a.jsonl")
+  run = sorted(RUNS)[0]   # line 1
+  (out / run / "results.json").write_text(json.dumps({"acc": 0.25}))
+  with pytest.raises(HarnessError, match=rf"{out / run}/results.json holds other results than "
+                                         rf"{tmp_path}/a.jsonl, line 1"):
+    archive.restore(tmp_path / "a.jsonl", out)
+  assert json.loads((out / run / "results.json").read_text())["acc"] == 0.25
+
+
+def test_bad_archives_and_empty_folders_are_named(tmp_path):
+  with pytest.raises(HarnessError, match=r"no finished run under .*empty"):
+    archive.save(tmp_path / "empty", tmp_path / "a.jsonl")
+  with pytest.raises(HarnessError, match=r"missing.jsonl does not exist: `--save"):
+    archive.restore(tmp_path / "missing.jsonl", tmp_path / "out")
+  (tmp_path / "evil.jsonl").write_text(json.dumps({"run": "../elsewhere", "results": {}}) + "\n")
+  with pytest.raises(HarnessError, match=r"line 1: the run \.\./elsewhere is not a folder inside"):
+    archive.restore(tmp_path / "evil.jsonl", tmp_path / "out")
+  assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_command_line_saves_and_restores(out, tmp_path):
+  def command(*flags):
+    return subprocess.run([sys.executable, "-m", "experiments.archive", *flags],
+                          capture_output=True, text=True, timeout=120)
+  saved = command("--save", f"--out={out}", f"--archive={tmp_path}/a.jsonl")
+  assert saved.returncode == 0 and saved.stdout.strip().endswith(f"3 finished runs of {out}")
+  restored = command("--restore", f"--out={tmp_path}/b", f"--archive={tmp_path}/a.jsonl")
+  assert restored.stdout.strip() == (f"{tmp_path}/b: 3 runs restored from {tmp_path}/a.jsonl, "
+                                     "0 already there")
+  both = command("--save", "--restore", f"--out={out}", f"--archive={tmp_path}/a.jsonl")
+  assert both.returncode == 1 and both.stderr.strip() == (
+      "error: give one of --save (OUT -> archive) and --restore (archive -> OUT)")
