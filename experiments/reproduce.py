@@ -23,7 +23,7 @@ OUT/tune/<field>=<value>,.../ and reports, per task and variant, the test accura
 of best mean validation accuracy: OUT/tuning.md, tuning.json and tuning.csv
 (experiments/tuning.py).
 
-    python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full,hyena \
+    python -m experiments.reproduce --preset=tiny --tasks=mad --attentions=full,gla \
         --tune=schedule.base_learning_rate=1e-4,5e-4,1e-3 --tune=optimizer.weight_decay=0,0.1
 """
 from __future__ import annotations
