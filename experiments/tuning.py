@@ -19,7 +19,8 @@ A point missing a seed's run (it failed, e.g. diverged) is left out of the choic
                     "test_std" (at the chosen point, over the seeds), "seeds"}; accuracies in %.
                     A variant that cannot run the task: {"task", "attention", "not_applicable"}.
   OUT/tuning.md     (reproduce) the table: per task and variant the test accuracy at the chosen
-                    point, its validation accuracy and the chosen values.
+                    point, its validation accuracy and the chosen values; then the same runs
+                    in the layout of experiments.report (a task per column, MAD's average).
   OUT/tuning.csv    (reproduce) the same, a row per task and variant: variant, task, the chosen
                     value of each tuned field, seeds, test_mean, test_std (%).
 """
@@ -230,12 +231,34 @@ def csv_text(records: list[dict], tune: dict[str, list]) -> str:
   return buffer.getvalue()
 
 
+def chosen_runs(out, records: list[dict], preset: str) -> list[dict]:
+  """The runs (results.json, as report.read_runs gives them) at each record's chosen point."""
+  from experiments import report
+
+  return [run for record in records if record.get("chosen")
+          for run in report.read_runs(point_dir(out, record["chosen"]) / "runs", only={
+              "preset": [preset], "task": [record["task"]], "attention": [record["attention"]],
+              "seed": record["seeds"]})]
+
+
+def layout_markdown(out, records: list[dict], preset: str) -> str:
+  """The chosen points' runs in the tables of experiments.report (tested on TESTED): a task per
+  column as the published tables have them, MAD's and LRA's with their average."""
+  from experiments import report
+
+  tables = report.summarize(chosen_runs(out, records, preset))
+  return report.markdown({key: table for key, table in tables.items() if key[1] == TESTED})
+
+
 def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
   """OUT/tuning.json, tuning.md and tuning.csv (reproduce's records, tested on TESTED); the
-  markdown."""
+  markdown: the chosen points, then their runs in the published tables' layout."""
   from experiments.common.records import write_text
 
   text = markdown(records, tune, preset=preset, tested=TESTED)
+  if layout := layout_markdown(out, records, preset):
+    text += ("\nThe same, a task per column (the chosen point may differ from cell to cell):\n\n"
+             + layout)
   write_records(records, out)
   write_text(Path(out) / "tuning.md", text)
   write_text(Path(out) / "tuning.csv", csv_text(records, tune))

@@ -88,8 +88,10 @@ def plant(out, point: str, task, attention, seed, validation, test, *, validatio
   results = {"task": task, "attention": attention, "preset": "tiny", "seed": seed, **fields}
   if "not_applicable" not in fields:
     results.update(best_eval_accuracy=validation, test_accuracy_best_validation=test,
-                   validation_accuracy_final=validation_final, test_accuracy_final=test_final,
-                   model=model)
+                   validation_accuracy_final=validation if validation_final is None
+                   else validation_final,
+                   test_accuracy_final=test if test_final is None else test_final,
+                   model=model or {}, majority_accuracy=0.1)
   (workdir / "results.json").write_text(json.dumps(results))
 
 
@@ -157,6 +159,8 @@ def test_the_choice_follows_validation_not_test(planted):
 
 def test_a_run_without_the_validation_accuracy_is_named(tmp_path):
   plant(tmp_path, f"{LR}=0.1", "listops", "full", 0, 0.5, 0.5)
+  (path,) = tmp_path.rglob("results.json")
+  path.write_text(json.dumps({**json.loads(path.read_text()), "validation_accuracy_final": None}))
   with pytest.raises(HarnessError, match="seed0/results.json records no "
                                              "validation_accuracy_final.*delete it"):
     tuning.records(tmp_path, {LR: [0.1]}, {**ASKED, "seed": [0]}, "test_accuracy_final")
@@ -190,6 +194,26 @@ def test_tuning_json_and_table(planted):
   assert (planted / "tuning.csv").read_text().splitlines() == [
       f"variant,task,{LR},seeds,test_mean,test_std", "full,listops,0.001,2,42.00,2.83",
       "performer,listops,0.0001,2,30.00,0.00"]
+
+
+def test_the_chosen_points_in_the_published_layout(tmp_path):
+  """MAD's table of the runs at each task's own chosen point: a task per column and the
+  average; the runs of the points not chosen stay out of it."""
+  for name, lr in LRS.items():
+    for seed in (0, 1):
+      best = {"1e-3": "compression", "1e-2": "memorization"}.get(name)
+      for task in ("compression", "memorization"):
+        accuracy = 0.6 + 0.1 * seed if task == best else 0.2
+        plant(tmp_path, f"{LR}={lr}", task, "gla", seed, accuracy, accuracy)
+  asked = {"preset": ["tiny"], "task": ["compression", "memorization"], "attention": ["gla"],
+           "seed": [0, 1]}
+  records = tuning.records(tmp_path, TUNE, asked, tuning.TESTED)
+  assert [r["chosen"] for r in records] == [{LR: 1e-3}, {LR: 1e-2}]
+  text = tuning.write_report(records, TUNE, tmp_path, preset="tiny")
+  layout = text.split("a task per column (the chosen point may differ from cell to cell):")[1]
+  assert "### MAD, preset `tiny`, best validation step" in layout
+  assert "| Model | compression | memorization | Avg |" in layout
+  assert "| gla | 65.00 ± 7.07 | 65.00 ± 7.07 | 65.00 |" in layout
 
 
 def test_the_sweep_reports_each_values_choice(tmp_path):
