@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
-from experiments.common.errors import HarnessError, fail
+from experiments.common import command_line, dry_run
+from experiments.common.errors import HarnessError
 from experiments.common.records import write_json, write_text
 
 FLAGS = flags.FLAGS
@@ -63,19 +64,30 @@ def restore(archive, out) -> tuple[int, int]:
   return written, present
 
 
+def plan_lines(save_asked: bool, out, archive) -> list[str]:
+  """A dry run's line. No runs or no archive yet is not an error here: a pipeline is checked
+  before its runs exist."""
+  if save_asked:
+    found = len(list(Path(out).rglob(RESULTS)))
+    return [f"would write the {found} finished runs under {out} into {archive}" if found else
+            f"no {RESULTS} under {out} yet: the archive would stop there"]
+  if not Path(archive).exists():
+    return [f"{archive} does not exist yet: the restore would stop there"]
+  count = len(Path(archive).read_text().splitlines())
+  return [f"would write the {count} runs of {archive} into {out}, none over other results"]
+
+
 def main(argv):
-  try:
-    if len(argv) > 1:
-      raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if FLAGS.save == FLAGS.restore:
-      raise HarnessError("give one of --save (OUT -> archive) and --restore (archive -> OUT)")
-    if FLAGS.save:
-      print(f"{FLAGS.archive}: {save(FLAGS.out, FLAGS.archive)} finished runs of {FLAGS.out}")
-    else:
-      written, present = restore(FLAGS.archive, FLAGS.out)
-      print(f"{FLAGS.out}: {written} runs restored from {FLAGS.archive}, {present} already there")
-  except HarnessError as e:
-    fail(str(e))
+  if len(argv) > 1:
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if FLAGS.save == FLAGS.restore:
+    raise HarnessError("give one of --save (OUT -> archive) and --restore (archive -> OUT)")
+  dry_run.plan(lambda: plan_lines(FLAGS.save, FLAGS.out, FLAGS.archive))
+  if FLAGS.save:
+    print(f"{FLAGS.archive}: {save(FLAGS.out, FLAGS.archive)} finished runs of {FLAGS.out}")
+  else:
+    written, present = restore(FLAGS.archive, FLAGS.out)
+    print(f"{FLAGS.out}: {written} runs restored from {FLAGS.archive}, {present} already there")
 
 
 if __name__ == "__main__":
@@ -83,4 +95,4 @@ if __name__ == "__main__":
   flags.DEFINE_bool("restore", False, "Write the archived runs' results.json into --out.")
   flags.DEFINE_string("out", None, "The grid's output folder.", required=True)
   flags.DEFINE_string("archive", None, "The archive file (JSON lines).", required=True)
-  app.run(main)
+  command_line.run(main)

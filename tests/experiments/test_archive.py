@@ -63,6 +63,10 @@ def test_the_command_line_saves_and_restores(out, tmp_path):
   def command(*flags):
     return subprocess.run([sys.executable, "-m", "experiments.archive", *flags],
                           capture_output=True, text=True, timeout=120)
+  planned = command("--save", f"--out={out}", f"--archive={tmp_path}/a.jsonl", "--dry_run")
+  assert planned.stdout.strip() == (f"would write the 3 finished runs under {out} into "
+                                    f"{tmp_path}/a.jsonl")
+  assert not (tmp_path / "a.jsonl").exists()
   saved = command("--save", f"--out={out}", f"--archive={tmp_path}/a.jsonl")
   assert saved.returncode == 0 and saved.stdout.strip().endswith(f"3 finished runs of {out}")
   restored = command("--restore", f"--out={tmp_path}/b", f"--archive={tmp_path}/a.jsonl")
