@@ -15,7 +15,7 @@ from command_runner import run_commands
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def code_blocks(language: str, text: str = README) -> list[str]:
