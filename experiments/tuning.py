@@ -169,10 +169,25 @@ def records(out, tune: dict[str, list], asked: dict, tested: str,
           for (task, attention), found in candidates.items()]
 
 
+def at_edge(chosen: dict, tune: dict[str, list]) -> list[tuple[str, str]]:
+  """(field, "smallest" or "largest") for each numeric field of three values or more whose
+  chosen value is an end of its range (two values are both ends: not flagged)."""
+  edges = []
+  for field, values in tune.items():
+    if len(values) >= 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                for v in values):
+      if chosen[field] == min(values):
+        edges.append((field, "smallest"))
+      elif chosen[field] == max(values):
+        edges.append((field, "largest"))
+  return edges
+
+
 def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested: str) -> str:
   """The table of reproduce --tune: a row per task and variant with the test accuracy (mean ±
   std over seeds) at the chosen point, its mean validation accuracy and the chosen values; notes
-  for the variants that cannot run a task and the points left out."""
+  for the variants that cannot run a task, the points left out, and each chosen value at an end
+  of its field's range (`at_edge`)."""
   from experiments.report import POLICIES, rounded
 
   seeds = sorted({seed for record in records for seed in record.get("seeds", ())})
@@ -200,6 +215,9 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
       chosen = next(p for p in record["validation"] if p["values"] == record["chosen"])
       cells = [f"{rounded(record['test_mean'])}{std}", rounded(chosen["mean"]),
                *(value_text(record["chosen"][field]) for field in fields)]
+      notes += [f"{where}: {field}={value_text(record['chosen'][field])} is the grid's {edge} "
+                "value: a better one may lie beyond it" for field, edge in
+                at_edge(record["chosen"], tune)]
     notes += [f"{where}: {describe(p['values'])} left out of the choice: no run for seed(s) "
               f"{', '.join(map(str, p['missing_seeds']))} (failed or not run)"
               for p in record.get("validation", ()) if p["mean"] is None]

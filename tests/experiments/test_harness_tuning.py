@@ -191,6 +191,13 @@ def test_tuning_json_and_table(planted):
   assert (f"performer on listops: {LR}=0.001 left out of the choice: no run for seed(s) 1"
           in text)
   assert f"Grid: {LR} ∈ {{0.0001, 0.001, 0.01}} (3 points)" in text
+  # A chosen value at an end of a numeric range of three or more is flagged; one inside is not.
+  assert (f"performer on listops: {LR}=0.0001 is the grid's smallest value: a better one may "
+          "lie beyond it" in text)
+  assert "full on listops: " + LR not in text
+  assert tuning.at_edge({LR: 0.01, "wd": 0.1, "name": "b"},
+                        {LR: [1e-4, 1e-3, 1e-2], "wd": [0.0, 0.1], "name": ["a", "b", "c"]}) == [
+      (LR, "largest")]
   assert (planted / "tuning.csv").read_text().splitlines() == [
       f"variant,task,{LR},seeds,test_mean,test_std", "full,listops,0.001,2,42.00,2.83",
       "performer,listops,0.0001,2,30.00,0.00"]
