@@ -4,12 +4,13 @@
     python -m experiments.archive --restore --out=OUT --archive=docs/runs/mad_tuned.jsonl
 
 A long grid (a `--tune` table: hundreds of runs, CPU-hours) outlives the machine it ran on only
-through what is committed. `--save` writes a line per finished run under OUT, sorted by folder:
-{"run": its folder relative to OUT, "results": its results.json}; checkpoints and curves stay
-behind. `--restore` writes each archived results.json back into OUT, so that the command that
-made the grid, run again on another machine, skips those runs (experiments.reproduce, sweep),
-trains what is missing and reports over all of them. A restore never replaces a results.json
-that differs from the archived one (HarnessError naming it); an equal one is left as it is.
+through what is committed. `--save` adds a line per finished run under OUT to the archive,
+sorted by folder: {"run": its folder relative to OUT, "results": its results.json}; checkpoints
+and curves stay behind. `--restore` writes each archived results.json back into OUT, so that the
+command that made the grid, run again on another machine, skips those runs
+(experiments.reproduce, sweep), trains what is missing and reports over all of them. An archive
+only grows: `--save` keeps the runs it holds, and neither way replaces results that differ
+(HarnessError naming the run).
 """
 from __future__ import annotations
 
@@ -26,18 +27,42 @@ FLAGS = flags.FLAGS
 RESULTS = "results.json"
 
 
-def save(out, archive) -> int:
-  """Writes the archive of every finished run under `out`; returns how many runs it holds."""
+def read(archive) -> dict[str, dict]:
+  """{run folder: results} of an archive; {} when it does not exist yet."""
+  archive = Path(archive)
+  if not archive.exists():
+    return {}
+  runs = {}
+  for number, line in enumerate(archive.read_text().splitlines(), start=1):
+    record = json.loads(line)
+    run = Path(record["run"])
+    if run.is_absolute() or ".." in run.parts:
+      raise HarnessError(f"{archive}, line {number}: the run {run} is not a folder inside OUT")
+    runs[run.as_posix()] = record["results"]
+  return runs
+
+
+def save(out, archive) -> tuple[int, int]:
+  """Adds every finished run under `out` to the archive, which keeps the runs it holds already
+  (an archive only grows: saving a folder that lacks them loses nothing); returns (runs it
+  holds, runs added). HarnessError for a run whose results differ from the archived ones."""
   out = Path(out)
   found = sorted(out.rglob(RESULTS))
   if not found:
     raise HarnessError(f"no finished run under {out} (no {RESULTS} there): nothing to archive")
-  lines = [json.dumps({"run": path.parent.relative_to(out).as_posix(),
-                       "results": json.loads(path.read_text())}, sort_keys=True)
-           for path in found]
+  runs = read(archive)
+  added = 0
+  for path in found:
+    run, results = path.parent.relative_to(out).as_posix(), json.loads(path.read_text())
+    if run not in runs:
+      runs[run], added = results, added + 1
+    elif runs[run] != results:
+      raise HarnessError(f"{path} holds other results than {archive} for {run}: remove that "
+                         "run's line from the archive to keep these, or this run to keep those")
   Path(archive).parent.mkdir(parents=True, exist_ok=True)
-  write_text(archive, "\n".join(lines) + "\n")
-  return len(lines)
+  write_text(archive, "".join(json.dumps({"run": run, "results": runs[run]}, sort_keys=True)
+                              + "\n" for run in sorted(runs)))
+  return len(runs), added
 
 
 def restore(archive, out) -> tuple[int, int]:
@@ -47,19 +72,15 @@ def restore(archive, out) -> tuple[int, int]:
     raise HarnessError(f"{archive} does not exist: `--save --out=OUT --archive={archive}` "
                        "writes it from a grid's output folder")
   written = present = 0
-  for number, line in enumerate(archive.read_text().splitlines(), start=1):
-    record = json.loads(line)
-    run = Path(record["run"])
-    if run.is_absolute() or ".." in run.parts:
-      raise HarnessError(f"{archive}, line {number}: the run {run} is not a folder inside OUT")
+  for run, results in read(archive).items():
     path = Path(out) / run / RESULTS
     if path.exists():
-      if json.loads(path.read_text()) != record["results"]:
-        raise HarnessError(f"{path} holds other results than {archive}, line {number}: "
-                           "restore into a new folder, or remove that run to take the archived one")
+      if json.loads(path.read_text()) != results:
+        raise HarnessError(f"{path} holds other results than {archive} for {run}: restore "
+                           "into a new folder, or remove that run to take the archived one")
       present += 1
       continue
-    write_json(path, record["results"])
+    write_json(path, results)
     written += 1
   return written, present
 
@@ -69,12 +90,12 @@ def plan_lines(save_asked: bool, out, archive) -> list[str]:
   before its runs exist."""
   if save_asked:
     found = len(list(Path(out).rglob(RESULTS)))
-    return [f"would write the {found} finished runs under {out} into {archive}" if found else
+    return [f"would add the {found} finished runs under {out} to {archive}" if found else
             f"no {RESULTS} under {out} yet: the archive would stop there"]
   if not Path(archive).exists():
     return [f"{archive} does not exist yet: the restore would stop there"]
-  count = len(Path(archive).read_text().splitlines())
-  return [f"would write the {count} runs of {archive} into {out}, none over other results"]
+  return [f"would write the {len(read(archive))} runs of {archive} into {out}, none over other "
+          "results"]
 
 
 def main(argv):
@@ -84,7 +105,8 @@ def main(argv):
     raise HarnessError("give one of --save (OUT -> archive) and --restore (archive -> OUT)")
   dry_run.plan(lambda: plan_lines(FLAGS.save, FLAGS.out, FLAGS.archive))
   if FLAGS.save:
-    print(f"{FLAGS.archive}: {save(FLAGS.out, FLAGS.archive)} finished runs of {FLAGS.out}")
+    held, added = save(FLAGS.out, FLAGS.archive)
+    print(f"{FLAGS.archive}: {held} finished runs, {added} of them added from {FLAGS.out}")
   else:
     written, present = restore(FLAGS.archive, FLAGS.out)
     print(f"{FLAGS.out}: {written} runs restored from {FLAGS.archive}, {present} already there")

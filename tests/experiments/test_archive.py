@@ -25,7 +25,7 @@ def out(tmp_path):
 
 
 def test_a_restored_archive_holds_every_finished_run_and_nothing_else(out, tmp_path):
-  assert archive.save(out, tmp_path / "docs/a.jsonl") == 3
+  assert archive.save(out, tmp_path / "docs/a.jsonl") == (3, 3)
   lines = [json.loads(line) for line in (tmp_path / "docs/a.jsonl").read_text().splitlines()]
   assert [line["run"] for line in lines] == sorted(RUNS)
   restored = tmp_path / "restored"
@@ -38,12 +38,25 @@ def test_a_restored_archive_holds_every_finished_run_and_nothing_else(out, tmp_p
   assert archive.restore(tmp_path / "docs/a.jsonl", restored) == (0, 3)
 
 
-def test_a_restore_never_replaces_other_results(out, tmp_path):
+def test_an_archive_only_grows_and_never_replaces_other_results(out, tmp_path):
   archive.save(out, tmp_path / "a.jsonl")
-  run = sorted(RUNS)[0]   # line 1
+  # Saved from a folder that holds one of its runs and a new one: the others are kept.
+  other = tmp_path / "other"
+  run = sorted(RUNS)[0]
+  (other / run).mkdir(parents=True)
+  (other / run / "results.json").write_text((out / run / "results.json").read_text())
+  (other / "runs/mqar/gla/seed0").mkdir(parents=True)
+  (other / "runs/mqar/gla/seed0/results.json").write_text(json.dumps({"acc": 0.5}))
+  assert archive.save(other, tmp_path / "a.jsonl") == (4, 1)
+  assert sorted(archive.read(tmp_path / "a.jsonl")) == sorted([*RUNS, "runs/mqar/gla/seed0"])
+  # Other results for an archived run: refused both ways, nothing written.
+  before = (tmp_path / "a.jsonl").read_text()
   (out / run / "results.json").write_text(json.dumps({"acc": 0.25}))
-  with pytest.raises(HarnessError, match=rf"{out / run}/results.json holds other results than "
-                                         rf"{tmp_path}/a.jsonl, line 1"):
+  different = rf"{out / run}/results.json holds other results than {tmp_path}/a.jsonl for {run}"
+  with pytest.raises(HarnessError, match=different + ": remove that run's line"):
+    archive.save(out, tmp_path / "a.jsonl")
+  assert (tmp_path / "a.jsonl").read_text() == before
+  with pytest.raises(HarnessError, match=different + ": restore into a new folder"):
     archive.restore(tmp_path / "a.jsonl", out)
   assert json.loads((out / run / "results.json").read_text())["acc"] == 0.25
 
@@ -64,11 +77,12 @@ def test_the_command_line_saves_and_restores(out, tmp_path):
     return subprocess.run([sys.executable, "-m", "experiments.archive", *flags],
                           capture_output=True, text=True, timeout=120)
   planned = command("--save", f"--out={out}", f"--archive={tmp_path}/a.jsonl", "--dry_run")
-  assert planned.stdout.strip() == (f"would write the 3 finished runs under {out} into "
+  assert planned.stdout.strip() == (f"would add the 3 finished runs under {out} to "
                                     f"{tmp_path}/a.jsonl")
   assert not (tmp_path / "a.jsonl").exists()
   saved = command("--save", f"--out={out}", f"--archive={tmp_path}/a.jsonl")
-  assert saved.returncode == 0 and saved.stdout.strip().endswith(f"3 finished runs of {out}")
+  assert saved.returncode == 0 and saved.stdout.strip() == (
+      f"{tmp_path}/a.jsonl: 3 finished runs, 3 of them added from {out}")
   restored = command("--restore", f"--out={tmp_path}/b", f"--archive={tmp_path}/a.jsonl")
   assert restored.stdout.strip() == (f"{tmp_path}/b: 3 runs restored from {tmp_path}/a.jsonl, "
                                      "0 already there")
