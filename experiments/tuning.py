@@ -20,7 +20,8 @@ A point missing a seed's run (it failed, e.g. diverged) is left out of the choic
                     A variant that cannot run the task: {"task", "attention", "not_applicable"}.
   OUT/tuning.md     (reproduce) the table: per task and variant the test accuracy at the chosen
                     point, its validation accuracy and the chosen values; then the same runs
-                    in the layout of experiments.report (a task per column, MAD's average).
+                    in the layout of experiments.report (a task per column, MAD's average);
+                    then every point's mean validation / test accuracy.
   OUT/tuning.csv    (reproduce) the same, a row per task and variant: variant, task, the chosen
                     value of each tuned field, seeds, test_mean, test_std (%).
 """
@@ -268,15 +269,46 @@ def layout_markdown(out, records: list[dict], preset: str) -> str:
   return report.markdown({key: table for key, table in tables.items() if key[1] == TESTED})
 
 
+def every_point_markdown(out, records: list[dict], tune: dict[str, list], preset: str) -> str:
+  """A row per task and variant tuned, a column per point: the mean validation / test accuracy
+  (%) over the seeds of its runs (tested on TESTED), the chosen point in bold, "—" for a point
+  left out. For reading the grid (how flat it is, where it peaks); the choice saw validation
+  only."""
+  from experiments import report
+
+  tuned = [record for record in records if record.get("chosen")]
+  if not tuned or len(points(tune)) < 2:
+    return ""
+  lines = ["| Task | Model | " + " | ".join(map(describe, points(tune))) + " |",
+           "|" + "---|" * (2 + len(points(tune)))]
+  for record in tuned:
+    cells = []
+    for entry in record["validation"]:
+      if entry["mean"] is None:
+        cells.append("—")
+        continue
+      runs = report.read_runs(point_dir(out, entry["values"]) / "runs", only={
+          "preset": [preset], "task": [record["task"]], "attention": [record["attention"]],
+          "seed": record["seeds"]})
+      test = statistics.mean(100 * run[TESTED] for run in runs)
+      cell = f"{report.rounded(entry['mean'])} / {report.rounded(test)}"
+      cells.append(f"**{cell}**" if entry["values"] == record["chosen"] else cell)
+    lines.append("| " + " | ".join([record["task"], record["attention"], *cells]) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
   """OUT/tuning.json, tuning.md and tuning.csv (reproduce's records, tested on TESTED); the
-  markdown: the chosen points, then their runs in the published tables' layout."""
+  markdown: the chosen points, their runs in the published tables' layout, then every point."""
   from experiments.common.records import write_text
 
   text = markdown(records, tune, preset=preset, tested=TESTED)
   if layout := layout_markdown(out, records, preset):
     text += ("\nThe same, a task per column (the chosen point may differ from cell to cell):\n\n"
              + layout)
+  if grid := every_point_markdown(out, records, tune, preset):
+    text += ("\nEvery point: validation / test accuracy (%), means over the seeds (the chosen "
+             "point in bold; the choice saw validation only):\n\n" + grid)
   write_records(records, out)
   write_text(Path(out) / "tuning.md", text)
   write_text(Path(out) / "tuning.csv", csv_text(records, tune))

@@ -180,7 +180,8 @@ def test_tuning_json_and_table(planted):
   assert [p["values"] for p in full["validation"]] == [{LR: v} for v in TUNE[LR]]
   assert [(r["task"], r["attention"]) for r in written] == [
       (t, a) for t in ASKED["task"] for a in ASKED["attention"]]
-  rows = {tuple(line.split(" | ")[:2]): line for line in text.splitlines()
+  chosen_table, every_point = text.split("Every point: validation / test accuracy (%)")
+  rows = {tuple(line.split(" | ")[:2]): line for line in chosen_table.splitlines()
           if line.startswith("| ")}
   assert rows["| Task", "Model"] == f"| Task | Model | Test | Validation | {LR} |"
   assert rows["| listops", "full"] == "| listops | full | 42.00 ± 2.83 | 62.00 | 0.001 |"
@@ -201,6 +202,12 @@ def test_tuning_json_and_table(planted):
   assert (planted / "tuning.csv").read_text().splitlines() == [
       f"variant,task,{LR},seeds,test_mean,test_std", "full,listops,0.001,2,42.00,2.83",
       "performer,listops,0.0001,2,30.00,0.00"]
+  # Every point, the chosen one in bold, the one left out as "—"; the runs not asked (seed 7,
+  # preset fair) stay out of the means.
+  assert [line for line in every_point.splitlines() if line.startswith("| ")] == [
+      f"| Task | Model | {LR}=0.0001 | {LR}=0.001 | {LR}=0.01 |",
+      "| listops | full | 51.00 / 71.00 | **62.00 / 42.00** | 56.00 / 60.00 |",
+      "| listops | performer | **50.00 / 30.00** | — | 50.00 / 90.00 |"]
 
 
 def test_the_chosen_points_in_the_published_layout(tmp_path):
