@@ -250,14 +250,20 @@ def csv_text(records: list[dict], tune: dict[str, list]) -> str:
   return buffer.getvalue()
 
 
-def chosen_runs(out, records: list[dict], preset: str) -> list[dict]:
-  """The runs (results.json, as report.read_runs gives them) at each record's chosen point."""
+def point_runs(out, point: dict, record: dict, preset: str) -> list[dict]:
+  """The runs (results.json, as report.read_runs gives them) of a record's task, variant and
+  seeds at one point."""
   from experiments import report
 
+  return report.read_runs(point_dir(out, point) / "runs", only={
+      "preset": [preset], "task": [record["task"]], "attention": [record["attention"]],
+      "seed": record["seeds"]})
+
+
+def chosen_runs(out, records: list[dict], preset: str) -> list[dict]:
+  """The runs at each record's chosen point."""
   return [run for record in records if record.get("chosen")
-          for run in report.read_runs(point_dir(out, record["chosen"]) / "runs", only={
-              "preset": [preset], "task": [record["task"]], "attention": [record["attention"]],
-              "seed": record["seeds"]})]
+          for run in point_runs(out, record["chosen"], record, preset)]
 
 
 def layout_markdown(out, records: list[dict], preset: str) -> str:
@@ -274,7 +280,7 @@ def every_point_markdown(out, records: list[dict], tune: dict[str, list], preset
   (%) over the seeds of its runs (tested on TESTED), the chosen point in bold, "—" for a point
   left out. For reading the grid (how flat it is, where it peaks); the choice saw validation
   only."""
-  from experiments import report
+  from experiments.report import rounded
 
   tuned = [record for record in records if record.get("chosen")]
   if not tuned or len(points(tune)) < 2:
@@ -287,11 +293,9 @@ def every_point_markdown(out, records: list[dict], tune: dict[str, list], preset
       if entry["mean"] is None:
         cells.append("—")
         continue
-      runs = report.read_runs(point_dir(out, entry["values"]) / "runs", only={
-          "preset": [preset], "task": [record["task"]], "attention": [record["attention"]],
-          "seed": record["seeds"]})
-      test = statistics.mean(100 * run[TESTED] for run in runs)
-      cell = f"{report.rounded(entry['mean'])} / {report.rounded(test)}"
+      test = statistics.mean(100 * run[TESTED]
+                             for run in point_runs(out, entry["values"], record, preset))
+      cell = f"{rounded(entry['mean'])} / {rounded(test)}"
       cells.append(f"**{cell}**" if entry["values"] == record["chosen"] else cell)
     lines.append("| " + " | ".join([record["task"], record["attention"], *cells]) + " |")
   return "\n".join(lines) + "\n"
