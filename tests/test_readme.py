@@ -23,7 +23,8 @@ def code_blocks(language: str, text: str = README) -> list[str]:
 
 
 def test_readme_is_short():
-  assert len(README) <= 15_000, f"README.md has {len(README)} characters: move details to docs/"
+  size = len(README.encode("utf-8"))   # in bytes, as the repository's own check counts it
+  assert size < 15_000, f"README.md has {size} bytes: move details to docs/"
 
 
 def test_readme_tables_list_exactly_the_registry():
