@@ -345,18 +345,20 @@ class ClassifierHead(nnx.Module):
     return self.out(nnx.relu(self.hidden(x.astype(jnp.float32))))
 
 
-def pool(hidden, mask, pooling: str):
+def pool(hidden, mask, pooling: str, padded_length: int):
   """[b, n, emb] -> [b, emb] f32: the CLS position ("cls"), the mean over real tokens ("mean"),
-  or the sum over real tokens divided by the padded length n ("padded_mean": the released
-  Nyströmformer LRA code zeroed padded outputs, then averaged all n positions, so a row of c
-  real tokens is scaled by c / n).
+  or the sum over real tokens divided by `padded_length` ("padded_mean": the released
+  Nyströmformer LRA code padded every sequence to one length, zeroed padded outputs, then
+  averaged all positions, so a row of c real tokens is scaled by c / padded_length). The
+  classifiers pass their max_len, the length the harness pads to, so that a batch cut short
+  of its padding (length buckets) pools as the padded one.
 
   In f32 whatever the compute dtype: a bf16 token count is already rounded above 256."""
   hidden = hidden.astype(jnp.float32)
   if pooling == "cls":
     return hidden[:, 0]
   weights = mask[..., None].astype(jnp.float32)
-  count = hidden.shape[1] if pooling == "padded_mean" else jnp.maximum(weights.sum(1), 1)
+  count = padded_length if pooling == "padded_mean" else jnp.maximum(weights.sum(1), 1)
   return (hidden * weights).sum(1) / count
 
 
@@ -373,7 +375,7 @@ class Classifier(nnx.Module):
   def encode(self, tokens, mask=None, *, deterministic=True):
     """Pooled representation [b, emb]."""
     hidden, mask = self.encoder(tokens, mask, deterministic=deterministic)
-    return pool(hidden, mask, self.config.pooling)
+    return pool(hidden, mask, self.config.pooling, self.config.max_len)
 
   def __call__(self, tokens, mask=None, *, deterministic=True):
     return self.head(self.encode(tokens, mask, deterministic=deterministic))

@@ -141,7 +141,7 @@ def test_mean_pooling_of_bf16_activations_is_exact_in_f32():
   """257 real tokens: a bf16 count would round to 256."""
   hidden = jax.random.normal(jax.random.key(0), (1, 300, 8)).astype(jnp.bfloat16)
   mask = jnp.arange(300)[None] < 257
-  pooled = pool(hidden, mask, "mean")
+  pooled = pool(hidden, mask, "mean", 300)
   expected = np.asarray(hidden, np.float64)[0, :257].mean(0)
   assert pooled.dtype == jnp.float32
   np.testing.assert_allclose(pooled[0], expected, rtol=1e-5, atol=1e-6)
@@ -202,7 +202,16 @@ def test_padded_mean_divides_the_real_tokens_sum_by_the_padded_length():
   mask = jnp.arange(6)[None] < jnp.array([[6], [2]])
   expected = np.asarray(hidden).copy()
   expected[1, 2:] = 0
-  np.testing.assert_allclose(pool(hidden, mask, "padded_mean"), expected.sum(1) / 6, rtol=1e-6)
+  np.testing.assert_allclose(pool(hidden, mask, "padded_mean", 6), expected.sum(1) / 6, rtol=1e-6)
+
+
+def test_padded_mean_classifier_gives_a_batch_cut_short_of_its_padding_the_padded_logits():
+  """Its divisor is max_len, not the batch's length: the harness's length buckets need this."""
+  _, model = _pair(pooling="padded_mean")
+  tokens = _tokens((2, 16))
+  mask = jnp.arange(16)[None] < jnp.array([[9], [4]])
+  np.testing.assert_allclose(model(tokens[:, :9], mask[:, :9]), model(tokens, mask), rtol=1e-5,
+                             atol=1e-6)
 
 
 def test_exact_gelu_and_layer_norm_epsilon_reach_every_block():

@@ -153,6 +153,10 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.batch_size = 32
   config.eval_batch_size = 0                      # 0 = batch_size
   config.grad_accum_steps = 1                     # batch_size is split into this many micro-batches
+  config.length_bucket = 0                        # > 0: micro-batches of rows sorted by length,
+                                                  # each cut to a multiple of this (classifiers;
+                                                  # exact, checked at the start; see
+                                                  # experiments/train/steps.py)
   config.num_train_steps = 1000
   config.eval_every = 100                         # validation accuracy picks the best checkpoint
   config.eval_batches = 0                         # batches per validation; 0 = the whole split

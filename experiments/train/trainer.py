@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 import lra
 from attention_zoo import registry
-from attention_zoo.models import TransformerConfig, num_params
+from attention_zoo.models import Classifier, TransformerConfig, num_params
 from experiments.common import device, dry_run, records
 from experiments.common.errors import CtrlC, HarnessError, Interrupted
 from experiments.train import build
@@ -73,7 +73,10 @@ COMPUTE_ONLY_FIELDS = ("dtype", "remat")
 # Fields of the rest of a config that say how a run is carried out or where its data lies, not
 # what it trains: a run may resume with them changed too. Every other field must match.
 HOW_FIELDS = ("check_memory", "checkpoint_every", "data_dir", "generate_data",
-              "grad_accum_steps", "keep_checkpoints", "log_every")
+              "grad_accum_steps", "keep_checkpoints", "length_bucket", "log_every")
+# Length buckets change the order of the sums, not their terms (steps.py): a relative change of
+# the loss beyond this on the check batch means the model's outputs depend on the padding.
+LENGTH_BUCKET_TOLERANCE = 1e-5
 
 
 def model_differences(saved: dict, current: dict) -> list[str]:
@@ -139,6 +142,16 @@ def check_config(config) -> None:
   if config.eval_batches < 0:
     raise HarnessError(f"config.eval_batches must be >= 0 (0 = the whole validation split), "
                        f"got {config.eval_batches}")
+  if config.length_bucket < 0:
+    raise HarnessError(f"config.length_bucket must be >= 0 (0 = off), got {config.length_bucket}")
+  if config.length_bucket and build.model_class(config.task) is not Classifier:
+    raise HarnessError(f"config.length_bucket={config.length_bucket} cuts the batches of a "
+                       f"classifier of one input; {config.task} trains a "
+                       f"{build.model_class(config.task).__name__}: use 0")
+  if config.length_bucket and config.eval_batch_size % config.grad_accum_steps:
+    raise HarnessError(f"eval_batch_size={config.eval_batch_size} is not divisible by "
+                       f"grad_accum_steps={config.grad_accum_steps}, the micro-batches that "
+                       "length_bucket cuts every batch into")
   devices, processes = jax.device_count(), jax.process_count()
   if config.batch_size % config.grad_accum_steps:
     raise HarnessError(f"batch_size={config.batch_size} is not divisible by "
@@ -303,6 +316,24 @@ class Trainer:
                                         self.batch_sharding))
     if config.check_memory:
       check_memory(self.train_step, config)
+    if config.length_bucket:
+      self._check_length_buckets()
+
+  def _check_length_buckets(self) -> None:
+    """HarnessError unless cutting a validation batch to its rows' real lengths leaves the
+    model's loss as it is (to LENGTH_BUCKET_TOLERANCE)."""
+    config = self.config
+    batch = next(iter(data_lib.validation_batches(self.datasets["validation"], config, 0)))
+    error = self.steps.truncation_error((self.state.params, self.state.rest),
+                                        data_lib.to_device(batch, self.batch_sharding))
+    if not error <= LENGTH_BUCKET_TOLERANCE:
+      raise HarnessError(
+          f"config.length_bucket={config.length_bucket}: the {config.model.attention} model's "
+          f"loss on a validation batch changes by {error:.1e} (relative) when its micro-batches "
+          "are cut to their real lengths, so its outputs at real tokens depend on the padding; "
+          "use length_bucket=0")
+    logging.info("length buckets of %d: the loss of a validation batch cut to its real lengths "
+                 "differs by %.1e (relative) from the padded one", config.length_bucket, error)
 
   # -- evaluation --------------------------------------------------------------------------
 

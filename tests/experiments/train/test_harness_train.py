@@ -391,6 +391,35 @@ def test_gradient_accumulation_matches_one_big_batch(data_root, tmp_path):
       assert accumulated[key] == pytest.approx(one[key], rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("pooling", ["padded_mean", "cls"])
+def test_length_buckets_train_and_evaluate_like_the_padded_batches(pooling, data_root, tmp_path):
+  """Expressions of 4-30 tokens padded to 32, cut to multiples of 8 per sorted micro-batch."""
+  params, events = [], []
+  for bucket in (0, 8):
+    config = config_for("listops", data_root, "num_train_steps=2", "eval_every=1",
+                        "grad_accum_steps=2", f"length_bucket={bucket}", f"model.pooling={pooling}",
+                        "optimizer.eps=1.0", *NO_DROPOUT, *LISTOPS_SIZES)
+    run = trainer.Trainer(config, tmp_path / str(bucket))
+    run.run()
+    params.append(run.state.params)
+    events.append(without_timing(read_metrics(tmp_path / str(bucket))))
+  for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  assert [sorted(e) for e in events[0]] == [sorted(e) for e in events[1]]
+  for padded, bucketed in zip(*events):
+    for key, value in padded.items():
+      assert bucketed[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_length_buckets_refuse_a_model_that_reads_the_padding(data_root, tmp_path):
+  config = config_for("listops", data_root, "length_bucket=8", "grad_accum_steps=2",
+                      "model.attention_ignores_padding=True", *NO_DROPOUT, *LISTOPS_SIZES)
+  with pytest.raises(HarnessError, match="length_bucket=8: the full model's loss on a validation "
+                                         "batch changes by .* depend on the padding"):
+    trainer.Trainer(config, tmp_path)
+
+
 def test_bfloat16_compute_trains_like_float32_with_float32_state(data_root, tmp_path):
   """8 tiny ListOps steps: bf16 compute gives each step's loss within 1% of f32's (measured:
   0.1%), while parameters and Adam's moments stay f32."""
@@ -457,7 +486,8 @@ def test_bad_config_values_are_clear_errors(data_root, tmp_path):
            ("task=cifar", "config.task cannot be overridden"),
            ("batch_size=3", "batch_size / grad_accum_steps = 3 is not divisible"
             if jax.device_count() > 1 else "batch_size=3 is not divisible by grad_accum_steps=2"),
-           ("model.pooling=max", "cannot build the full model: .*pooling='max'")]
+           ("model.pooling=max", "cannot build the full model: .*pooling='max'"),
+           ("length_bucket=-1", "length_bucket must be >= 0")]
   for override, message in cases:
     extra = ["grad_accum_steps=2"] if override == "batch_size=3" and jax.device_count() == 1 else []
     with pytest.raises(HarnessError, match=message):
