@@ -6,8 +6,8 @@ by real length (last real token + 1) and cut into `grad_accum_steps` micro-batch
 its longest real length rounded up to a multiple of `length_bucket` (`lax.switch` over the
 lengths; the full length last). For a model whose outputs at real tokens ignore padding this is
 the padded computation in another order, at a cost that follows the real lengths: the trainer
-checks it on the first batch (Steps.truncation_error). The rows are only reordered inside the
-batch, so every step sees the examples it would see without buckets.
+checks it on a validation batch before the first step (Steps.truncation_error). The rows are
+only reordered inside the batch, so every step sees the examples it would see without buckets.
 
 The model is split into a graph definition and its state so that one `jax.jit`-compiled step
 trains it; the training state is replicated on every device and the batch sharded along the
@@ -54,7 +54,7 @@ class Steps:
     self.grad_accum_steps, self.length_bucket = grad_accum_steps, length_bucket
     self.train = jax.jit(self._train_step, donate_argnums=0, out_shardings=(replicated, replicated))
     self.eval = jax.jit(self._eval_step, out_shardings=replicated)
-    self.eval_padded = jax.jit(self._eval_sums, out_shardings=replicated)
+    self.eval_padded = jax.jit(self._eval_sums, out_shardings=replicated)   # never bucketed
     # A copy on every device: the initial state, and the best model (the training state's
     # buffers are donated to the next step). jax.device_put cannot place a process's arrays
     # on other processes' devices.
