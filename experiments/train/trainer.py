@@ -309,6 +309,8 @@ class Trainer:
     self.eval_step = self.steps.eval
     self.state = self.steps.replicate(initial_state(self.steps, params, rest))
     self.best = self.steps.copy_model(self.state)
+    if config.length_bucket:   # before the train step compiles: a refusal comes in seconds
+      self._check_length_buckets()
     logging.info("compiling the train step (%s parameters, batch %d)", f"{self.num_params:,}",
                  config.batch_size)
     self.train_step = self.steps.compiled_train(
@@ -316,8 +318,6 @@ class Trainer:
                                         self.batch_sharding))
     if config.check_memory:
       check_memory(self.train_step, config)
-    if config.length_bucket:
-      self._check_length_buckets()
 
   def _check_length_buckets(self) -> None:
     """HarnessError unless cutting a validation batch to its rows' real lengths leaves the
