@@ -143,8 +143,17 @@ def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_resume_command(list
   assert planned["code"] == 0 and f"resumes from step {saved} -> " in planned["stdout"]
 
 
+@pytest.fixture
+def python_ctrl_c_handler():
+  """Python's own SIGINT handler for the test, whatever the suite was launched with (a job a
+  script starts in the background has SIGINT ignored); the launcher's is back afterwards."""
+  launched_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, launched_with)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")   # the dropped one
-def test_ctrl_c_inside_a_gc_callback_is_not_lost():
+def test_ctrl_c_inside_a_gc_callback_is_not_lost(python_ctrl_c_handler):
   """Python's own handler raises KeyboardInterrupt in whatever runs when Ctrl-C arrives; inside
   a garbage-collection callback (JAX registers one) Python drops it and training went on (a CI
   run timed out so). CtrlC records it and raises at the next check; a second Ctrl-C raises at
