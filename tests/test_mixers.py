@@ -22,7 +22,8 @@ from test_rwkv7_mamba import oracle as rwkv7_mamba_oracle
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
-           "retnet": {"chunk_size": 4}, "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
+           "retnet": {"chunk_size": 4, "decay_exponent": 3.5},   # not the default 5
+           "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
            "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
            "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
@@ -117,6 +118,16 @@ def test_state_size_formulas():
   assert az.state_size("gla", emb_dim=64, num_heads=4, seq_len=7, head_dim=32) == 4 * 16 * 32
   with pytest.raises(ValueError, match="gla: unknown option"):
     size("gla", nope=1)
+
+
+def test_retnet_decays_default_to_the_papers():
+  """γ_h = 1 - 2^(-5-h) unless decay_exponent moves them (the oracle test runs a moved one)."""
+  decays = lambda **options: np.exp(az.create_mixer("retnet", emb_dim=16, num_heads=4,
+                                                    rngs=nnx.Rngs(0), **options).log_gamma)
+  np.testing.assert_allclose(decays(), [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256])
+  np.testing.assert_allclose(decays(decay_exponent=8), [1 - 2.0 ** -e for e in (8, 9, 10, 11)])
+  with pytest.raises(ValueError, match="decay_exponent"):
+    decays(decay_exponent=0)
 
 
 @pytest.mark.parametrize("name", sorted(set(az.available("mixer")) - {"fox", "mla"}))
@@ -224,7 +235,7 @@ def oracle_retnet(mixer, x):
   T = q.shape[0]
   rotate = lambda a: np.asarray(positions.rope(jnp.asarray(a.reshape(1, T, h, d_k), jnp.float32),
                                                jnp.arange(T)))[0]
-  gamma = 1 - 2.0 ** (-5.0 - np.arange(h))
+  gamma = 1 - 2.0 ** (-mixer.options["decay_exponent"] - np.arange(h))
   o = recurrence64(rotate(q), rotate(k), v.reshape(T, h, d_v),
                    np.broadcast_to(gamma[None, :, None], (T, h, d_k)), scale=d_k ** -0.5)
   return finish(mixer, o, mixer.gate_proj(x)[0])
