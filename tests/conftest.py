@@ -27,7 +27,7 @@ if "xla_backend_optimization_level" not in XLA_FLAGS:
   os.environ["XLA_FLAGS"] = f"{XLA_FLAGS} --xla_backend_optimization_level=0".strip()
 # For the same reason the elemental IR emitters rather than XLA's newer CPU fusion emitters, which
 # took about twice as long to compile the tests' small programs: single-core CPU time of the fast
-# lane's tests/test_conformance.py and test_models.py 242 s with them, 92 s without (jaxlib
+# lane's tests/testing/test_conformance.py and test_models.py 242 s with them, 92 s without (jaxlib
 # 0.10.2, 2026-12-03). Both emit code for the same fused HLO. An XLA that no longer knows the flag
 # would abort, so xla_flags.add_xla_flag tries it in a child first; the xdist workers inherit the
 # result.
@@ -56,14 +56,14 @@ SLOW_MODULES = {
 REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_every_task_attention_config_builds": "attention",
                    "test_variant_backward_hands_no_high_rank_array_to_a_fusion_library": "name",
-                   # tests/test_delta_mixers.py, over the delta-rule mixers
+                   # tests/mixers/test_delta_mixers.py, over the delta-rule mixers
                    "test_allow_neg_eigval_equals_its_equation": "name",
                    "test_decoding_token_by_token_equals_the_chunked_forward": "name",
-                   # tests/test_mixers.py: every mixer against its equation in float64
+                   # tests/mixers/test_mixers.py: every mixer against its equation in float64
                    "test_layer_equals_its_equation_in_float64": "name"}
 REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
                            "gated_deltanet"}
-# The op sweeps (tests/test_ops.py over its OPS, test_ops_segments.py over their chunk and
+# The op sweeps (tests/ops/test_ops.py over its OPS, test_ops_segments.py over their chunk and
 # recurrent forms): in the fast lane the ops of the chunk engine's gate paths run (a scalar gate
 # with the delta rule's inverse, a per-channel gate with and without it); the other ops of a
 # sweep run in the slow lane.

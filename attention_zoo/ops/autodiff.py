@@ -8,7 +8,7 @@ plain JAX instead, which JAX differentiates forward at the forward's memory; und
 """
 from __future__ import annotations
 
-# JAX internals (jax 0.10), read only here; tests/test_forward_mode.py checks autodiff_modes
+# JAX internals (jax 0.10), read only here; tests/testing/test_forward_mode.py checks autodiff_modes
 # against each transformation, so a JAX that moves them fails there.
 from jax._src import core as jax_core
 from jax._src.interpreters import ad as jax_ad

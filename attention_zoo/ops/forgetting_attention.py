@@ -25,7 +25,7 @@ lengths (one ulp = 1e-3 in every logit); a tile-local reference still cancels in
 diagonal tiles (an error of one ulp of the tile's partial sums, up to block · |log f|); the
 pair keeps c_i − c_j to a few ulps of itself at any length and in any tile. Measured at T = 2048
 with log f uniform in [-2, -0.01] (c reaches about -2000), default tiles, against a float64
-oracle (tests/test_fox_op.py's long-sequence case): max output error 7.4e-7 with the pair,
+oracle (tests/ops/test_fox_op.py's long-sequence case): max output error 7.4e-7 with the pair,
 1.2e-4 with a plain f32 cumsum.
 
 Padding (mask False): a padded token is never attended, its output is 0, and its log f counts

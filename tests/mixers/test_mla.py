@@ -77,7 +77,7 @@ def mla64(p, x, mask, *, causal, heads, sizes, eps=1e-6):
 
 def causal_mla64(mla, x):
   """The oracle of the causal layer `mla` on x [1, n, emb] -> numpy float64 [n, emb]
-  (tests/test_mixers.py's ORACLES)."""
+  (tests/mixers/test_mixers.py's ORACLES)."""
   with jax.enable_x64(True):
     p = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), parameters(mla))
     x = jnp.asarray(x[0], jnp.float64)
@@ -85,7 +85,7 @@ def causal_mla64(mla, x):
                             heads=mla.num_heads, sizes=mla.sizes))
 
 
-# The causal form is also checked in the fast lane by tests/test_mixers.py's float64 check.
+# The causal form is also checked in the fast lane by tests/mixers/test_mixers.py's float64 check.
 @pytest.mark.parametrize("causal, q_lora_rank", [pytest.param(True, 12, marks=pytest.mark.slow),
                                                  (False, 0)])
 def test_forward_and_gradients_equal_the_float64_oracle(causal, q_lora_rank):

@@ -3,7 +3,7 @@ written independently of the ops from each recurrence's equations, and the quadr
 scalar-gated linear attention): both forms of every recurrent op, chunk sizes, carried states,
 masks, gradients of every input, the reduction identities (among them DPLR to the delta rule,
 the gated delta rule and KDA), the delta rule's exact overwrite, beta in (0, 2), bf16 inputs,
-extreme gates and compiled memory. Packed sequences: tests/test_ops_segments.py."""
+extreme gates and compiled memory. Packed sequences: tests/ops/test_ops_segments.py."""
 import functools
 
 import jax

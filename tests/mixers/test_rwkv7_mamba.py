@@ -3,7 +3,7 @@ written here in float64 from the layers' parameters, token by token in the paper
 (RWKV-7's state [d_v, d_k] right-multiplied by its transition, Mamba's h [d_inner, N]): the
 output and the gradients in x and in every parameter (GQA and a padded row included); decoding
 one token at a time against the parallel forward; the bidirectional encoder; state sizes. The
-registry-wide properties: tests/test_conformance.py."""
+registry-wide properties: tests/testing/test_conformance.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np

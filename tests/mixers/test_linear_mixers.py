@@ -1,8 +1,8 @@
 """hgrn2, lightning and based: each layer's output and gradients (in x and every parameter)
 against its paper's equations written here in float64 from the layer's parameters (GQA, a hole
 and a padded tail included); decoding token by token against the parallel forward; the
-encoder's two directions. The contract: tests/test_conformance.py; the registry-wide tests
-(state sizes, every model kind): tests/test_mixers.py."""
+encoder's two directions. The contract: tests/testing/test_conformance.py; the registry-wide tests
+(state sizes, every model kind): tests/mixers/test_mixers.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,7 +136,7 @@ def oracle_output_and_grads(name, mixer, x, mask, w):
 
 
 # hgrn2's and based's compile for several seconds: the slow lane (the fast lane has lightning's
-# and, forward only, every layer's oracle in tests/test_mixers.py)
+# and, forward only, every layer's oracle in tests/mixers/test_mixers.py)
 @pytest.mark.parametrize("name", [pytest.param("based", marks=pytest.mark.slow),
                                   pytest.param("hgrn2", marks=pytest.mark.slow),
                                   pytest.param("lightning", marks=pytest.mark.slow)])

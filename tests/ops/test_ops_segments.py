@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from attention_zoo import ops
-from tests import test_ops
+from tests.ops import test_ops
 from tests.ops_reference import assert_close
 
 B, T, H, K, V = 2, 37, 2, 8, 6

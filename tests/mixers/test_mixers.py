@@ -2,7 +2,7 @@
 layer's output against its paper's recurrence in float64; linear memory at length.
 
 The layer-level properties (padding, causality, decoding, the bidirectional form, ...) are the
-conformance suite's (tests/test_conformance.py)."""
+conformance suite's (tests/testing/test_conformance.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -275,7 +275,7 @@ def oracle_fox(mixer, x):
 
 
 def float64_oracle(oracle):
-  """One of tests/test_linear_mixers.py's oracles (jnp, batched, with a mask) in float64."""
+  """One of tests/mixers/test_linear_mixers.py's oracles (jnp, batched, with a mask) in float64."""
   def run(mixer, x):
     with jax.enable_x64(True):
       return np.asarray(oracle(mixer, jnp.asarray(x, jnp.float64), jnp.ones(x.shape[:2], bool)))[0]

@@ -3,7 +3,7 @@ variant that accepts them, against a dense float64 softmax oracle written here (
 gradients, f32 within 1e-5); packed model rows against the sequences run apart, with attention,
 sequence mixers and short convolutions; the refusals. Each mixer's own packed check is the
 conformance suite's `packed`.
-The Pallas kernels' own checks are in tests/test_flash.py."""
+The Pallas kernels' own checks are in tests/ops/test_flash.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +17,7 @@ from helpers import packed_vs_apart
 LEN, NUM_HEADS = 20, conformance.NUM_HEADS
 CAP = 1.0   # small enough to bite: the scaled scores here are ~N(0, 1)
 # flash's Pallas kernels are interpreted on CPU (slow): here its chunked path, which the
-# kernels are checked against in tests/test_flash.py
+# kernels are checked against in tests/ops/test_flash.py
 OPTIONS = {"flash": dict(impl="chunked", block_q=8, block_k=8, block_q_bwd=None,
                          block_k_bwd=None)}
 # contiguous documents that cross the variants' block edges, different per batch row

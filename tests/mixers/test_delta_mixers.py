@@ -3,7 +3,7 @@ registry-wide tests: output and gradients against the same layer with its recurr
 by the paper's, token by token in float64, on the layer's own q, k, v, gates and β (GQA and a
 padded row included); decoding one token at a time against the chunked forward, step by step;
 allow_neg_eigval; the models on the new names. Each layer against an oracle rebuilt from its
-parameters: tests/test_mixers.py; the contract: tests/test_conformance.py."""
+parameters: tests/mixers/test_mixers.py; the contract: tests/testing/test_conformance.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +83,7 @@ def test_output_and_gradients_equal_the_float64_recurrence(name, allow_neg_eigva
 
 @pytest.mark.parametrize("name", DELTA_MIXERS)
 def test_allow_neg_eigval_equals_its_equation(name):
-  """β = 2σ(w_βᵀ x) in the oracle rebuilt from the parameters (tests/test_mixers.py)."""
+  """β = 2σ(w_βᵀ x) in the oracle rebuilt from the parameters (tests/mixers/test_mixers.py)."""
   mixer = az.create_mixer(name, emb_dim=16, num_heads=2, causal=True, rngs=nnx.Rngs(1),
                           allow_neg_eigval=True, **OPTIONS[name])
   x = jax.random.normal(jax.random.key(2), (1, 11, 16))
