@@ -393,11 +393,13 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
              complexity: str, paper: str, can_decode: bool = False,
              supports_alibi: bool = False, shared_qk: bool = False,
              needs_max_len: bool = False, supports_dropout: bool = True,
-             supports_softcap: bool = False, supports_segment_ids: bool = False):
+             supports_softcap: bool = False, supports_segment_ids: bool = False,
+             supports_context_parallel: bool = False):
   """Class decorator: `@register("cosine", exact=False, ...)` on an `Attention` subclass.
 
   supports_softcap adds the shared `softcap` option (SOFTCAP_OPTION) to the class's options;
-  supports_segment_ids lets calls pass q_segment_ids / kv_segment_ids.
+  supports_segment_ids lets calls pass q_segment_ids / kv_segment_ids; supports_context_parallel
+  declares that it runs with the sequence split over a mesh's `context` axis (ops/context.py).
 
   TypeError for a class that is not an `Attention`, options not declared as
   `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for
@@ -408,11 +410,12 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
                    complexity=complexity, paper=paper, can_decode=can_decode,
                    supports_alibi=supports_alibi, shared_qk=shared_qk,
                    needs_max_len=needs_max_len, supports_dropout=supports_dropout,
-                   supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids)
+                   supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids,
+                   supports_context_parallel=supports_context_parallel)
 
 
 def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True,
-                   supports_segment_ids: bool = False):
+                   supports_segment_ids: bool = False, supports_context_parallel: bool = False):
   """Class decorator: `@register_mixer("gla", complexity="O(n·d²)", paper=...)` on a `Mixer`
   subclass. A mixer is causal (an encoder runs it both ways: the `bidirectional` option),
   inexact, self-only, without ALiBi or attention dropout. supports_segment_ids: its forward
@@ -421,7 +424,7 @@ def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool =
   return _register(name, Mixer, {}, exact=False, supports_causal=True, supports_cross=False,
                    complexity=complexity, paper=paper, can_decode=can_decode,
                    supports_dropout=False, supports_segment_ids=supports_segment_ids,
-                   kind="mixer")
+                   supports_context_parallel=supports_context_parallel, kind="mixer")
 
 
 def _register(name: str, base: type, added_options: dict, **facts):

@@ -47,6 +47,8 @@ class AttentionSpec:
   shared_qk: bool = False     # keys are derived from the queries: the layer projects one tensor
   needs_max_len: bool = False  # parameters sized by max_len (create() requires it)
   supports_dropout: bool = True  # forms attention weights that dropout_rate can drop
+  # runs with its sequence split over a mesh's `context` axis (ops/context.py), equal to one device
+  supports_context_parallel: bool = False
   kind: str = "attention"     # "attention" (q, k, v -> out) or "mixer" (x -> out)
 
   @property

@@ -6,7 +6,8 @@ must have.
 imports the modules (dotted names, or paths to .py files: `attention_zoo.plugins`), finds the
 variants and mixers they register, checks each property below on each (or only those --checks
 names), prints a pass/fail report with the measured error, and exits non-zero on any failure.
-The pytest suite (tests/testing/test_conformance.py) runs the same checks over `attention_zoo.available()`.
+The pytest suite (tests/testing/test_conformance.py) runs the same checks over
+`attention_zoo.available()`.
 
 The suite builds every module at small shapes (length 20, cross q_len 12, 4 heads, 2 kv heads,
 head_dim 8). Each class says how to build it there in its class attributes: `TEST_OPTIONS`
@@ -398,8 +399,8 @@ def _forward_mode(module, call, args, seed):
   L = ⟨u, out⟩ (jax.jvp of jax.grad) are non-zero and symmetric, ⟨s, H t⟩ = ⟨t, H s⟩ (a
   derivative missing a term breaks both). The directions are independent where a custom VJP gives
   the backward (the dense and block-sparse paths); a custom JVP rule gives both (the chunk ops'
-  triangular inverse: tests/ops/test_ops.py holds its float64 oracle). A ValueError from jax.jvp is a
-  refusal: n/a."""
+  triangular inverse: tests/ops/test_ops.py holds its float64 oracle). A ValueError from jax.jvp
+  is a refusal: n/a."""
   graphdef, state = nnx.split(module)
   f = lambda *args: call(nnx.merge(graphdef, state), *args)
   keys = jax.random.split(jax.random.key(seed), 2 * len(args) + 1)

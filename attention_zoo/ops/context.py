@@ -1,0 +1,26 @@
+"""The `context` mesh axis: where a sequence is split across devices (context parallelism).
+
+The harness places a run under a device mesh (`jax.set_mesh`); an op that has a
+context-parallel form asks `context_size()` whether the active mesh splits the sequence and, if
+so, runs its `shard_map` form over `CONTEXT_AXIS` with JAX's collectives. With no mesh, or a
+mesh without a `context` axis of size > 1, every op runs its one-device form.
+"""
+from __future__ import annotations
+
+import jax
+
+# The mesh axis names the harness uses (experiments/train builds the mesh from config.mesh).
+DATA_AXIS = "data"
+FSDP_AXIS = "fsdp"
+CONTEXT_AXIS = "context"
+TENSOR_AXIS = "tensor"
+# The axes the batch is split over.
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+
+
+def context_size() -> int:
+  """The size of the active mesh's `context` axis (1 without a mesh or without the axis)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or CONTEXT_AXIS not in mesh.axis_names:
+    return 1
+  return mesh.shape[CONTEXT_AXIS]
