@@ -3,7 +3,10 @@
 The harness places a run under a device mesh (`jax.set_mesh`); an op that has a
 context-parallel form asks `context_size()` whether the active mesh splits the sequence and, if
 so, runs its `shard_map` form over `CONTEXT_AXIS` with JAX's collectives. With no mesh, or a
-mesh without a `context` axis of size > 1, every op runs its one-device form.
+mesh without a `context` axis of size > 1, every op runs its one-device form. The mesh's axes are
+`jax.sharding.AxisType.Auto` (XLA's partitioner places what the ops do not place themselves),
+and the sequence is split in contiguous shards: device i of `context` holds tokens
+[i·n/C, (i+1)·n/C).
 """
 from __future__ import annotations
 

@@ -1,0 +1,246 @@
+"""The context-parallel check: a registered variant or mixer whose spec says
+`supports_context_parallel` gives, on a mesh whose `context` axis splits the sequence, the
+outputs and gradients (of its inputs and of every parameter) it gives on one device, f32, within
+`TOL` relative to the largest value.
+
+Simulated CPU devices must be asked for before JAX starts
+(`--xla_force_host_platform_device_count`), so the check runs in a child process:
+`run_in_child(names)` starts `python -m attention_zoo.testing.context_parallel NAME ...` with
+DEVICES devices and returns one `CaseResult` per (name, case). The cases together cover what
+context parallelism must get right:
+
+  context4_causal_packed   4 shards of several chunks each, causal, padded rows, packed
+                           sequences whose segments cross shard boundaries
+  context2_partial_chunk   2 shards that each end in a partial chunk, not causal (causal where
+                           the module is causal only), padded rows
+  data2_context2           the batch over `data` and the sequence over `context` at once, causal
+
+A case that the module cannot run (packed sequences without `supports_segment_ids`, a variant
+that cannot be causal) is run without that part, and the result says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from attention_zoo import registry
+from attention_zoo.ops.context import CONTEXT_AXIS, DATA_AXIS
+from attention_zoo.testing import conformance
+
+TOL = 1e-5
+DEVICES = 8
+BATCH = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  data: int            # mesh sizes
+  context: int
+  length: int
+  causal: bool
+  padded: bool
+  packed: bool
+
+
+CASES = (
+    Case("context4_causal_packed", data=1, context=4, length=64, causal=True, padded=True,
+         packed=True),
+    Case("context2_partial_chunk", data=1, context=2, length=36, causal=False, padded=True,
+         packed=False),
+    Case("data2_context2", data=2, context=2, length=32, causal=True, padded=False,
+         packed=False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+  name: str
+  case: str
+  error: float | None     # the largest relative difference of outputs and gradients
+  note: str = ""          # what the case ran without, or the error message of a failure
+
+  @property
+  def passed(self) -> bool:
+    return self.error is not None and self.error <= TOL
+
+
+def _segment_ids(length: int) -> np.ndarray:
+  """Row 0: three segments whose edges fall inside shards; row 1: two, split off-centre."""
+  cuts = ((0, length * 3 // 8 + 1, length * 5 // 8 + 3, length), (0, length // 2 - 3, length))
+  return np.stack([np.repeat(np.arange(len(c) - 1) + 7 * row, np.diff(c))
+                   for row, c in enumerate(cuts)]).astype(np.int32)
+
+
+def _padding_mask(length: int) -> np.ndarray:
+  mask = np.ones((BATCH, length), bool)
+  mask[1, length - 5:] = False
+  mask[1, 2] = False
+  return mask
+
+
+def _build(name: str, causal: bool):
+  spec = registry.spec(name)
+  if spec.kind == "mixer":
+    return conformance.build_mixer(name, causal=causal)
+  return conformance.build(name, causal=causal)
+
+
+def _inputs(name: str, case: Case, packed: bool) -> dict:
+  """The call's array arguments, by keyword."""
+  keys = jax.random.split(jax.random.key(case.length), 3)
+  if registry.spec(name).kind == "mixer":
+    args = {"x": jax.random.normal(keys[0], (BATCH, case.length, conformance.EMB_DIM))}
+  else:
+    q_shape = (BATCH, case.length, conformance.NUM_HEADS, conformance.HEAD_DIM)
+    kv_shape = (BATCH, case.length, conformance.NUM_KV_HEADS, conformance.HEAD_DIM)
+    args = {"q": jax.random.normal(keys[0], q_shape), "k": jax.random.normal(keys[1], kv_shape),
+            "v": jax.random.normal(keys[2], kv_shape)}
+  if case.padded:
+    mask = jnp.asarray(_padding_mask(case.length))
+    args.update({"mask": mask} if "x" in args else {"q_mask": mask, "kv_mask": mask})
+  if packed:
+    segment_ids = jnp.asarray(_segment_ids(case.length))
+    args.update({"segment_ids": segment_ids} if "x" in args
+                else {"q_segment_ids": segment_ids, "kv_segment_ids": segment_ids})
+  return args
+
+
+def _call(graphdef, params, rest, arrays: dict):
+  module = nnx.merge(graphdef, params, rest)
+  if "x" in arrays:
+    arrays = dict(arrays)
+    return module(arrays.pop("x"), **arrays)
+  arrays = dict(arrays)
+  return module(arrays.pop("q"), arrays.pop("k"), arrays.pop("v"), **arrays)
+
+
+def _outputs_and_grads(module, arrays: dict, cotangent):
+  """(output, gradient of <output, cotangent> by the floating inputs and every parameter)."""
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  floating = {k: v for k, v in arrays.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+  fixed = {k: v for k, v in arrays.items() if k not in floating}
+
+  def loss(params, floating):
+    out = _call(graphdef, params, rest, {**floating, **fixed})
+    return jnp.sum(out * cotangent), out
+
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+      params, floating)
+  return out, grads
+
+
+def _relative_error(a, b) -> float:
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  worst = 0.0
+  for x, y in zip(leaves_a, leaves_b, strict=True):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    worst = max(worst, float(np.max(np.abs(x - y)) / max(1.0, float(np.max(np.abs(y))))))
+  return worst
+
+
+def _shard(arrays: dict, mesh) -> dict:
+  """Each [batch, length, ...] array split: the batch over `data`, the sequence over `context`."""
+  return {k: jax.device_put(v, NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS)))
+          for k, v in arrays.items()}
+
+
+def run_case(name: str, case: Case) -> CaseResult:
+  """One case: the module on one device, then on the case's mesh, compared."""
+  spec = registry.spec(name)
+  notes = []
+  causal = case.causal
+  if causal and not spec.supports_causal:
+    causal = False
+    notes.append("not causal (the variant cannot be)")
+  packed = case.packed and spec.supports_segment_ids
+  if case.packed and not packed:
+    notes.append("not packed (no segment ids)")
+  module = _build(name, causal)
+  arrays = _inputs(name, case, packed)
+  out = jax.eval_shape(lambda a: _call(*nnx.split(module, nnx.Param, ...), a), arrays)
+  cotangent = jax.random.normal(jax.random.key(1), out.shape)
+  reference = _outputs_and_grads(module, arrays, cotangent)
+  mesh = jax.make_mesh((case.data, case.context), (DATA_AXIS, CONTEXT_AXIS),
+                       axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:case.data * case.context])
+  with jax.set_mesh(mesh):
+    sharded = _outputs_and_grads(module, _shard(arrays, mesh), cotangent)
+  return CaseResult(name, case.name, _relative_error(sharded, reference), "; ".join(notes))
+
+
+def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
+  """XLA's temp memory of one device's compiled forward+backward of `name` (batch 1, the
+  suite's heads) at `length` on a mesh of `context` devices splitting the sequence (1: one
+  device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
+  its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
+  every device, correctly): this memory can."""
+  module = _build(name, causal)
+  case = Case("memory", data=1, context=context, length=length, causal=causal, padded=False,
+              packed=False)
+  arrays = jax.eval_shape(lambda: _inputs(name, case, packed=False))
+  arrays = {k: jax.ShapeDtypeStruct((1, *v.shape[1:]), v.dtype) for k, v in arrays.items()}
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+  def loss(params, arrays):
+    return jnp.sum(_call(graphdef, params, rest, arrays))
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  if context == 1:
+    return step.lower(params, arrays).compile().memory_analysis().temp_size_in_bytes
+  mesh = jax.make_mesh((1, context), (DATA_AXIS, CONTEXT_AXIS), axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:context])
+  with jax.set_mesh(mesh):
+    sharding = NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS))
+    arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
+              for k, v in arrays.items()}
+    return step.lower(params, arrays).compile().memory_analysis().temp_size_in_bytes
+
+
+def run(names) -> list[CaseResult]:
+  results = []
+  for name in names:
+    for case in CASES:
+      try:
+        results.append(run_case(name, case))
+      except Exception as e:   # reported per case, so one failure does not hide the others
+        results.append(CaseResult(name, case.name, None, f"{type(e).__name__}: {e}"))
+  return results
+
+
+def run_in_child(names, devices: int = DEVICES, timeout: float = 900) -> list[CaseResult]:
+  """`run(names)` in a child process with `devices` simulated CPU devices."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} "
+                      f"--xla_force_host_platform_device_count={devices}").strip()
+  child = subprocess.run([sys.executable, "-m", __name__, *names], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+  if child.returncode != 0:
+    raise RuntimeError(f"the context-parallel check of {', '.join(names)} exited "
+                       f"{child.returncode}:\n{child.stderr[-4000:]}")
+  return [CaseResult(**json.loads(line)) for line in child.stdout.splitlines()
+          if line.startswith("{")]
+
+
+def main(argv) -> int:
+  if len(jax.devices()) < DEVICES:
+    print(f"needs {DEVICES} devices, has {len(jax.devices())}: run with XLA_FLAGS="
+          f"--xla_force_host_platform_device_count={DEVICES}", file=sys.stderr)
+    return 2
+  for result in run(argv):
+    print(json.dumps(dataclasses.asdict(result)), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
