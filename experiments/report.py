@@ -25,14 +25,14 @@ from pathlib import Path
 
 from absl import flags, logging
 
+import attention_zoo as az
 import lra
 from configs.lra.paper_tables import NYSTROMFORMER_TABLE1
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
-from experiments.common.records import rotate, write_text
-from experiments.train.metrics import read_metrics
+from experiments.common.records import read_metrics, rotate, write_text
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -292,8 +292,6 @@ def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
   """state_tracking_<preset>.csv per preset with state-tracking runs: a row per task, variant and
   allow_neg_eigval (True / False, "n/a" for a variant without the option): seeds, test_mean,
   test_std (% of the asked positions, STATE_TRACKING_TESTED)."""
-  import attention_zoo as az
-
   groups = defaultdict(list)
   for run in runs:
     if run["task"] in lra.state_tracking_tasks() and "not_applicable" not in run:

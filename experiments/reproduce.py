@@ -35,11 +35,13 @@ from pathlib import Path
 
 from absl import flags, logging
 
+import attention_zoo as az
 import lra
 from configs.lra.common import PRESETS
-from experiments import tuning
+from experiments import report, tuning
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError, did_you_mean
+from experiments.common.records import write_json
 from experiments.common.task_configs import task_config
 from experiments.common.variant_names import attention_names, check_attention
 
@@ -50,8 +52,6 @@ def drop_options_of_other_variants(configs: dict) -> None:
   """An --override of model.attention_options.<name> applies to the variants that have that
   option: removed, with a log line, from the configs of those that do not. HarnessError if no
   variant of the grid has it (a misspelt name)."""
-  import attention_zoo as az
-
   dropped, accepted = {}, set()
   for key, config in configs.items():
     options = config.model.attention_options
@@ -87,8 +87,6 @@ def expand_tasks(tasks) -> list[str]:
 
 def not_applicable(task: str, attention: str) -> str | None:
   """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
-  import attention_zoo as az
-
   spec = az.spec(attention)
   if lra.task_spec(task).objective == "next_token" and not spec.supports_causal:
     return f"{attention} cannot be causal: {az.registry.get(attention).WHY_NOT_CAUSAL}"
@@ -216,7 +214,6 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   """Trains every missing run of the grid; returns a line per failed run."""
   configs = checked_grid(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
                          overrides=overrides)
-  from experiments.common.records import write_json
   from experiments.train import trainer
 
   grid = list(configs)
@@ -273,7 +270,6 @@ def main(argv):
   dry_run.plan(lambda: [*plan_points(point_grids), then])
   import jax
 
-  from experiments import report
   from experiments.train import trainer
 
   trainer.initialize_distributed()

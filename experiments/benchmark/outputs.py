@@ -18,7 +18,7 @@ from configs.lra.paper_tables import TABLE2 as PAPER_TABLE2
 from configs.lra.paper_tables import TABLE2_LENGTHS as PAPER_TABLE2_LENGTHS
 from configs.lra.paper_tables import TABLE2_SPEEDUPS as PAPER_TABLE2_SPEEDUPS
 from experiments.benchmark.settings import BASELINE, JAX_BASELINE, Settings, Status, length_label
-from experiments.common import records
+from experiments.common import provenance, records
 from experiments.common.plots import legend_beside, pyplot, save_figure
 from lra.fileio import atomic_write
 
@@ -63,9 +63,9 @@ def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command
 
 
 def run_environment() -> dict:
-  """records.environment()'s facts a benchmark row carries, with jax's backend and version and
+  """provenance.environment()'s facts a benchmark row carries, with jax's backend and version and
   the XLA flags in use."""
-  env = records.environment()
+  env = provenance.environment()
   env.update(backend=jax.default_backend(), jax_version=jax.__version__,
              xla_flags=os.environ.get("XLA_FLAGS", ""))
   return {key: env[key] for key in ENVIRONMENT}
