@@ -117,9 +117,10 @@ if __name__ == "__main__":
   flags.DEFINE_integer("repeats", None, "Timed calls per measurement, the median reported "
                        "(default 5; flash 10).")
   flags.DEFINE_integer("warmup", 1, "Untimed calls first; the first one estimates the cost.")
-  flags.DEFINE_float("time_budget_s", None, "Seconds per measurement in train, attention and ops "
-                     "mode (default 60: longer ones, and the longer lengths of that variant, are "
-                     "skipped); for the whole run in capacity mode (3600: past them no more "
+  flags.DEFINE_float("time_budget_s", None, "Seconds of timed calls (warmup + repeats) per "
+                     "program in train, attention and ops mode, compiling not counted (default "
+                     "60: longer ones, and the longer lengths of that variant, are skipped); for "
+                     "the whole run in capacity mode (3600: past them no more "
                      "compiles or steps) and flash mode (420: no new row after them).")
   flags.DEFINE_float("memory_limit_gb", None, "Do not run (capacity: time) programs whose "
                      "compiled memory exceeds this (default: the accelerator's memory, or half "

@@ -1,0 +1,43 @@
+"""The benchmark's FLOP count of an exact sparse variant: the pairs of the engine's block masks
+equal those of the variant's dense `pattern()` (at a length that is no multiple of the blocks,
+so padded and partial tiles are counted too)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention_zoo as az
+from experiments.benchmark import pairs
+from experiments.benchmark.attention import attention_flops, pair_flops
+
+LENGTH, HEADS, HEAD_DIM, BATCH = 70, 2, 8, 2
+
+
+def counted_and_pattern(name: str, **options) -> tuple[int | None, int]:
+  attention = az.create(name, num_heads=HEADS, head_dim=HEAD_DIM, max_len=LENGTH,
+                        rngs=nnx.Rngs(0), **options)
+  forward = lambda q, k, v, mask: attention(q, k, v, q_mask=mask, kv_mask=mask)
+  x = jax.ShapeDtypeStruct((BATCH, LENGTH, HEADS, HEAD_DIM), jnp.float32)
+  counted = pairs.kept_pairs(forward, x, x, x, jax.ShapeDtypeStruct((BATCH, LENGTH), bool),
+                             batch=BATCH, heads=HEADS)
+  pattern = np.broadcast_to(attention.pattern(LENGTH, LENGTH), (HEADS, LENGTH, LENGTH))
+  return counted, BATCH * int(pattern.sum())
+
+
+@pytest.mark.parametrize("name,options", [
+    ("sliding_window", dict(window=5)),
+    ("local", dict(block_size=6)),
+    ("bigbird", dict(block_size=4, num_window_blocks=3, num_random_blocks=2)),   # per head
+    ("sparse_transformer", dict(block_size=6, num_summary=2, query_chunk=16)),   # key copies
+    ("longformer", dict(window=3, dilation=2, num_global_tokens=0)),             # reordered
+])
+def test_the_block_masks_keep_the_pairs_of_the_pattern(name, options):
+  counted, pattern = counted_and_pattern(name, **options)
+  assert counted == pattern and 0 < pattern < BATCH * HEADS * LENGTH ** 2
+
+
+def test_dense_attention_has_no_block_mask_and_counts_n_squared():
+  assert counted_and_pattern("full")[0] is None
+  assert pair_flops(BATCH * HEADS * LENGTH ** 2, HEAD_DIM) == attention_flops(
+      BATCH, HEADS, LENGTH, HEAD_DIM, causal=False, backward=True) == 3.5 * 4 * 2 * 2 * 70 ** 2 * 8
