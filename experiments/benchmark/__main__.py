@@ -137,8 +137,8 @@ if __name__ == "__main__":
                        "approximation: 4).")
   flags.DEFINE_integer("mlp_dim", None, "MLP width.")
   flags.DEFINE_integer("seed", 0, "Seed of parameters and inputs.")
-  flags.DEFINE_integer("matmul_size", 4096, "Attention mode: the n x n matmul whose GFLOP/s is "
-                       "the limit the exact variants' FLOP rates are compared with; 0: skip it.")
+  flags.DEFINE_integer("matmul_size", 4096, "Attention and ops mode: the n x n matmul whose "
+                       "GFLOP/s is the limit the FLOP rates are compared with; 0: skip it.")
   # capacity mode
   flags.DEFINE_integer("min_length", 1024, "Capacity: the shortest length tried (rounded up to "
                        "a power of two).")
