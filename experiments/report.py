@@ -339,11 +339,15 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
   over seeds; dots: best validation step; diamonds: the paper) and the training curves (PNG)."""
   plt = pyplot()
   written = []
+  charts = sum(len(table["tasks"]) for (_, policy, _), table in tables.items()
+               if policy == "test_accuracy_final")
   for (preset, policy, kind), table in tables.items():
     if policy != "test_accuracy_final":
       continue
     best = tables[preset, "test_accuracy_best_validation", kind]
     for task in table["tasks"]:
+      logging.info("report: plots %d/%d: %s (%s), its bars and training curves",
+                   len(written) // 2 + 1, charts, task, preset)
       attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
       cells = [table["cells"][a, task] for a in attentions]
       fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(attentions) + 2), 4))
@@ -425,10 +429,12 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   the PNGs of the runs under runs_dir (those `only` keeps: see read_runs) into out_dir (each
   atomically); returns the markdown. A report of other runs already there is kept, not
   overwritten: its files are renamed <name>.1 (older ones shift to .2, ...), with a warning."""
+  logging.info("report: reading the runs under %s", runs_dir)
   runs = read_runs(runs_dir, only=only)
   if not runs:
     raise HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
                            "experiments.reproduce first")
+  logging.info("report: %d run(s) read; writing the tables into %s", len(runs), out_dir)
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)

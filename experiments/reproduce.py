@@ -128,6 +128,7 @@ def checked_grid(**grid) -> dict:
   from experiments.train import trainer
 
   configs = grid_with_own_options(**grid)
+  logging.info("checking the %d configs of the grid as the trainer will", len(configs))
   for (task, attention, _), config in configs.items():
     if not not_applicable(task, attention):
       trainer.check_run(config)
@@ -268,6 +269,8 @@ def main(argv):
           f"{out}/tuning.md, tuning.json and tuning.csv" if tune else
           f"then the report of these runs: {report_out}/table.md, table.csv and plots")
   dry_run.plan(lambda: [*plan_points(point_grids), then])
+  logging.info("%d run(s) in %d grid(s): importing JAX and the trainer",
+               len(point_grids) * len(configs), len(point_grids))
   import jax
 
   from experiments.train import trainer
@@ -278,6 +281,8 @@ def main(argv):
   some_finished = len(failures) < len(point_grids) * len(configs)
   if jax.process_index() == 0 and some_finished:   # the asked comparison, not all of out/runs
     asked = {"preset": [FLAGS.preset], "task": tasks, "attention": attentions, "seed": seeds}
+    logging.info("the runs are done: %s", "choosing each point on validation, then tuning.md"
+                 if tune else f"the report in {report_out}")
     if tune:
       print(tuning.write_report(tuning.records(out, tune, asked, tuning.TESTED), tune, out,
                                 preset=FLAGS.preset))

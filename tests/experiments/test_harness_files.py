@@ -193,3 +193,13 @@ def test_writing_records_and_reports_starts_no_jax():
        "experiments.common.records; print(sorted({'jax', 'flax'} & set(sys.modules)))"],
       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], check=True)
   assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+def test_the_report_says_each_phase(tmp_path, caplog):
+  """Reading the runs, writing the tables and each task's plots are logged as they start."""
+  with caplog.at_level("INFO"):
+    _write_report(tmp_path / "report", 0.5)
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("report: ")]
+  assert said == [f"report: reading the runs under {tmp_path / 'runs0.5'}",
+                  f"report: 1 run(s) read; writing the tables into {tmp_path / 'report'}",
+                  "report: plots 1/1: listops (tiny), its bars and training curves"]
