@@ -33,6 +33,8 @@ import itertools
 import statistics
 from pathlib import Path
 
+from absl import logging
+
 from experiments import report
 from experiments.report import POLICIES, rounded
 from experiments.common.errors import HarnessError
@@ -163,7 +165,9 @@ def records(out, tune: dict[str, list], asked: dict, tested: str,
   "seed": [values]}, as report.read_runs takes it), from the runs of every point of `tune`
   under `out`, in the order asked."""
   candidates = {(task, attention): [] for task in asked["task"] for attention in asked["attention"]}
-  for point in points(tune):
+  for number, point in enumerate(points(tune), start=1):
+    logging.info("tuning: reading the runs of point %d/%d (%s)", number, len(points(tune)),
+                 describe(point))
     runs = report.read_runs(point_dir(out, point) / "runs", only=asked)
     for (task, attention), found in candidates.items():
       found.append((point, [r for r in runs if (r["task"], r["attention"]) == (task, attention)]))
