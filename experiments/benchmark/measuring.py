@@ -66,6 +66,7 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
   timings: dict[str, tuple] = {}
   compiled: dict[str, Any] = {}
   running = False
+  started = time.perf_counter()
   try:
     measured = workload(name, length, settings)
     row.update(options=json.dumps(measured.options, sort_keys=True, default=str),
@@ -77,6 +78,7 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
       row.update(status=refused[0], note=refused[1])
       return row, timings
     start = time.perf_counter()
+    row["setup_s"] = round(start - started, 2)   # the model built abstractly, its pairs counted
     facts = {}
     for key, program in measured.programs.items():
       compiled[key], facts[key] = compile_program(program)
@@ -215,10 +217,10 @@ def finished(rows: list[dict], settings: Settings, env: dict) -> list[dict]:
 
 
 def _summary(row) -> str:
-  """The row's log line: compile and run times apart (the time budget covers the runs only),
-  the time a step, its temporary memory, the note."""
-  parts = [f"{what} {row[key]:.1f} s" for what, key in (("compile", "compile_s"),
-                                                        ("run", "run_s")) if key in row]
+  """The row's log line: setup, compile and run times apart (the time budget covers the runs
+  only), the time a step, its temporary memory, the note."""
+  parts = [f"{what} {row[key]:.1f} s" for what, key in (
+      ("setup", "setup_s"), ("compile", "compile_s"), ("run", "run_s")) if key in row]
   if row.get("step_ms") is not None:
     parts.append(f"{row['step_ms']:.1f} ms/step")
   if row.get("temp_bytes") is not None:

@@ -31,8 +31,8 @@ CSV_COLUMNS = (
     "temp_bytes", "temp_bytes_fwd", "compiled_total_bytes", "resident_bytes",
     "flops", "flops_fwd", "flops_lower_bound", "rate_flops", "flops_source", "gflops_per_s",
     "fraction_of_matmul", "matmul_gflops",
-    "device_peak_bytes", "device_peak_set_here", "time_exponent", "memory_exponent", "compile_s",
-    "run_s", "mode", "dtype", "remat", "batch_size", "options", *ENVIRONMENT)
+    "device_peak_bytes", "device_peak_set_here", "time_exponent", "memory_exponent", "setup_s",
+    "compile_s", "run_s", "mode", "dtype", "remat", "batch_size", "options", *ENVIRONMENT)
 
 
 def output_paths(out_dir: str, mode: str) -> dict[str, str]:

@@ -349,7 +349,8 @@ def test_the_log_says_what_the_budget_covers_and_prints_compile_and_run_apart(ca
   assert "timed calls (warmup + repeats; compiling is not counted)" in caplog.text
   row = by(rows, "sliding_window")[0]
   line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("sliding_window"))
-  assert f"compile {row['compile_s']:.1f} s, run {row['run_s']:.1f} s, " in line
+  assert (f"setup {row['setup_s']:.1f} s, compile {row['compile_s']:.1f} s, "
+          f"run {row['run_s']:.1f} s, ") in line
   # the rate counts the pairs the window keeps, not n², nor XLA's once-per-loop count
   kept = sum(min(i + 3, 39) - max(i - 3, 0) + 1 for i in range(40))
   assert row["rate_flops"] == 3.5 * 4 * 2 * kept * 16   # batch 1 x 2 heads of 16

@@ -25,12 +25,15 @@ def counted_and_pattern(name: str, **options) -> tuple[int | None, int]:
   return counted, BATCH * int(pattern.sum())
 
 
+# The fast lane: a window and per-head random blocks; the slow lane the rest.
 @pytest.mark.parametrize("name,options", [
     ("sliding_window", dict(window=5)),
-    ("local", dict(block_size=6)),
     ("bigbird", dict(block_size=4, num_window_blocks=3, num_random_blocks=2)),   # per head
-    ("sparse_transformer", dict(block_size=6, num_summary=2, query_chunk=16)),   # key copies
-    ("longformer", dict(window=3, dilation=2, num_global_tokens=0)),             # reordered
+    pytest.param("local", dict(block_size=6), marks=pytest.mark.slow),
+    pytest.param("sparse_transformer", dict(block_size=6, num_summary=2, query_chunk=16),
+                 marks=pytest.mark.slow),                                        # key copies
+    pytest.param("longformer", dict(window=3, dilation=2, num_global_tokens=0),
+                 marks=pytest.mark.slow),                                        # reordered
 ])
 def test_the_block_masks_keep_the_pairs_of_the_pattern(name, options):
   counted, pattern = counted_and_pattern(name, **options)
