@@ -8,7 +8,9 @@ The block masks are recorded while the forward is traced abstractly (jax.eval_sh
 runs); their lists are concrete there because the engine computes a mask that depends on no
 traced array while tracing. A variant that never calls the engine (full, flash: dense) has no
 block mask: None. One whose pattern is data (segment ids, MoBA's chosen blocks) cannot be
-counted before it runs: ValueError.
+counted before it runs: ValueError. A variant that computes some rows twice counts them twice
+(longformer's global rows: its window call computes them before the global call replaces them,
+g·(2w + 1) pairs, 1/8K of its count at 8K with one global token).
 """
 from __future__ import annotations
 
