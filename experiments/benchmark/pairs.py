@@ -10,7 +10,7 @@ traced array while tracing. A variant that never calls the engine (full, flash: 
 block mask: None. One whose pattern is data (segment ids, MoBA's chosen blocks) cannot be
 counted before it runs: ValueError. A variant that computes some rows twice counts them twice
 (longformer's global rows: its window call computes them before the global call replaces them,
-g·(2w + 1) pairs, 1/8K of its count at 8K with one global token).
+at most g·(2w + g + 1) pairs, about 1/8K of its count at 8K with one global token).
 """
 from __future__ import annotations
 
