@@ -72,10 +72,14 @@ def attention_workload(name: str, length: int, settings: Settings) -> Workload:
   shapes = (params, rest, jax.ShapeDtypeStruct(q_shape, dtype),
             *(jax.ShapeDtypeStruct(kv_shape, dtype),) * 2, jax.ShapeDtypeStruct((b, length), bool))
   exact, nominal = baseline or spec.exact, None
-  if exact:   # a variant that never calls the engine is dense: n² pairs a head
+  if exact:
     kept = None if baseline else pairs.kept_pairs(fwd, *shapes, batch=b, heads=heads)
+    if kept is None and not (baseline or spec.complexity.startswith("O(n²)")):
+      raise ValueError(f"{name} ({spec.complexity}) hands the block-sparse engine no block mask "
+                       "the benchmark sees (experiments/benchmark/pairs.py): its FLOPs cannot be "
+                       "counted; call the engine through attention_zoo.flex")
     nominal = ((pair_flops(kept, head_dim), "nominal 3.5·4·pairs·d, pairs of the block masks")
-               if kept is not None else
+               if kept is not None else   # dense: n² pairs a head
                (attention_flops(b, heads, length, head_dim, causal=False, backward=True),
                 "nominal 3.5·4·b·h·n²·d"))
   return Workload(

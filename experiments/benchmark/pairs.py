@@ -19,13 +19,14 @@ import contextlib
 import jax
 import numpy as np
 
+from attention_zoo import flex as engine_face
 from attention_zoo.ops import flex as engine
 
 
 @contextlib.contextmanager
 def recorded_block_masks():
-  """Within it, every BlockMask passed to the engine's flex_attention is appended to the list
-  it yields (the engine runs as before)."""
+  """Within it, every BlockMask passed to the engine's flex_attention (by attention_zoo.ops.flex
+  or the face attention_zoo.flex) is appended to the list it yields; the engine runs as before."""
   masks = []
   run = engine.flex_attention
 
@@ -33,11 +34,13 @@ def recorded_block_masks():
     masks.append(block_mask)
     return run(*args, block_mask=block_mask, **kwargs)
 
-  engine.flex_attention = recording
+  for module in (engine, engine_face):
+    module.flex_attention = recording
   try:
     yield masks
   finally:
-    engine.flex_attention = run
+    for module in (engine, engine_face):
+      module.flex_attention = run
 
 
 def pairs_of_block_mask(block_mask: engine.BlockMask, *, batch: int, heads: int) -> int:

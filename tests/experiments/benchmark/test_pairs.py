@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
+from attention_zoo import flex
 from experiments.benchmark import pairs
 from experiments.benchmark.attention import attention_flops, pair_flops
 
@@ -44,3 +45,15 @@ def test_dense_attention_has_no_block_mask_and_counts_n_squared():
   assert counted_and_pattern("full")[0] is None
   assert pair_flops(BATCH * HEADS * LENGTH ** 2, HEAD_DIM) == attention_flops(
       BATCH, HEADS, LENGTH, HEAD_DIM, causal=False, backward=True) == 3.5 * 4 * 2 * 2 * 70 ** 2 * 8
+
+
+def test_a_call_through_the_face_is_counted_and_one_without_the_engine_is_none():
+  """A causal block mask through attention_zoo.flex (the face variant authors use): n(n+1)/2
+  pairs a row and head; a forward that calls no engine has no count."""
+  x = jax.ShapeDtypeStruct((BATCH, LENGTH, HEADS, HEAD_DIM), jnp.float32)
+  causal = lambda q, k, v: flex.flex_attention(
+      q, k, v, block_mask=flex.create_block_mask(flex.causal_mask(LENGTH, LENGTH), None, None,
+                                                 LENGTH, LENGTH, block_q=32, block_k=16))
+  assert pairs.kept_pairs(causal, x, x, x, batch=BATCH, heads=HEADS) == (
+      BATCH * HEADS * LENGTH * (LENGTH + 1) // 2)
+  assert pairs.kept_pairs(lambda q, k, v: q + k + v, x, x, x, batch=BATCH, heads=HEADS) is None
