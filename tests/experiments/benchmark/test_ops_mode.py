@@ -27,6 +27,10 @@ def test_ops_benchmark_rows_and_table(tmp_path):
     assert recurrent["speedup_vs_recurrent"] is None
   table = (tmp_path / "benchmark_ops.md").read_text()
   assert "| chunk_kda |" in table and "- chunk_dplr_delta_rule: " in table
+  # the FLOP rate of the chunk forms and the baseline, none for a token-by-token form
+  assert "## FLOP rate" in table and "| recurrent_kda | " not in table.split("## FLOP rate")[1]
+  assert by_op["chunk_kda"]["gflops_per_s"] == pytest.approx(
+      ops.chunk_flops("chunk_kda", 16) / by_op["chunk_kda"]["fwd_bwd_ms"] / 1e6)
   assert (tmp_path / "benchmark_ops.csv").read_text().startswith("op,length,status")
 
 
