@@ -25,14 +25,14 @@ from pathlib import Path
 
 from absl import flags, logging
 
+import attention_zoo as az
 import lra
 from configs.lra.paper_tables import NYSTROMFORMER_TABLE1
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
-from experiments.common.records import rotate, write_text
-from experiments.train.metrics import read_metrics
+from experiments.common.records import read_metrics, rotate, write_text
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -292,8 +292,6 @@ def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
   """state_tracking_<preset>.csv per preset with state-tracking runs: a row per task, variant and
   allow_neg_eigval (True / False, "n/a" for a variant without the option): seeds, test_mean,
   test_std (% of the asked positions, STATE_TRACKING_TESTED)."""
-  import attention_zoo as az
-
   groups = defaultdict(list)
   for run in runs:
     if run["task"] in lra.state_tracking_tasks() and "not_applicable" not in run:
@@ -341,11 +339,15 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
   over seeds; dots: best validation step; diamonds: the paper) and the training curves (PNG)."""
   plt = pyplot()
   written = []
+  charts = sum(len(table["tasks"]) for (_, policy, _), table in tables.items()
+               if policy == "test_accuracy_final")
   for (preset, policy, kind), table in tables.items():
     if policy != "test_accuracy_final":
       continue
     best = tables[preset, "test_accuracy_best_validation", kind]
     for task in table["tasks"]:
+      logging.info("report: plots %d/%d: %s (%s), its bars and training curves",
+                   len(written) // 2 + 1, charts, task, preset)
       attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
       cells = [table["cells"][a, task] for a in attentions]
       fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(attentions) + 2), 4))
@@ -427,10 +429,12 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   the PNGs of the runs under runs_dir (those `only` keeps: see read_runs) into out_dir (each
   atomically); returns the markdown. A report of other runs already there is kept, not
   overwritten: its files are renamed <name>.1 (older ones shift to .2, ...), with a warning."""
+  logging.info("report: reading the runs under %s", runs_dir)
   runs = read_runs(runs_dir, only=only)
   if not runs:
     raise HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
                            "experiments.reproduce first")
+  logging.info("report: %d run(s) read; writing the tables into %s", len(runs), out_dir)
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)

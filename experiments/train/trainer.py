@@ -51,7 +51,7 @@ from tqdm import tqdm
 import lra
 from attention_zoo import registry
 from attention_zoo.models import Classifier, TransformerConfig, num_params
-from experiments.common import device, dry_run, records
+from experiments.common import device, dry_run, provenance, records
 from experiments.common.errors import CtrlC, HarnessError, Interrupted
 from experiments.train import build
 from experiments.train import checkpoints as checkpoints_lib
@@ -506,7 +506,7 @@ class Trainer:
         "test_examples": final["examples"],   # fewer than the split's under test_drop_last
         "data": data_lib.provenance(config),
         "data_checks": self.data_checks,
-        "environment": records.environment(),
+        "environment": provenance.environment(),
         "model": build.describe(self.model_config),
         "overrides": self.overrides,
         "config": config.to_dict(),
