@@ -30,22 +30,32 @@ FAMILIES = {
 @dataclasses.dataclass(frozen=True)
 class SyntheticTask:
   """A registered task: its spec (defaults; the load options change vocabulary and length), its
-  settings class, its family, and the generator (module name, RULES_VERSION) that provenance
-  records."""
+  settings class, its family, the generator (module name, RULES_VERSION) that provenance
+  records, and where the task defines one, the accuracy of guessing (`chance`), which scales
+  its accuracy (scaled_accuracy)."""
   spec: TaskSpec
   settings: type
   family: str
   generator: str
   rules_version: int
+  chance: float | None = None
+
+  def scaled_accuracy(self, accuracy: float) -> float:
+    """(accuracy - chance) / (1 - chance): 1 for every answer right, 0 for guessing."""
+    if self.chance is None:
+      raise ValueError(f"{self.spec.name} defines no chance level; the tasks that do: "
+                       f"{', '.join(name for name, t in TASKS.items() if t.chance is not None)}")
+    return (accuracy - self.chance) / (1 - self.chance)
 
 
 TASKS: dict[str, SyntheticTask] = {}
 
 
 def register_task(settings: type, *, family: str, max_len: int, has_padding: bool = False,
-                  readout: str = "every_position") -> type:
+                  readout: str = "every_position", chance: float | None = None) -> type:
   """Enters `settings` (a task's settings class) in TASKS under `settings.task`; its default
-  vocabulary is the default settings' vocab_size. Returns the class."""
+  vocabulary is the default settings' vocab_size; `chance`, the accuracy of guessing the asked
+  tokens, where the task's protocol scales accuracy by it. Returns the class."""
   if family not in FAMILIES:
     raise ValueError(f"{settings.task}: unknown family {family!r}; families: "
                      f"{', '.join(FAMILIES)}")
@@ -57,7 +67,7 @@ def register_task(settings: type, *, family: str, max_len: int, has_padding: boo
                   dual=False, has_padding=has_padding, objective="next_token", readout=readout)
   module = settings.__module__
   TASKS[settings.task] = SyntheticTask(spec, settings, family, module,
-                                       sys.modules[module].RULES_VERSION)
+                                       sys.modules[module].RULES_VERSION, chance)
   return settings
 
 
