@@ -48,10 +48,10 @@ from ml_collections.config_dict import placeholder
 
 from configs.task_values import TaskValues
 
-PRESETS = ("paper", "fair", "tiny", "light", "light_fair")
+PRESETS = ("paper", "fair", "tiny", "light", "light_fair", "grazzi")   # grazzi: formal languages
 LIGHT_PRESETS = ("light", "light_fair")
 DATA_DIRS = {"paper": "data/lra", "fair": "data/lra", "tiny": "data/lra_tiny", "light": "data/lra",
-             "light_fair": "data/lra"}
+             "light_fair": "data/lra", "grazzi": ""}
 RSQRT = "constant * linear_warmup * rsqrt_decay"
 COSINE = "constant * linear_warmup * cosine_decay"
 # The models of the LRA paper, by registry name (the Transformer is `full`).

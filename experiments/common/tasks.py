@@ -52,3 +52,12 @@ def provenance(task: str, data_dir=None, *, max_len=None, **options) -> dict:
   if is_synthetic(task):
     return synthetic.provenance(task, max_len=max_len, **options)
   return lra.provenance(task, data_dir, max_len=max_len, **options)
+
+
+def scaled_accuracies(task: str, **accuracies: float) -> dict:
+  """{"scaled_<name>": (accuracy - chance) / (1 - chance)} for each accuracy given, for a task
+  whose protocol scales accuracy by its chance level (the formal languages); else {}."""
+  if not is_synthetic(task) or synthetic.TASKS[task].chance is None:
+    return {}
+  return {f"scaled_{name}": synthetic.TASKS[task].scaled_accuracy(accuracy)
+          for name, accuracy in accuracies.items()}

@@ -20,10 +20,10 @@ import ml_collections
 from flax import nnx
 
 import attention_zoo as az
-from experiments.common import tasks
 from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
                                   TransformerConfig)
 from configs.lra import common
+from experiments.common import tasks
 from experiments.common.errors import HarnessError, did_you_mean
 from experiments.common.task_configs import task_config, task_values
 from experiments.common.variant_names import check_attention

@@ -494,6 +494,9 @@ class Trainer:
         "test_accuracy_final": final["accuracy"], "test_loss_final": final["loss"],
         "test_accuracy_best_validation": best["accuracy"],
         "test_loss_best_validation": best["loss"],
+        # (accuracy - chance) / (1 - chance) where the task's protocol reports it
+        **tasks.scaled_accuracies(config.task, test_accuracy_final=final["accuracy"],
+                                  test_accuracy_best_validation=best["accuracy"]),
         # The validation accuracy of each tested model (what tuning chooses on): the final
         # step always evaluates, so the last evaluation is the final model's.
         "validation_accuracy_final": record["last_eval_accuracy"],
