@@ -201,6 +201,14 @@ def markdown(tables: dict) -> str:
                 "permutation product (s3, s5) at every test position past the longest training "
                 f"sequence (docs/state_tracking.md); ({NEG_EIGVAL}): the mixer's transition "
                 "eigenvalues reach -1.", ""]
+    elif kind == "formal_language":
+      lines += [f"### Formal languages, preset `{preset}`, {which}: test accuracy on the "
+                "answers (%)", "",
+                f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
+                f"Seeds per cell: {', '.join(map(str, seeds))}. Grazzi et al.'s parity and "
+                "modular arithmetic w/o and w/ brackets (docs/formal_languages.md), tested at "
+                "lengths 40..256; their scaled accuracy is in each run's results.json; "
+                f"({NEG_EIGVAL}): the mixer's transition eigenvalues reach -1.", ""]
     else:
       lines += [f"### Diagnostics, preset `{preset}`, {which}: test accuracy on the asked "
                 "tokens (%)", "",
