@@ -48,7 +48,7 @@ def resolved(task, arg):
 # ------------------------------------------------------------------------------------ configs
 
 # The light presets are the Nyströmformer paper's ListOps protocol (tests/test_light_preset.py).
-TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.PRESETS
+TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.LRA_PRESETS
                 if task == "listops" or preset not in common.LIGHT_PRESETS]
 
 

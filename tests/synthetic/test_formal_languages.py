@@ -9,6 +9,7 @@ import pytest
 import attention_zoo as az
 import synthetic
 from configs import formal_languages, modular_arithmetic, parity_check
+from configs.lra import listops
 from experiments.common import tasks
 from helpers import tiny_run_overrides
 from synthetic import IGNORED
@@ -124,6 +125,9 @@ def test_the_grazzi_preset_holds_the_released_values():
       "model.attention_options.conv_size"] == 1
   with pytest.raises(ValueError, match="parity_check has one preset, grazzi"):
     parity_check.get_config("deltanet,tiny")
+  with pytest.raises(ValueError, match="listops has the presets paper, fair, tiny, light, "
+                                       "light_fair, not 'grazzi'"):
+    listops.get_config("full,grazzi")
   for variant, _ in formal_languages.ROWS.values():
     assert az.spec(variant).supports_causal, variant
 
