@@ -335,8 +335,8 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
                                "unknown attention 'nope'"),
       "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
       "preset flag": (["experiments.reproduce", "--preset=tnyi", "--tasks=listops"],
-                      "--preset=tnyi: not one of paper, fair, tiny, light, light_fair "
-                      "(did you mean 'tiny'?)"),
+                      "--preset=tnyi: not one of paper, fair, tiny, light, light_fair, "
+                      "grazzi (did you mean 'tiny'?)"),
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
