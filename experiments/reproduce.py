@@ -37,6 +37,8 @@ from absl import flags, logging
 
 import attention_zoo as az
 import lra
+import synthetic
+from experiments.common import tasks as task_names
 from configs.lra.common import PRESETS
 from experiments import report, tuning
 from experiments.common import command_line, dry_run
@@ -72,11 +74,11 @@ def drop_options_of_other_variants(configs: dict) -> None:
 
 
 def all_tasks() -> tuple[str, ...]:
-  return lra.available_tasks() + lra.diagnostic_tasks()
+  return task_names.available_tasks()
 
 
 # Names that stand for several tasks in --tasks.
-TASK_GROUPS = {"mad": lra.mad_tasks()}
+TASK_GROUPS = {"mad": synthetic.family_tasks("mad")}
 
 
 def expand_tasks(tasks) -> list[str]:
@@ -88,7 +90,7 @@ def expand_tasks(tasks) -> list[str]:
 def not_applicable(task: str, attention: str) -> str | None:
   """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
   spec = az.spec(attention)
-  if lra.task_spec(task).objective == "next_token" and not spec.supports_causal:
+  if task_names.task_spec(task).objective == "next_token" and not spec.supports_causal:
     return f"{attention} cannot be causal: {az.registry.get(attention).WHY_NOT_CAUSAL}"
   return None
 
@@ -300,8 +302,9 @@ if __name__ == "__main__":
   flags.DEFINE_enum("preset", "tiny", PRESETS, "tiny: CPU-sized, minutes; paper: the released "
                     "LRA code as it ran; fair: the same budget with its quirks fixed.")
   flags.DEFINE_list("tasks", list(lra.available_tasks()), "Tasks to run: the LRA tasks "
-                    f"({', '.join(lra.available_tasks())}) and diagnostics "
-                    f"({', '.join(lra.diagnostic_tasks())}); `mad` stands for the six MAD tasks.")
+                    f"({', '.join(lra.available_tasks())}) and synthetic tasks "
+                    f"({', '.join(synthetic.available_tasks())}); `mad` stands for the six MAD "
+                    "tasks.")
   flags.DEFINE_list("attentions", [], "Attention variants; default: every registered one.")
   flags.DEFINE_list("seeds", ["0"], "Seeds; the table shows mean ± std over them.")
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_FOLDERS = ("attention_zoo", "configs", "examples", "experiments", "lra", "tests")
+PROJECT_FOLDERS = ("attention_zoo", "configs", "examples", "experiments", "lra", "synthetic",
+                   "tests")
 
 
 def python_files(root: Path) -> list[str]:
@@ -58,7 +59,7 @@ def test_outside_a_git_checkout_the_project_folders_are_linted(tmp_path, monkeyp
 
 # -- the layers -----------------------------------------------------------------------------
 
-PACKAGES = ("attention_zoo", "configs", "experiments", "lra")
+PACKAGES = ("attention_zoo", "configs", "experiments", "lra", "synthetic")
 # The library's layers, lowest first: a module imports only from its own layer and those below.
 # Each entry names modules and packages (a package stands for everything in it); the face,
 # attention_zoo/__init__.py, is the top: it imports every public name, on first use.
@@ -75,7 +76,10 @@ LAYERS = [
     ("testing", ["attention_zoo.testing", "attention_zoo.conformance"]),
     ("face", ["attention_zoo"]),
 ]
-HARNESS = {"configs", "experiments", "lra", "ml_collections"}
+HARNESS = {"configs", "experiments", "lra", "synthetic", "ml_collections"}
+# The tasks' data, lowest first: each package imports none of the project's packages but those
+# before it here (lra knows only LRA; synthetic builds on lra's TaskSpec, Dataset and checks).
+DATA_LAYERS = ["lra", "synthetic"]
 HARNESS_COMMON = "experiments.common"   # what every command shares: it imports no job
 
 
@@ -302,11 +306,27 @@ def test_ops_import_only_jax_numpy_the_standard_library_and_themselves():
 
 
 def test_the_library_imports_nothing_from_the_harness():
-  """attention_zoo stands alone: no import of experiments, configs, lra or ml_collections."""
+  """attention_zoo stands alone: no import of experiments, configs, lra, synthetic or
+  ml_collections."""
   modules = project_modules()
   found = {m: sorted(n for n in imported_names(m, path) if n.split(".")[0] in HARNESS)
            for m, path in modules.items() if m.split(".")[0] == "attention_zoo"}
   assert found and not any(found.values()), found
+
+
+def test_the_data_packages_import_only_downwards():
+  """lra imports nothing of the project but itself, synthetic only lra and itself: neither the
+  library, the configs nor the harness."""
+  modules = project_modules()
+  found = {}
+  for i, package in enumerate(DATA_LAYERS):
+    allowed = set(DATA_LAYERS[:i + 1])
+    for module, path in modules.items():
+      if module.split(".")[0] == package:
+        found[module] = sorted(n for n in imported_names(module, path)
+                               if n.split(".")[0] in {*PACKAGES, "ml_collections"} - allowed)
+  assert set(DATA_LAYERS) <= {m.split(".")[0] for m in found}
+  assert not any(found.values()), found
 
 
 def test_only_the_command_and_tests_import_the_conformance_suite():
