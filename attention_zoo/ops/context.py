@@ -27,3 +27,11 @@ def context_size() -> int:
   if mesh.empty or CONTEXT_AXIS not in mesh.axis_names:
     return 1
   return mesh.shape[CONTEXT_AXIS]
+
+
+def sequence_spec() -> jax.sharding.PartitionSpec:
+  """The active mesh's PartitionSpec of a [batch, length, ...] array: the batch over the batch
+  axes the mesh has, the length over `context` (a `shard_map`'s in_specs and out_specs)."""
+  names = jax.sharding.get_abstract_mesh().axis_names
+  batch = tuple(axis for axis in BATCH_AXES if axis in names)
+  return jax.sharding.PartitionSpec(batch or None, CONTEXT_AXIS)
