@@ -20,7 +20,7 @@ from attention_zoo.variants import kernelized
           complexity="O(n·d)",
           paper="Katharopoulos et al. 2020, Transformers are RNNs: Fast Autoregressive "
                 "Transformers with Linear Attention (arXiv:2006.16236)",
-          can_decode=True, supports_dropout=False)
+          can_decode=True, supports_dropout=False, supports_context_parallel=True)
 class LinearTransformerAttention(kernelized.KernelizedAttention):
   TEST_OPTIONS = dict(chunk_size=4)
 

@@ -74,7 +74,7 @@ def orthogonal_gaussian(key, num_kv_heads: int, nb_features: int, head_dim: int)
 @register("performer", exact=False, supports_causal=True, supports_cross=True,
           complexity="O(n·m)",
           paper="Choromanski et al. 2021, Rethinking Attention with Performers (arXiv:2009.14794)",
-          can_decode=True, supports_dropout=False)
+          can_decode=True, supports_dropout=False, supports_context_parallel=True)
 class PerformerAttention(kernelized.KernelizedAttention):
   # kernel: "softmax" (FAVOR+) or "relu" (generalized attention); features: "random" (a
   # random projection Ω) or "deterministic" (none: the head_dim coordinates, relu only).
