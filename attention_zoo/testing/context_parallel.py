@@ -89,11 +89,12 @@ def _padding_mask(length: int) -> np.ndarray:
   return mask
 
 
-def _build(name: str, causal: bool):
+def _build(name: str, causal: bool, length: int):
   spec = registry.spec(name)
   if spec.kind == "mixer":
     return conformance.build_mixer(name, causal=causal)
-  return conformance.build(name, causal=causal)
+  # a variant sized by its longest sequence (linformer) is built for the case's length
+  return conformance.build(name, causal=causal, max_len=max(length, conformance.MAX_LEN))
 
 
 def _inputs(name: str, case: Case, packed: bool) -> dict:
@@ -166,7 +167,7 @@ def run_case(name: str, case: Case) -> CaseResult:
   packed = case.packed and spec.supports_segment_ids
   if case.packed and not packed:
     notes.append("not packed (no segment ids)")
-  module = _build(name, causal)
+  module = _build(name, causal, case.length)
   arrays = _inputs(name, case, packed)
   out = jax.eval_shape(lambda a: _call(*nnx.split(module, nnx.Param, ...), a), arrays)
   cotangent = jax.random.normal(jax.random.key(1), out.shape)
@@ -185,7 +186,7 @@ def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool 
   device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
   its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
   every device, correctly): this memory can."""
-  module = _build(name, causal)
+  module = _build(name, causal, length)
   case = Case("memory", data=1, context=context, length=length, causal=causal, padded=False,
               packed=False)
   arrays = jax.eval_shape(lambda: _inputs(name, case, packed=False))
