@@ -23,8 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -180,12 +182,9 @@ def run_case(name: str, case: Case) -> CaseResult:
   return CaseResult(name, case.name, _relative_error(sharded, reference), "; ".join(notes))
 
 
-def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
-  """XLA's temp memory of one device's compiled forward+backward of `name` (batch 1, the
-  suite's heads) at `length` on a mesh of `context` devices splitting the sequence (1: one
-  device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
-  its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
-  every device, correctly): this memory can."""
+def _compiled_step(name: str, *, length: int, context: int, causal: bool):
+  """One device's compiled forward+backward of `name` (batch 1, the suite's heads) at `length`
+  on a mesh of `context` devices splitting the sequence (1: one device, no mesh)."""
   module = _build(name, causal, length)
   case = Case("memory", data=1, context=context, length=length, causal=causal, padded=False,
               packed=False)
@@ -198,14 +197,53 @@ def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool 
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1)))
   if context == 1:
-    return step.lower(params, arrays).compile().memory_analysis().temp_size_in_bytes
+    return step.lower(params, arrays).compile()
   mesh = jax.make_mesh((1, context), (DATA_AXIS, CONTEXT_AXIS), axis_types=(AxisType.Auto,) * 2,
                        devices=jax.devices()[:context])
   with jax.set_mesh(mesh):
     sharding = NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS))
     arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
               for k, v in arrays.items()}
-    return step.lower(params, arrays).compile().memory_analysis().temp_size_in_bytes
+    return step.lower(params, arrays).compile()
+
+
+def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
+  """XLA's temp memory of one device's compiled forward+backward of `name` (batch 1, the
+  suite's heads) at `length` on a mesh of `context` devices splitting the sequence (1: one
+  device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
+  its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
+  every device, correctly): this memory can."""
+  compiled = _compiled_step(name, length=length, context=context, causal=causal)
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+# A collective in compiled HLO: its result shape(s), then its opcode (async ones as -start).
+_COLLECTIVE = re.compile(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*(?:, )?)+)\)? "
+                         r"(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)"
+                         r"(?:-start)?\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """What one compiled forward+backward of `name` at `length` needs on a `context` mesh."""
+  name: str
+  length: int
+  context: int
+  one_device_bytes: int      # temp memory on one device, no mesh
+  bytes: int                 # temp memory per device on the mesh
+  collectives: list          # [opcode, [shape of each result]] of the mesh's program
+
+
+def profile(name: str, *, length: int, context: int) -> Profile:
+  """Memory and collectives of `name`'s compiled step (causal where it can be), never run."""
+  causal = registry.spec(name).supports_causal
+  step = partial(_compiled_step, name, length=length, causal=causal)
+  sharded = step(context=context)
+  found = [[opcode, [[int(n) for n in dims.split(",") if n]
+                     for dims in re.findall(r"\[([0-9,]*)\]", shapes)]]
+           for shapes, opcode in _COLLECTIVE.findall(sharded.as_text())]
+  return Profile(name, length, context, step(context=1).memory_analysis().temp_size_in_bytes,
+                 sharded.memory_analysis().temp_size_in_bytes, found)
 
 
 def run(names) -> list[CaseResult]:
@@ -221,25 +259,44 @@ def run(names) -> list[CaseResult]:
 
 def run_in_child(names, devices: int = DEVICES, timeout: float = 900) -> list[CaseResult]:
   """`run(names)` in a child process with `devices` simulated CPU devices."""
+  return check_in_child(names, devices=devices, timeout=timeout)[0]
+
+
+def check_in_child(names, *, profile_lengths=(), profile_context: int = 4, devices: int = DEVICES,
+                   timeout: float = 900) -> tuple[list[CaseResult], list[Profile]]:
+  """In one child process with `devices` simulated CPU devices: `run(names)`, then each name's
+  `profile` at each of `profile_lengths` on a mesh of `profile_context` devices."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} "
                       f"--xla_force_host_platform_device_count={devices}").strip()
-  child = subprocess.run([sys.executable, "-m", __name__, *names], env=env, capture_output=True,
-                         text=True, timeout=timeout)
+  lengths = ",".join(map(str, profile_lengths))
+  flags = [f"--profile={lengths}@{profile_context}"] if lengths else []
+  child = subprocess.run([sys.executable, "-m", __name__, *flags, *names], env=env,
+                         capture_output=True, text=True, timeout=timeout)
   if child.returncode != 0:
     raise RuntimeError(f"the context-parallel check of {', '.join(names)} exited "
                        f"{child.returncode}:\n{child.stderr[-4000:]}")
-  return [CaseResult(**json.loads(line)) for line in child.stdout.splitlines()
-          if line.startswith("{")]
+  lines = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+  return ([CaseResult(**line["case"]) for line in lines if "case" in line],
+          [Profile(**line["profile"]) for line in lines if "profile" in line])
 
 
 def main(argv) -> int:
+  """`NAME ...`: each name's cases; `--profile=LENGTH,...@CONTEXT NAME ...`: then its profiles."""
   if len(jax.devices()) < DEVICES:
     print(f"needs {DEVICES} devices, has {len(jax.devices())}: run with XLA_FLAGS="
           f"--xla_force_host_platform_device_count={DEVICES}", file=sys.stderr)
     return 2
-  for result in run(argv):
-    print(json.dumps(dataclasses.asdict(result)), flush=True)
+  flags = [arg for arg in argv if arg.startswith("--profile=")]
+  names = [arg for arg in argv if arg not in flags]
+  for result in run(names):
+    print(json.dumps({"case": dataclasses.asdict(result)}), flush=True)
+  for flag in flags:
+    lengths, context = flag.removeprefix("--profile=").split("@")
+    for name in names:
+      for length in lengths.split(","):
+        found = profile(name, length=int(length), context=int(context))
+        print(json.dumps({"profile": dataclasses.asdict(found)}), flush=True)
   return 0
 
 

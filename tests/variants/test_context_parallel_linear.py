@@ -1,0 +1,67 @@
+"""Context parallelism of the linear approximations (ops/kernelized.py, ops/length_projection.py):
+on a mesh whose `context` axis splits the sequence, each equals one device (outputs and every
+gradient, testing/context_parallel's three cases), and its compiled program shows that it is its
+own form that ran, not XLA's partitioner gathering the sequence: what crosses devices is the
+small sums (no collective moves a full-length activation), and per-device memory grows linearly
+with the length, at about 1/context of one device's.
+
+One child process with simulated devices serves every test of this file: the names selected
+(the fast lane: performer; the slow lane: the whole family), checked and profiled at once.
+"""
+import functools
+import math
+
+import pytest
+
+from attention_zoo.testing import conformance
+from attention_zoo.testing import context_parallel as cp
+
+FAST = "performer"
+FAMILY = [FAST, *(pytest.param(name, marks=pytest.mark.slow)
+                  for name in ("linear_transformer", "linformer"))]
+LENGTHS = (1024, 2048)   # long enough that a shard's length exceeds the sums' sizes
+CONTEXT = 4
+# The collective each form's program must contain: its cross-shard reduction (the
+# causal form's all-gather of the shard states and its transpose; the psum's all-reduce).
+REDUCTION = {"performer": "all-gather", "linear_transformer": "all-gather",
+             "linformer": "all-reduce"}
+
+
+@functools.cache
+def _checked(names: tuple) -> tuple:
+  return cp.check_in_child(names, profile_lengths=LENGTHS, profile_context=CONTEXT)
+
+
+@pytest.fixture
+def checked(request):
+  """(case results, profiles) of every name of this file that the session runs, one child."""
+  names = (item.callspec.params["name"] for item in request.session.items
+           if item.module is request.module)
+  return _checked(tuple(dict.fromkeys(names)))
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_equals_one_device(name, checked):
+  results = [r for r in checked[0] if r.name == name]
+  assert len(results) == len(cp.CASES)
+  for result in results:
+    assert result.passed, f"{name} {result.case}: error {result.error} {result.note}"
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_only_the_sums_cross_devices(name, checked):
+  """No collective moves as much as half a full-length K (the partitioner's gather would move
+  all of it), and the form's reduction is there."""
+  for found in (p for p in checked[1] if p.name == name):
+    full_k = found.length * conformance.NUM_KV_HEADS * conformance.HEAD_DIM
+    sizes = [(opcode, shape) for opcode, shapes in found.collectives for shape in shapes]
+    assert all(math.prod(shape) < full_k / 2 for _, shape in sizes), (found.length, sizes)
+    assert REDUCTION[name] in {opcode for opcode, _ in sizes}, sizes
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_memory_per_device_is_linear_in_length_and_split(name, checked):
+  short, long = sorted((p for p in checked[1] if p.name == name), key=lambda p: p.length)
+  assert long.bytes <= 2.2 * short.bytes, (short.bytes, long.bytes)
+  for found in (short, long):
+    assert found.bytes <= found.one_device_bytes / 3, (found.bytes, found.one_device_bytes)
