@@ -132,7 +132,7 @@ def _causal(q_log, k_log, v, kv_mask, state, chunk_size):
   return out[:, extra_q:extra_q + q_len]
 
 
-def merge_states(states, take):
+def _merge_states(states, take):
   """The state of the keys of the stacked states [C, ...] where take bool [C]: each feature
   rescaled to the largest log scale taken (none taken: the empty state)."""
   taken = take.reshape(-1, *(1,) * (states["log_scale"].ndim - 1))
@@ -164,6 +164,6 @@ def _context_parallel(q_log, k_log, v, kv_mask, *, causal: bool, chunk_size: int
       return normalise(num, den)
     shards = jax.lax.all_gather(own, CONTEXT_AXIS)                       # [C, b, kvh, m, ...]
     before = jnp.arange(shards["log_scale"].shape[0]) < jax.lax.axis_index(CONTEXT_AXIS)
-    return _causal(q_log, k_log, v, kv_mask, merge_states(shards, before), chunk_size)
+    return _causal(q_log, k_log, v, kv_mask, _merge_states(shards, before), chunk_size)
 
   return jax.shard_map(shard, in_specs=(spec,) * 4, out_specs=spec)(q_log, k_log, v, kv_mask)

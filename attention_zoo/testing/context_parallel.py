@@ -17,6 +17,12 @@ context parallelism must get right:
 
 A case that the module cannot run (packed sequences without `supports_segment_ids`, a variant
 that cannot be causal) is run without that part, and the result says so.
+
+Equality alone cannot show that a module splits its work (XLA's partitioner would gather a
+sharded input and compute the whole sequence on every device, correctly): `profile(name, ...)`
+reads a compiled forward+backward (never run) for its per-device memory against one device's
+and the collectives it contains, the shapes they move included; `check_in_child` runs the cases
+and the profiles in one child.
 """
 from __future__ import annotations
 
