@@ -188,9 +188,9 @@ def run_case(name: str, case: Case) -> CaseResult:
   return CaseResult(name, case.name, _relative_error(sharded, reference), "; ".join(notes))
 
 
-def _compiled_step(name: str, *, length: int, context: int, causal: bool):
-  """One device's compiled forward+backward of `name` (batch 1, the suite's heads) at `length`
-  on a mesh of `context` devices splitting the sequence (1: one device, no mesh)."""
+def _lowered_step(name: str, *, length: int, context: int, causal: bool):
+  """One device's forward+backward of `name` (batch 1, the suite's heads) at `length` on a
+  mesh of `context` devices splitting the sequence (1: one device, no mesh), lowered."""
   module = _build(name, causal, length)
   case = Case("memory", data=1, context=context, length=length, causal=causal, padded=False,
               packed=False)
@@ -203,14 +203,14 @@ def _compiled_step(name: str, *, length: int, context: int, causal: bool):
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1)))
   if context == 1:
-    return step.lower(params, arrays).compile()
+    return step.lower(params, arrays)
   mesh = jax.make_mesh((1, context), (DATA_AXIS, CONTEXT_AXIS), axis_types=(AxisType.Auto,) * 2,
                        devices=jax.devices()[:context])
   with jax.set_mesh(mesh):
     sharding = NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS))
     arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
               for k, v in arrays.items()}
-    return step.lower(params, arrays).compile()
+    return step.lower(params, arrays)
 
 
 def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
@@ -219,8 +219,8 @@ def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool 
   device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
   its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
   every device, correctly): this memory can."""
-  compiled = _compiled_step(name, length=length, context=context, causal=causal)
-  return compiled.memory_analysis().temp_size_in_bytes
+  lowered = _lowered_step(name, length=length, context=context, causal=causal)
+  return lowered.compile().memory_analysis().temp_size_in_bytes
 
 
 # A collective in compiled HLO: its result shape(s), then its opcode (async ones as -start).
@@ -238,18 +238,21 @@ class Profile:
   one_device_bytes: int      # temp memory on one device, no mesh
   bytes: int                 # temp memory per device on the mesh
   collectives: list          # [opcode, [shape of each result]] of the mesh's program
+  manual_regions: int        # shard_map regions in the program: an op's own context form ran
 
 
 def profile(name: str, *, length: int, context: int) -> Profile:
   """Memory and collectives of `name`'s compiled step (causal where it can be), never run."""
-  causal = registry.spec(name).supports_causal
-  step = partial(_compiled_step, name, length=length, causal=causal)
-  sharded = step(context=context)
+  step = partial(_lowered_step, name, length=length, causal=registry.spec(name).supports_causal)
+  lowered = step(context=context)
+  sharded = lowered.compile()
   found = [[opcode, [[int(n) for n in dims.split(",") if n]
                      for dims in re.findall(r"\[([0-9,]*)\]", shapes)]]
            for shapes, opcode in _COLLECTIVE.findall(sharded.as_text())]
-  return Profile(name, length, context, step(context=1).memory_analysis().temp_size_in_bytes,
-                 sharded.memory_analysis().temp_size_in_bytes, found)
+  return Profile(name, length, context,
+                 step(context=1).compile().memory_analysis().temp_size_in_bytes,
+                 sharded.memory_analysis().temp_size_in_bytes, found,
+                 lowered.as_text().count("sdy.manual_computation"))
 
 
 def run(names) -> list[CaseResult]:

@@ -20,8 +20,8 @@ from attention_zoo.testing import context_parallel as cp
 FAST = "performer"
 FAMILY = [FAST, *(pytest.param(name, marks=pytest.mark.slow)
                   for name in ("linear_transformer", "linformer", "nystromformer"))]
-LENGTHS = (1024, 2048)   # long enough that a shard's length exceeds the sums' sizes
-CONTEXT = 4
+LENGTHS = (2048, 4096)   # long enough that a full-length K outweighs the C shard states
+CONTEXT = 8
 # The collectives each form's program must contain: its cross-shard reductions (the causal
 # kernelised form's all-gather of the shard states; a psum's all-reduce) and Nyströmformer's
 # convolution halo (collective-permute; the suite builds it with conv_kernel_size 5).
@@ -51,10 +51,13 @@ def test_equals_one_device(name, checked):
 
 
 @pytest.mark.parametrize("name", FAMILY)
-def test_only_the_sums_cross_devices(name, checked):
-  """No collective moves as much as half a full-length K (the partitioner's gather would move
-  all of it), and the form's reduction is there."""
+def test_its_form_runs_and_only_the_sums_cross_devices(name, checked):
+  """The program holds the op's shard_map regions; no collective moves as much as half a
+  full-length K (the partitioner's gather would move all of it); the form's reductions are
+  there. (XLA's partitioner alone splits linformer's and nystromformer's sums without a gather
+  too, at 1/3 of one device's memory on 4 devices; their forms take less, and make it sure.)"""
   for found in (p for p in checked[1] if p.name == name):
+    assert found.manual_regions > 0
     full_k = found.length * conformance.NUM_KV_HEADS * conformance.HEAD_DIM
     sizes = [(opcode, shape) for opcode, shapes in found.collectives for shape in shapes]
     assert all(math.prod(shape) < full_k / 2 for _, shape in sizes), (found.length, sizes)
@@ -65,5 +68,5 @@ def test_only_the_sums_cross_devices(name, checked):
 def test_memory_per_device_is_linear_in_length_and_split(name, checked):
   short, long = sorted((p for p in checked[1] if p.name == name), key=lambda p: p.length)
   assert long.bytes <= 2.2 * short.bytes, (short.bytes, long.bytes)
-  for found in (short, long):
-    assert found.bytes <= found.one_device_bytes / 3, (found.bytes, found.one_device_bytes)
+  for found in (short, long):   # the issue's claim for the ring and the chunk mixers, at 8 devices
+    assert found.bytes <= found.one_device_bytes / 4, (found.bytes, found.one_device_bytes)
