@@ -19,6 +19,8 @@ Cost O(n·k·d) per head instead of O(n²·d).
 
 Every projected key mixes the whole sequence, so a query would see the future: no causal form.
 Cross-attention works for kv_len <= max_len (queries are never projected).
+Under a `context` mesh each device projects its own positions and the k rows are psummed
+(ops/length_projection.py).
 """
 from __future__ import annotations
 

@@ -36,6 +36,8 @@ its LRA runs use 35. The default 0 (no convolution) keeps the variant a pure app
 softmax attention. The convolution ties query i to value i, hence self-attention only.
 Attention dropout drops entries of F and B, the two attention-weight matrices; A is kept
 whole because its pseudo-inverse would amplify the noise.
+The sums over the sequence (landmarks, B V, the convolution) are ops/nystrom.py's, which also
+runs them context-parallel.
 """
 from __future__ import annotations
 
