@@ -17,14 +17,22 @@ context parallelism must get right:
 
 A case that the module cannot run (packed sequences without `supports_segment_ids`, a variant
 that cannot be causal) is run without that part, and the result says so.
+
+Equality alone cannot show that a module splits its work (XLA's partitioner would gather a
+sharded input and compute the whole sequence on every device, correctly): `profile(name, ...)`
+reads a compiled forward+backward (never run) for its per-device memory against one device's
+and the collectives it contains, the shapes they move included; `check_in_child` runs the cases
+and the profiles in one child.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -89,11 +97,12 @@ def _padding_mask(length: int) -> np.ndarray:
   return mask
 
 
-def _build(name: str, causal: bool):
+def _build(name: str, causal: bool, length: int):
   spec = registry.spec(name)
   if spec.kind == "mixer":
     return conformance.build_mixer(name, causal=causal)
-  return conformance.build(name, causal=causal)
+  # a variant sized by its longest sequence (linformer) is built for the case's length
+  return conformance.build(name, causal=causal, max_len=max(length, conformance.MAX_LEN))
 
 
 def _inputs(name: str, case: Case, packed: bool) -> dict:
@@ -166,7 +175,7 @@ def run_case(name: str, case: Case) -> CaseResult:
   packed = case.packed and spec.supports_segment_ids
   if case.packed and not packed:
     notes.append("not packed (no segment ids)")
-  module = _build(name, causal)
+  module = _build(name, causal, case.length)
   arrays = _inputs(name, case, packed)
   out = jax.eval_shape(lambda a: _call(*nnx.split(module, nnx.Param, ...), a), arrays)
   cotangent = jax.random.normal(jax.random.key(1), out.shape)
@@ -179,13 +188,10 @@ def run_case(name: str, case: Case) -> CaseResult:
   return CaseResult(name, case.name, _relative_error(sharded, reference), "; ".join(notes))
 
 
-def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
-  """XLA's temp memory of one device's compiled forward+backward of `name` (batch 1, the
-  suite's heads) at `length` on a mesh of `context` devices splitting the sequence (1: one
-  device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
-  its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
-  every device, correctly): this memory can."""
-  module = _build(name, causal)
+def _lowered_step(name: str, *, length: int, context: int, causal: bool):
+  """One device's forward+backward of `name` (batch 1, the suite's heads) at `length` on a
+  mesh of `context` devices splitting the sequence (1: one device, no mesh), lowered."""
+  module = _build(name, causal, length)
   case = Case("memory", data=1, context=context, length=length, causal=causal, padded=False,
               packed=False)
   arrays = jax.eval_shape(lambda: _inputs(name, case, packed=False))
@@ -197,14 +203,56 @@ def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool 
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1)))
   if context == 1:
-    return step.lower(params, arrays).compile().memory_analysis().temp_size_in_bytes
+    return step.lower(params, arrays)
   mesh = jax.make_mesh((1, context), (DATA_AXIS, CONTEXT_AXIS), axis_types=(AxisType.Auto,) * 2,
                        devices=jax.devices()[:context])
   with jax.set_mesh(mesh):
     sharding = NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS))
     arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
               for k, v in arrays.items()}
-    return step.lower(params, arrays).compile().memory_analysis().temp_size_in_bytes
+    return step.lower(params, arrays)
+
+
+def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
+  """XLA's temp memory of one device's compiled forward+backward of `name` (batch 1, the
+  suite's heads) at `length` on a mesh of `context` devices splitting the sequence (1: one
+  device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
+  its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
+  every device, correctly): this memory can."""
+  lowered = _lowered_step(name, length=length, context=context, causal=causal)
+  return lowered.compile().memory_analysis().temp_size_in_bytes
+
+
+# A collective in compiled HLO: its result shape(s), then its opcode (async ones as -start).
+_COLLECTIVE = re.compile(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*(?:, )?)+)\)? "
+                         r"(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)"
+                         r"(?:-start)?\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """What one compiled forward+backward of `name` at `length` needs on a `context` mesh."""
+  name: str
+  length: int
+  context: int
+  one_device_bytes: int      # temp memory on one device, no mesh
+  bytes: int                 # temp memory per device on the mesh
+  collectives: list          # [opcode, [shape of each result]] of the mesh's program
+  manual_regions: int        # shard_map regions in the program: an op's own context form ran
+
+
+def profile(name: str, *, length: int, context: int) -> Profile:
+  """Memory and collectives of `name`'s compiled step (causal where it can be), never run."""
+  step = partial(_lowered_step, name, length=length, causal=registry.spec(name).supports_causal)
+  lowered = step(context=context)
+  sharded = lowered.compile()
+  found = [[opcode, [[int(n) for n in dims.split(",") if n]
+                     for dims in re.findall(r"\[([0-9,]*)\]", shapes)]]
+           for shapes, opcode in _COLLECTIVE.findall(sharded.as_text())]
+  return Profile(name, length, context,
+                 step(context=1).compile().memory_analysis().temp_size_in_bytes,
+                 sharded.memory_analysis().temp_size_in_bytes, found,
+                 lowered.as_text().count("sdy.manual_computation"))
 
 
 def run(names) -> list[CaseResult]:
@@ -220,25 +268,44 @@ def run(names) -> list[CaseResult]:
 
 def run_in_child(names, devices: int = DEVICES, timeout: float = 900) -> list[CaseResult]:
   """`run(names)` in a child process with `devices` simulated CPU devices."""
+  return check_in_child(names, devices=devices, timeout=timeout)[0]
+
+
+def check_in_child(names, *, profile_lengths=(), profile_context: int = 4, devices: int = DEVICES,
+                   timeout: float = 900) -> tuple[list[CaseResult], list[Profile]]:
+  """In one child process with `devices` simulated CPU devices: `run(names)`, then each name's
+  `profile` at each of `profile_lengths` on a mesh of `profile_context` devices."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} "
                       f"--xla_force_host_platform_device_count={devices}").strip()
-  child = subprocess.run([sys.executable, "-m", __name__, *names], env=env, capture_output=True,
-                         text=True, timeout=timeout)
+  lengths = ",".join(map(str, profile_lengths))
+  flags = [f"--profile={lengths}@{profile_context}"] if lengths else []
+  child = subprocess.run([sys.executable, "-m", __name__, *flags, *names], env=env,
+                         capture_output=True, text=True, timeout=timeout)
   if child.returncode != 0:
     raise RuntimeError(f"the context-parallel check of {', '.join(names)} exited "
                        f"{child.returncode}:\n{child.stderr[-4000:]}")
-  return [CaseResult(**json.loads(line)) for line in child.stdout.splitlines()
-          if line.startswith("{")]
+  lines = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+  return ([CaseResult(**line["case"]) for line in lines if "case" in line],
+          [Profile(**line["profile"]) for line in lines if "profile" in line])
 
 
 def main(argv) -> int:
+  """`NAME ...`: each name's cases; `--profile=LENGTH,...@CONTEXT NAME ...`: then its profiles."""
   if len(jax.devices()) < DEVICES:
     print(f"needs {DEVICES} devices, has {len(jax.devices())}: run with XLA_FLAGS="
           f"--xla_force_host_platform_device_count={DEVICES}", file=sys.stderr)
     return 2
-  for result in run(argv):
-    print(json.dumps(dataclasses.asdict(result)), flush=True)
+  flags = [arg for arg in argv if arg.startswith("--profile=")]
+  names = [arg for arg in argv if arg not in flags]
+  for result in run(names):
+    print(json.dumps({"case": dataclasses.asdict(result)}), flush=True)
+  for flag in flags:
+    lengths, context = flag.removeprefix("--profile=").split("@")
+    for name in names:
+      for length in lengths.split(","):
+        found = profile(name, length=int(length), context=int(context))
+        print(json.dumps({"profile": dataclasses.asdict(found)}), flush=True)
   return 0
 
 
