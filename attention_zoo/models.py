@@ -79,7 +79,7 @@ class TransformerConfig:
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
-    if registry.spec(self.cross_attention).kind != "attention":
+    if registry.spec(self.cross_attention, "attention").kind != "attention":
       raise ValueError(f"cross_attention={self.cross_attention!r} is a sequence mixer; "
                        f"cross-attention needs an attention variant: "
                        f"{', '.join(registry.available('attention'))}")

@@ -66,9 +66,17 @@ def test_every_model_kind_runs(name):
 def test_unknown_names_list_both_kinds():
   for make in (lambda: az.create_mixer("nope", emb_dim=8, num_heads=2, rngs=nnx.Rngs(0)),
                lambda: TransformerConfig(attention="nope")):
-    with pytest.raises(ValueError, match="unknown attention 'nope'; available: .*full.*"
-                                         "gated_deltanet"):
+    with pytest.raises(ValueError, match="unknown attention or mixer 'nope'; available: "
+                                         "attention variants: .*full.*; mixers: .*gated_deltanet"):
       make()
+  # a misspelt mixer is named a mixer, with the mixer it is close to
+  with pytest.raises(ValueError, match=r"unknown mixer 'gated_deltanett' \(did you mean "
+                                       r"'gated_deltanet'\?\)"):
+    az.create_mixer("gated_deltanett", emb_dim=8, num_heads=2, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="unknown mixer 'nope'; available: based, .*rwkv7$"):
+    az.spec("nope", "mixer")
+  assert type(az.spec("gla")) is az.MixerSpec and type(az.spec("full")) is az.AttentionSpec
+  assert issubclass(az.MixerSpec, az.Spec) and issubclass(az.AttentionSpec, az.Spec)
 
 
 def test_create_and_create_mixer():
