@@ -7,8 +7,8 @@ convolution and norm. Both declare their options in `OPTIONS` (typed: `attention
 and the conformance suite's small-shape settings in `TEST_OPTIONS`, and both go through one set
 of checks (`Registered`): construction (registered, heads, max_len, every option's name and
 value), masks, and what decoding needs. `register` and `register_mixer` are two spellings of
-one registration path (`_register`): it checks the class, builds its spec (`AttentionSpec`, `MixerSpec`) and enters
-it in the table.
+one registration path (`_register`): it checks the class, builds its spec (`AttentionSpec`,
+`MixerSpec`) and enters it in the table.
 
 An attention variant subclasses `Attention`, implements `attend` (and `pattern`, when
 registered exact); the base class validates every call (shapes, GQA, masks), turns missing
@@ -423,7 +423,8 @@ def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool =
   inexact, self-only, without ALiBi or attention dropout. supports_segment_ids: its forward
   takes segment_ids (packed sequences). Errors as `register`'s.
   """
-  return _register(name, Mixer, MixerSpec, {}, exact=False, supports_causal=True, supports_cross=False,
+  return _register(name, Mixer, MixerSpec, {}, exact=False, supports_causal=True,
+                   supports_cross=False,
                    complexity=complexity, paper=paper, can_decode=can_decode,
                    supports_dropout=False, supports_segment_ids=supports_segment_ids,
                    supports_context_parallel=supports_context_parallel)

@@ -6,8 +6,9 @@ Two kinds of class share one namespace. An attention variant (a subclass of
 of `attention_zoo.Mixer`, `@register_mixer`) maps a block's input x to its output and owns its
 projections, gates, convolution and norm. Each is registered under a name with the facts a
 caller needs before building it (its spec: an `AttentionSpec` or a `MixerSpec`, the one `Spec`
-with its kind): whether it is exact, causal, cross-capable, its cost, its paper, and its options (the class attribute `OPTIONS`, merged with
-the options every class of its kind has), each with its default and its type.
+with its kind): whether it is exact, causal, cross-capable, its cost, its paper, and its options
+(the class attribute `OPTIONS`, merged with the options every class of its kind has), each with
+its default and its type.
 
 This module imports no variant and no contract: the decorators (attention_zoo.contract) enter
 classes here, and whoever needs the built-in variants (the package's face, the layers that
