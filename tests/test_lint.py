@@ -280,3 +280,39 @@ def test_no_library_module_imports_a_public_face():
                      if any(n == face or n.startswith(face + ".") for face in PUBLIC_FACES))
            for m, path in modules.items() if m.split(".")[0] == "attention_zoo"}
   assert not any(found.values()), {m: names for m, names in found.items() if names}
+
+
+def attributes_set_on_arguments(path: Path) -> list[str]:
+  """"file:line function: name.attr" for each attribute a function sets (`x.a = ...`,
+  `x.a += ...`, `setattr(x, ...)`) on one of its arguments x other than self and cls."""
+  found = []
+  for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    arguments = function.args
+    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+    names -= {"self", "cls"}
+    for node in ast.walk(function):
+      if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        target = node.value
+      elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr" and node.args):
+        target = node.args[0]
+      else:
+        continue
+      if isinstance(target, ast.Name) and target.id in names:
+        found.append(f"{path.name}:{node.lineno} {function.name}: {target.id}")
+  return found
+
+
+def test_no_library_function_sets_attributes_on_a_module_passed_to_it(tmp_path):
+  """A module builds its own submodules (a mixer its projections, gates and norm, in its own
+  __init__); the shared parts return modules and set nothing on their caller."""
+  (tmp_path / "m.py").write_text("def add(mixer, rngs):\n  mixer.qkv = 1\n"
+                                 "def put(layer):\n  setattr(layer, 'a', 1)\n"
+                                 "class A:\n  def __init__(self):\n    self.b = 1\n")
+  assert attributes_set_on_arguments(tmp_path / "m.py") == ["m.py:2 add: mixer",
+                                                           "m.py:4 put: layer"]
+  found = [line for path in sorted((REPO / "attention_zoo").rglob("*.py"))
+           for line in attributes_set_on_arguments(path)]
+  assert not found, found
