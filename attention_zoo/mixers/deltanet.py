@@ -35,35 +35,52 @@ DELTA_OPTIONS = {"expand_v": Float(1.0, above=0), "use_gate": Bool(False),
                  "norm_eps": Float(1e-5, above=0)}
 
 
+class DeltaRuleLayer(Mixer):
+  """What the delta mixers share, unregistered: q, k, v (one projection, the short conv) and β
+  (`parts.delta_rule_inputs`), and the output norm, gate and projection (`parts.gated_output`).
+  Each registered subclass adds its own decay, if any, in its own __init__ and calls its own op
+  in its forward. Constructor arguments (given by the subclass, not options): steps, the (k, v,
+  β) per token (Gated DeltaProduct's n_h); gate_activation, SiLU or sigmoid; low_rank_gate, the
+  output gate as W_up W_down x + b of rank d_v (KDA's) instead of W_g x."""
+  state_size = classmethod(parts.key_value_state_size)
+
+  def __init__(self, *, rngs, steps: int = 1, gate_activation: str = "silu",
+               low_rank_gate: bool = False, **kwargs):
+    super().__init__(rngs=rngs, **kwargs)
+    self.d_k, self.d_v = parts.checked_dims(self)
+    self.steps = steps
+    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
+    emb, dtype = self.emb_dim, self.dtype
+    self.qkv, self.conv = parts.qkv_projection(   # q | k's | v's
+        emb, h * d_k + steps * kvh * (d_k + d_v), self.options, dtype=dtype, rngs=rngs)
+    self.beta_proj = parts.linear(emb, steps * h, dtype=dtype, rngs=rngs)        # w_β per step
+    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
+        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
+        use_gate=self.options["use_gate"], gate_rank=d_v if low_rank_gate else None,
+        activation=gate_activation)
+
+  def delta_inputs(self, x, mask, state, segment_ids):
+    """q, k, v, β (`parts.delta_rule_inputs`; with steps > 1 a step axis after n)."""
+    return parts.delta_rule_inputs(self, x, mask, decode=state is not None,
+                                   segment_ids=segment_ids,
+                                   steps=self.steps if self.steps > 1 else None)
+
+  def empty_state(self, batch_size, max_len, dtype):
+    return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)
+
+
 @register_mixer("deltanet", complexity="O(n·C·d + n·d²)",
                 paper="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule "
                       "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021",
                 supports_segment_ids=True)
-class DeltaNet(Mixer):
+class DeltaNet(DeltaRuleLayer):
   OPTIONS = {"expand_k": Float(1.0, above=0), **DELTA_OPTIONS}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
-  state_size = classmethod(parts.key_value_state_size)
-
-  def __init__(self, *, rngs, **kwargs):
-    super().__init__(rngs=rngs, **kwargs)
-    self.d_k, self.d_v = parts.checked_dims(self)
-    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
-    emb, dtype = self.emb_dim, self.dtype
-    self.qkv, self.conv = parts.qkv_projection(emb, h * d_k + kvh * (d_k + d_v), self.options,
-                                               dtype=dtype, rngs=rngs)          # q | k | v
-    self.beta_proj = parts.linear(emb, h, dtype=dtype, rngs=rngs)                # w_β
-    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
-        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
-        use_gate=self.options["use_gate"])                                       # W_g: SiLU
 
   def forward(self, x, mask, state, segment_ids=None):
-    q, k, v, beta = parts.delta_rule_inputs(self, x, mask, decode=state is not None,
-                                            segment_ids=segment_ids)
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
     o, state = parts.recurrence(ops.chunk_delta_rule, ops.recurrent_delta_rule, q, k, v, beta,
                                 mask=mask, state=state, chunk_size=self.options["chunk_size"],
                                 segment_ids=segment_ids)
     return parts.gated_output(self, x, o), state
-
-  def empty_state(self, batch_size, max_len, dtype):
-    return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)

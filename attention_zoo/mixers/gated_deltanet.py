@@ -19,12 +19,10 @@ The rest as DeltaNet's "where ours differs".
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from attention_zoo import ops
-from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.contract import register_mixer
 from attention_zoo.mixers import parts
-from attention_zoo.mixers.deltanet import DELTA_OPTIONS
+from attention_zoo.mixers.deltanet import DELTA_OPTIONS, DeltaRuleLayer
 from attention_zoo.options import Bool, Float
 
 
@@ -32,34 +30,20 @@ from attention_zoo.options import Bool, Float
                 paper="Yang, Kautz, Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 "
                       "with Delta Rule (arXiv:2412.06464)",
                 supports_segment_ids=True)
-class GatedDeltaNet(Mixer):
+class GatedDeltaNet(DeltaRuleLayer):
   OPTIONS = {**DELTA_OPTIONS, "expand_v": Float(2.0, above=0), "use_gate": Bool(True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
-  state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, **kwargs):
-    super().__init__(rngs=rngs, **kwargs)
-    self.d_k, self.d_v = parts.checked_dims(self)
-    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
-    emb, dtype = self.emb_dim, self.dtype
-    self.qkv, self.conv = parts.qkv_projection(emb, h * d_k + kvh * (d_k + d_v), self.options,
-                                               dtype=dtype, rngs=rngs)          # q | k | v
-    self.beta_proj = parts.linear(emb, h, dtype=dtype, rngs=rngs)                # w_β
-    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
-        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
-        use_gate=self.options["use_gate"])                                       # W_g: SiLU
-    self.decay_proj = parts.linear(emb, h, dtype=dtype, rngs=rngs)               # w_a
-    self.decay = parts.DecayGate(h, a_range=(0.0, 16.0), rngs=rngs)             # A_log, dt_bias
+    super().__init__(rngs=rngs, **kwargs)       # q, k, v, β; the output gate SiLU(W_g x)
+    self.decay_proj = parts.linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
+    self.decay = parts.DecayGate(self.num_heads, a_range=(0.0, 16.0), rngs=rngs)
 
   def forward(self, x, mask, state, segment_ids=None):
-    q, k, v, beta = parts.delta_rule_inputs(self, x, mask, decode=state is not None,
-                                            segment_ids=segment_ids)
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
     _, g = self.decay(self.decay_proj(x))                                        # [b, n, h]
     o, state = parts.recurrence(ops.chunk_gated_delta_rule, ops.recurrent_gated_delta_rule,
                                 q, k, v, g, beta, mask=mask, state=state,
                                 chunk_size=self.options["chunk_size"], segment_ids=segment_ids)
     return parts.gated_output(self, x, o), state
-
-  def empty_state(self, batch_size, max_len, dtype):
-    return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)

@@ -19,11 +19,10 @@ delta mixers; fla's use_forget_gate=False (no decay) is not built. The rest as G
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from attention_zoo import ops
-from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.contract import register_mixer
 from attention_zoo.mixers import parts
+from attention_zoo.mixers.deltanet import DeltaRuleLayer
 from attention_zoo.mixers.gated_deltanet import GatedDeltaNet
 from attention_zoo.options import Int
 
@@ -32,37 +31,25 @@ from attention_zoo.options import Int
                 paper="Siems et al. 2025, DeltaProduct: Improving State-Tracking in Linear RNNs "
                       "via Householder Products (arXiv:2502.10297)",
                 supports_segment_ids=True)
-class GatedDeltaProduct(Mixer):
+class GatedDeltaProduct(DeltaRuleLayer):
   OPTIONS = {"num_householder": Int(2, minimum=1), **GatedDeltaNet.OPTIONS}
   # Chunks of 7 steps at the suite's length 20 (40 steps): several, some splitting a token's
   # two steps, and a partial last one.
   TEST_OPTIONS = dict(chunk_size=7)
-  state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, **kwargs):
-    super().__init__(rngs=rngs, **kwargs)
-    self.d_k, self.d_v = parts.checked_dims(self)
-    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
-    emb, dtype, steps = self.emb_dim, self.dtype, self.options["num_householder"]
-    self.qkv, self.conv = parts.qkv_projection(   # q | n_h k's | n_h v's
-        emb, h * d_k + steps * kvh * (d_k + d_v), self.options, dtype=dtype, rngs=rngs)
-    self.beta_proj = parts.linear(emb, steps * h, dtype=dtype, rngs=rngs)        # n_h w_β's
-    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
-        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
-        use_gate=self.options["use_gate"])                                       # W_g: SiLU
-    self.decay_proj = parts.linear(emb, h, dtype=dtype, rngs=rngs)               # w_a
-    self.decay = parts.DecayGate(h, a_range=(0.0, 16.0), rngs=rngs)             # A_log, dt_bias
+    # n_h (k, v, β) per token (the option, validated by the base before it is used); the
+    # output gate SiLU(W_g x)
+    steps = kwargs.get("num_householder", self.OPTIONS["num_householder"].default)
+    super().__init__(rngs=rngs, steps=steps, **kwargs)
+    self.decay_proj = parts.linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
+    self.decay = parts.DecayGate(self.num_heads, a_range=(0.0, 16.0), rngs=rngs)
 
   def forward(self, x, mask, state, segment_ids=None):
-    q, k, v, beta = parts.delta_rule_inputs(self, x, mask, decode=state is not None,
-                                            segment_ids=segment_ids,
-                                            steps=self.options["num_householder"])
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)     # k, v, β: n_h steps
     _, g = self.decay(self.decay_proj(x))                                        # [b, n, h]
     o, state = parts.recurrence(ops.chunk_gated_delta_product,
                                 ops.recurrent_gated_delta_product, q, k, v, g, beta, mask=mask,
                                 state=state, chunk_size=self.options["chunk_size"],
                                 segment_ids=segment_ids)
     return parts.gated_output(self, x, o), state
-
-  def empty_state(self, batch_size, max_len, dtype):
-    return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)

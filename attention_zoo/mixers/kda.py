@@ -21,12 +21,10 @@ ours differs".
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from attention_zoo import ops
-from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.contract import register_mixer
 from attention_zoo.mixers import parts
-from attention_zoo.mixers.deltanet import DELTA_OPTIONS
+from attention_zoo.mixers.deltanet import DELTA_OPTIONS, DeltaRuleLayer
 from attention_zoo.options import Bool
 
 
@@ -34,38 +32,26 @@ from attention_zoo.options import Bool
                 paper="Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention "
                       "Architecture (arXiv:2510.26692)",
                 supports_segment_ids=True)
-class KimiDeltaAttention(Mixer):
+class KimiDeltaAttention(DeltaRuleLayer):
   OPTIONS = {**DELTA_OPTIONS, "use_gate": Bool(True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
-  state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, **kwargs):
-    super().__init__(rngs=rngs, **kwargs)
-    self.d_k, self.d_v = parts.checked_dims(self)
-    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
-    emb, dtype = self.emb_dim, self.dtype
-    self.qkv, self.conv = parts.qkv_projection(emb, h * d_k + kvh * (d_k + d_v), self.options,
-                                               dtype=dtype, rngs=rngs)          # q | k | v
-    self.beta_proj = parts.linear(emb, h, dtype=dtype, rngs=rngs)                # w_β
-    # the output gate: σ(W_up W_down x + b), low-rank of rank d_v
-    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
-        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
-        use_gate=self.options["use_gate"], gate_rank=d_v, activation="sigmoid")
+    # q, k, v, β; the output gate σ(W_up W_down x + b), low-rank of rank d_v
+    super().__init__(rngs=rngs, gate_activation="sigmoid", low_rank_gate=True, **kwargs)
+    h, d_k = self.num_heads, self.d_k
     # the decay per key channel: W_up W_down x (rank d_v), A per head, dt_bias per channel
-    self.decay_proj = parts.low_rank(emb, d_v, h * d_k, dtype=dtype, rngs=rngs)
+    self.decay_proj = parts.low_rank(self.emb_dim, self.d_v, h * d_k, dtype=self.dtype,
+                                     rngs=rngs)
     self.decay = parts.DecayGate(h, a_range=(1.0, 16.0), key_dim=d_k, rngs=rngs)
 
   def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
-    q, k, v, beta = parts.delta_rule_inputs(self, x, mask, decode=state is not None,
-                                            segment_ids=segment_ids)
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
     a = self.decay_proj(x).reshape(b, n, self.num_heads, self.d_k)              # [b, n, h, dk]
     _, g = self.decay(a)                                                         # [b, n, h, dk]
     o, state = parts.recurrence(ops.chunk_kda, ops.recurrent_kda, q, k, v, g, beta, mask=mask,
                                 state=state, chunk_size=self.options["chunk_size"],
                                 segment_ids=segment_ids)
     return parts.gated_output(self, x, o), state
-
-  def empty_state(self, batch_size, max_len, dtype):
-    return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)
