@@ -8,7 +8,7 @@ The layer as flash-linear-attention defines it (fla/layers/forgetting_attn.py): 
 projections (no bias), the forget gate f_proj [d, heads] with bias, optionally an RMSNorm per
 head on q and k (qk_norm) and a sigmoid output gate o ⊙ σ(W_g x) (use_output_gate), both off by
 default, and the output projection; no RoPE. Computed by `attention_zoo.ops.forgetting_attention`
-(attention_zoo.flex with the gate as a score_mod: memory linear in n, time quadratic). Decoding
+(attention_zoo.ops.flex with the gate as a score_mod: memory linear in n, time quadratic). Decoding
 keeps a cache of k, v and log f for every token (its state grows with the length), and each
 step attends densely over it (`forgetting_attention_step`).
 

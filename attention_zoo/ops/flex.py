@@ -312,7 +312,7 @@ def pattern_attention(q, k, v, mask_mod: Callable, *, kv_mask, scale: float, sof
   None or the cap), ALiBi, attention dropout, and the segment mask of packed sequences
   (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by sequence position, or None). A
   pattern that reorders or repeats queries or keys passes their sequence positions and the
-  sequence's (q_len, kv_len). A variant's `attend()` on it is `attention_zoo.flex.attend`."""
+  sequence's (q_len, kv_len). A variant's `attend()` on it: attention_zoo.variants.masked."""
   q_len, kv_len = q.shape[1], k.shape[1]
   block_mask = create_block_mask(mask_mod, None, heads, q_len, kv_len, block_q=block_q,
                                  block_k=block_k)
