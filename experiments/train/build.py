@@ -86,6 +86,16 @@ def sources(config, baseline) -> dict[str, str]:
   return found
 
 
+def source_lines(config, baseline) -> list[str]:
+  """A dry run's account of the config: for each source (task, preset, variant settings,
+  command line), the fields it set and their values, one line each."""
+  values = fields(config)
+  by_source: dict[str, list[str]] = {}
+  for field, source in sources(config, baseline).items():
+    by_source.setdefault(source, []).append(f"{field}={values.get(field)!r}")
+  return [f"  {source}: {', '.join(sorted(items))}" for source, items in by_source.items()]
+
+
 def overrides(config, baseline) -> dict:
   """Where `config` departs from `baseline` (its config file's get_config for the same
   argument), in dotted fields: the user's changes, for results.json. None: not known."""

@@ -39,9 +39,14 @@ def get_config(task, arg):
   return importlib.import_module(f"configs.lra.{task}").get_config(arg)
 
 
+def check(config):
+  """The config as the run uses it (build.check)."""
+  return build.check(config)[0]
+
+
 def resolved(task, arg):
-  """The config as the run sees it: every preset value filled in for its variant."""
-  return build.resolve(get_config(task, arg))
+  """The config as the run sees it."""
+  return check(get_config(task, arg))
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -65,8 +70,8 @@ def test_every_task_attention_config_builds(attention, task, preset):
   # the light protocol's embedding table has 32 rows (ids above the task's are never fed)
   assert config.model.vocab_size == (32 if preset in common.LIGHT_PRESETS
                                      else task_spec.vocab_size)
-  # Nothing attention-dependent is baked in: the options are unset placeholders.
-  assert all(v is None for v in config.model.attention_options.values())
+  # The variant's settings are applied by get_config itself, and recorded as such.
+  assert config.made.variant == attention
   model = build.model_config(config)
   assert set(model.attention_options) <= set(spec.options)
   if not spec.supports_dropout:
@@ -257,17 +262,17 @@ def test_the_chosen_variant_decides_its_settings_and_the_users_values_win():
   swapped = get_config("image", "full,paper")
   assert swapped.model.num_heads is None   # decided by the variant, when the model is built
   overrides.set_field(swapped, "model.attention", "local")
-  assert build.resolve(swapped) == resolved("image", "local,paper")
-  assert (build.resolve(swapped).model.num_heads, build.resolve(swapped).model.pooling) == (
+  assert check(swapped) == resolved("image", "local,paper")
+  assert (check(swapped).model.num_heads, check(swapped).model.pooling) == (
       2, "mean")
   assert build.overrides(swapped) == {}   # the run is exactly image.py:local,paper
   overrides.set_field(swapped, "model.num_heads", "4")
   overrides.set_field(swapped, "model.attention_options.block_size", "16")
-  assert build.resolve(swapped).model.num_heads == 4
+  assert check(swapped).model.num_heads == 4
   assert build.overrides(swapped) == {"model.num_heads": 4,
                                       "model.attention_options.block_size": 16}
   # The resolved config names only this variant's options.
-  assert dict(build.resolve(get_config("listops", "performer,tiny")).model.attention_options) == {
+  assert dict(check(get_config("listops", "performer,tiny")).model.attention_options) == {
       "kernel": "softmax", "nb_features": 256}
 
 
@@ -281,7 +286,7 @@ def test_unknown_names_suggest_the_closest():
   overrides.set_field(config, "model.attention_options.nb_feature", "16")
   with pytest.raises(HarnessError, match="performer has no option 'nb_feature' "
                                              "\\(did you mean 'nb_features'\\?\\)"):
-    build.resolve(config)
+    check(config)
 
 
 def test_the_names_read_from_source_are_the_registry():
@@ -428,7 +433,7 @@ def pytorch_one_cycle(step, *, max_lr=1e-4, total_steps=5000, pct_start=0.2, div
 def test_one_cycle_schedule_and_b1_follow_pytorch():
   """The light preset's schedule: the rate and Adam's β1 at every phase boundary and between."""
   config = task_configs.task_config("listops", "full", "light")
-  resolved = build.resolve(config)
+  resolved = check(config)
   _, schedule = optimizer.from_config(resolved)
   b1 = optimizer.b1_schedule(resolved.schedule)
   for step in (0, 1, 500, 999, 1000, 2999, 4998, 4999):

@@ -58,7 +58,7 @@ FIXED_ATTENTION = {
 
 
 def resolved(variant, preset="light", *overrides):
-  return build.resolve(task_config("listops", variant, preset, overrides=list(overrides)))
+  return build.check(task_config("listops", variant, preset, overrides=list(overrides)))[0]
 
 
 def flat(config) -> dict:

@@ -1,0 +1,101 @@
+"""get_config makes the whole run (configs/presets.py); the harness checks it once and runs it
+as made. Also the workdir lock (experiments/train/workdir_lock.py)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import lra
+from configs import presets
+from configs.lra import common
+from experiments.common import task_configs
+from experiments.common.errors import HarnessError
+from experiments.train import build
+from experiments.train.workdir_lock import LOCK_FILE, WorkdirLock
+
+# One of each kind: dense, sparse (token-counted options), kernelised, a mixer.
+SAMPLE = ("full", "local", "performer", "mamba2")
+
+
+def task_presets():
+  for task in lra.available_tasks() + lra.diagnostic_tasks():
+    values = task_configs.task_module(task).VALUES
+    if values.is_lra:
+      yield from ((task, p) for p in common.PRESETS
+                  if values.light is not None or p not in common.LIGHT_PRESETS)
+    else:
+      yield from ((task, p) for p in ("tiny", "paper") if p == "tiny" or task in lra.mad_tasks())
+
+
+@pytest.mark.parametrize("task, preset", list(task_presets()))
+def test_get_config_is_the_config_the_run_uses(task, preset):
+  for variant in SAMPLE:
+    made = task_configs.task_config(task, variant, preset)
+    checked, notes = build.check(made)   # the one check step (trainer.check_run's)
+    build.model_config(checked)
+    assert checked.to_dict() == made.to_dict(), (task, preset, variant)
+    assert all("attention_dropout_rate" in note for note in notes)
+
+
+def test_the_variant_settings_are_in_get_config_and_a_longer_max_len_is_followed():
+  config = task_configs.task_config("mqar", "sliding_window", "tiny")
+  assert dict(config.model.attention_options) == {"window": 8}
+  assert presets.source_of(config, "model.attention_options.window") == "variant settings"
+  config.model.max_len = 32
+  checked, notes = build.check(config)
+  assert checked.model.attention_options.window == 4 and "8 -> 4" in notes[0]
+  config.model.attention_options.window = 6   # the user's own value wins
+  assert build.check(config)[0].model.attention_options.window == 6
+  assert build.overrides(config, task_configs.baseline(config)) == {
+      "model.max_len": 32, "model.attention_options.window": 6}
+
+
+def test_a_variant_swapped_after_get_config_is_refused():
+  config = task_configs.task_config("listops", "performer", "tiny")
+  config.model.attention = "local"
+  with pytest.raises(HarnessError, match="holds performer's settings: name the variant in the "
+                                         "config argument"):
+    build.check(config)
+
+
+def test_a_task_with_one_preset_takes_it_and_a_misspelt_preset_reads_one_way():
+  mqar = task_configs.task_module("mqar")
+  assert mqar.get_config("full").preset == "tiny"
+  assert task_configs.task_module("parity").get_config("full").preset == "tiny"
+  with pytest.raises(ValueError, match=r"^listops has no preset 'tnyi' \(did you mean 'tiny'"):
+    task_configs.task_module("listops").get_config("full,tnyi")
+  with pytest.raises(ValueError, match=r"^mqar has no preset 'paper'; its presets: tiny$"):
+    mqar.get_config("full,paper")
+
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from experiments.train.workdir_lock import WorkdirLock
+    with WorkdirLock(sys.argv[1]):
+      print("held", flush=True)
+      time.sleep(60)
+""")
+
+
+def test_a_second_run_in_a_locked_workdir_is_refused_and_a_dead_holders_lock_taken(tmp_path):
+  child = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE,
+                           text=True, cwd=os.getcwd(),
+                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+  try:
+    assert child.stdout.readline().strip() == "held"
+    with pytest.raises(HarnessError, match=rf"in use by another training \(pid {child.pid} on "):
+      with WorkdirLock(tmp_path):
+        pass
+  finally:
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+  assert f"pid {child.pid}" in (tmp_path / LOCK_FILE).read_text()   # left by the killed run
+  with WorkdirLock(tmp_path):
+    assert f"pid {os.getpid()}" in (tmp_path / LOCK_FILE).read_text()
+  with WorkdirLock(tmp_path):   # released on exit
+    pass
+  assert json.dumps((tmp_path / LOCK_FILE).read_text()) == '""'
