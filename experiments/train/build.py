@@ -25,7 +25,7 @@ from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncod
                                   TransformerConfig)
 from configs import presets
 from configs.lra import common
-from experiments.common.errors import HarnessError
+from experiments.common.errors import HarnessError, did_you_mean
 from experiments.common.variant_names import check_attention
 
 OPTIONS = presets.OPTIONS
@@ -53,8 +53,8 @@ def check(config) -> tuple[ml_collections.ConfigDict, list[str]]:
   for name in checked.model.attention_options:
     if name not in spec.options:
       raise HarnessError(
-          f"model.attention_options.{name}: {config.model.attention} has no option {name!r}; "
-          f"its options: {', '.join(sorted(spec.options))}")
+          f"model.attention_options.{name}: {config.model.attention} has no option {name!r}"
+          f"{did_you_mean(name, spec.options)}; its options: {', '.join(sorted(spec.options))}")
   return checked, notes
 
 

@@ -88,7 +88,7 @@ def test_bad_names_exit_with_one_clear_line(tmp_path, plugin_dir):
       "field": (train + ["--config=configs/lra/listops.py:full,tiny", "--config.model.layers=2"],
                 ["unknown config field 'model.layers'", "num_layers"]),
       "preset": (train + ["--config=configs/lra/listops.py:full,huge"],
-                 ["unknown preset 'huge'", "paper, fair, tiny"]),
+                 ["listops has no preset 'huge'", "paper, fair, tiny"]),
       "fixed": (train + ["--config=configs/lra/listops.py:full", "--config.preset=tiny"],
                 ["config.preset cannot be overridden", "<attention>,<preset>"]),
       "paper data": (train + ["--config=configs/lra/listops.py:full",
