@@ -11,6 +11,7 @@ has a reason.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from absl import flags
@@ -189,17 +190,21 @@ LIGHT_NOT_CONFIG_VALUES = (
 
 
 def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
-  """The preset's values of `fields` for (task, variant), resolved as the trainer builds them."""
+  """The preset's values of `fields` for (task, variant) as the trainer builds them: the model's
+  as the built model has them, the rest as the checked config does."""
   config, _ = build.check(task_config(task, variant, preset))
-  options = {**az.spec(variant).options, **build.model_config(config).attention_options}
+  model = dataclasses.asdict(build.model_config(config))
+  options = {**az.spec(variant).options, **model["attention_options"]}
   values = {}
   for field in fields:
     if field.startswith(build.OPTIONS):
       name = field[len(build.OPTIONS):]
       if name == "dropout_rate" and name not in config.model.attention_options:
-        values[field] = config.model.attention_dropout_rate   # the model's rate reaches it
+        values[field] = model["attention_dropout_rate"]   # the model's rate reaches it
       else:
         values[field] = options.get(name, "—")
+    elif field.startswith("model."):
+      values[field] = model[field[len("model."):]]
     else:
       node, name = presets.parent_and_name(config, field)
       values[field] = node[name]
