@@ -18,7 +18,7 @@ def evaluate(eval_step, model_state, batches, *, sharding, before_batch, descrip
   batches (of `total`, when known) where `show`."""
   totals = None
   with tqdm(batches, total=total, desc=description, unit="batch", disable=not show,
-            mininterval=2, leave=False) as bar:
+            mininterval=2) as bar:
     for batch in bar:
       before_batch()
       sums = eval_step(model_state, data_lib.to_device(batch, sharding))

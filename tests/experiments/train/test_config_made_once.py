@@ -7,14 +7,17 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import lra
 from configs import presets
 from configs.lra import common
 from experiments.common import task_configs
 from experiments.common.errors import HarnessError
-from experiments.train import build
+from experiments.train import build, evaluation
 from experiments.train.workdir_lock import LOCK_FILE, WorkdirLock
 
 # One of each kind: dense, sparse (token-counted options), kernelised, a mixer.
@@ -99,3 +102,14 @@ def test_a_second_run_in_a_locked_workdir_is_refused_and_a_dead_holders_lock_tak
   with WorkdirLock(tmp_path):   # released on exit
     pass
   assert json.dumps((tmp_path / LOCK_FILE).read_text()) == '""'
+
+
+def test_an_evaluation_shows_its_progress(capsys):
+  batches = [{"targets": np.ones(2)} for _ in range(3)]
+  step = lambda state, batch: {"loss": 1.0, "correct": 1, "count": 2}
+  sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
+  result = evaluation.evaluate(step, None, batches, sharding=sharding, before_batch=lambda: None,
+                               description="test (final)", total=3, show=True)
+  assert result == {"loss": 0.5, "accuracy": 0.5, "examples": 6}
+  shown = capsys.readouterr().err
+  assert "test (final): 100%|" in shown and "3/3" in shown

@@ -494,3 +494,23 @@ def test_bad_config_values_are_clear_errors(data_root, tmp_path):
       trainer.Trainer(config_for("listops", data_root, override, *extra, *LISTOPS_SIZES), tmp_path)
   with pytest.raises(HarnessError, match="aclImdb"):
     trainer.Trainer(config_for("text", tmp_path / "empty"), tmp_path)
+
+
+def test_an_unfinished_run_with_other_training_values_is_refused_and_the_config_recorded(
+    run_a, data_root, tmp_path):
+  """An interrupted run (its last checkpoint at step 4 of 6, no results.json) resumed with
+  another learning rate is refused as a finished one is, naming the field; results.json records
+  the config the run was given, as it was given."""
+  run, results_a, _ = run_a
+  shutil.copytree(run.workdir, tmp_path, dirs_exist_ok=True)
+  shutil.rmtree(tmp_path / "checkpoints" / "6")
+  (tmp_path / "results.json").unlink()
+  config = run_config("listops", data_root)
+  assert results_a["config"] == json.loads(json.dumps(config.to_dict()))
+  config.schedule.base_learning_rate *= 2
+  refused = (rf"^{tmp_path}/checkpoints holds checkpoints of another run \(step 4\): "
+             r"schedule.base_learning_rate is .* there, .* in this config\..*--restart")
+  with pytest.raises(HarnessError, match=refused):
+    trainer.plan_line(config, tmp_path)
+  with pytest.raises(HarnessError, match=refused):
+    trainer.Trainer(config, tmp_path).run()
