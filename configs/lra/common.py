@@ -1,7 +1,7 @@
 """What every LRA task config shares: the `"<attention>[,<preset>]"` argument, the fields the
 trainer reads, and the tables of the three presets. Plain values only: this file imports
-nothing from the project; experiments/train/ turns a config into the model, the data and the
-optimizer.
+nothing from the project outside configs/; experiments/train/ checks a config once and turns
+it into the model, the data and the optimizer.
 
 Presets:
   paper  the released LRA code as it ran (google-research/long-range-arena, per-model configs at
@@ -21,16 +21,16 @@ A task file (configs/lra/<task>.py) declares its values once, `VALUES = TaskValu
 (configs/task_values.py): its released values (the base config as "shared", then what each
 model's file changes), where `paper` departs from them and its tiny sizes, all in dotted config
 field names; ListOps also the light protocol's values (each with where the released code sets
-it) and what `light_fair` fixes (each with the quirk). `task_config` fills in what does not
-depend on the attention variant. What does is left None here and filled in when the model is
-built, for the variant the config finally names: the variant's options
-(model.attention_options), model.attention_ignores_padding, and under
-`paper` the fields a variant's released file changes. So `--config.model.attention=...`,
-`--config.model.attention_options.<x>=...` and `--config.model.max_len=...` each give what
-they say, and a value set on the command line always wins over the preset's.
+it) and what `light_fair` fixes (each with the quirk). `task_config` returns the whole run:
+the task's values, the preset's, then the variant's settings (`task_layers`: its options,
+model.attention_ignores_padding, and under `paper` what the variant's released file changes),
+applied by configs/presets.py, which also scales the token-counted options to the preset's
+model.max_len and records each field's source. A value set after get_config wins; the variant
+is named in the argument, not overridden (docs/harness.md, Configs).
 
 Fields (override any with --config.<field>=value):
-  task, preset (fixed by the config file and argument), seed, data_dir, data (extra lra.load
+  task, preset, model.attention (fixed by the config file and argument), made (what get_config
+  applied: configs/presets.py), seed, data_dir, data (extra lra.load
   arguments), generate (sizes used when the tiny preset generates missing ListOps / Pathfinder
   data), generate_data (True: generate them into a data_dir other than the tiny preset's own),
   batch_size, eval_batch_size, grad_accum_steps, num_train_steps, eval_every, eval_batches,

@@ -24,10 +24,12 @@ A run in `workdir` leaves:
                    of each (validation_accuracy_final, best_eval_accuracy), the resolved model
                    and config, the user's overrides of the config file's values, where the
                    data came from, the code and device
-Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
-does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
-(experiments/train/metrics.py). Checkpoints of another run (a field of the config changed, other
-than COMPUTE_ONLY_FIELDS and HOW_FIELDS) are refused with an error naming the fields: train it in a
+One run at a time holds a workdir (experiments/train/workdir_lock.py); a second is refused in
+one line naming the first. Starting again in the same workdir resumes from the latest
+checkpoint that verifies; if none does, the run starts again from step 0 and an earlier run's
+files are renamed, not deleted (experiments/train/metrics.py). Checkpoints of another run (a
+field of the config changed, other than run_identity's COMPUTE_ONLY_FIELDS and HOW_FIELDS), of
+a finished run or an unfinished one, are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
 the earlier run's files and checkpoints renamed <name>.1. Ctrl-C stops a run with
 Interrupted, saying the step it reached and its last checkpoint (the entry points print that
