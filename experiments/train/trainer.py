@@ -484,11 +484,14 @@ class _Clock:
 
 
 def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
-  try:
-    trainer = Trainer(config, workdir, restart=restart)
-  except KeyboardInterrupt:
-    raise Interrupted(f"{config.task} / {config.model.attention} / seed {config.seed} "
-                          f"interrupted while preparing the run into {workdir}") from None
-  return trainer.run()
+  """Trainer(...).run(), the workdir locked before the data is read (a second run into it is
+  refused at once, not after it has compiled)."""
+  with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+    try:
+      trainer = Trainer(config, workdir, restart=restart)
+    except KeyboardInterrupt:
+      raise Interrupted(f"{config.task} / {config.model.attention} / seed {config.seed} "
+                        f"interrupted while preparing the run into {workdir}") from None
+    return trainer.run()
 
 

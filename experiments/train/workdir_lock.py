@@ -21,13 +21,18 @@ LOCK_FILE = ".lock"
 
 class WorkdirLock:
   """`with WorkdirLock(workdir):` holds the workdir's lock; HarnessError if another process
-  holds it."""
+  holds it. Nested in one process (the entry point's lock around preparing and running, the
+  run's own), the inner one does nothing."""
+
+  _held: set[Path] = set()   # the lock files this process holds
 
   def __init__(self, workdir):
-    self.path = Path(workdir) / LOCK_FILE
+    self.path = (Path(workdir) / LOCK_FILE).absolute()
     self._file = None
 
   def __enter__(self) -> WorkdirLock:
+    if self.path in WorkdirLock._held:
+      return self
     self.path.parent.mkdir(parents=True, exist_ok=True)
     file = open(self.path, "a+")  # noqa: SIM115 - held open for the run's life
     try:
@@ -47,9 +52,13 @@ class WorkdirLock:
     file.write(describe_holder() + "\n")
     file.flush()
     self._file = file
+    WorkdirLock._held.add(self.path)
     return self
 
   def __exit__(self, *exc) -> None:
+    if self._file is None:   # an inner, nested lock
+      return
+    WorkdirLock._held.discard(self.path)
     self._file.truncate(0)
     fcntl.flock(self._file, fcntl.LOCK_UN)
     self._file.close()

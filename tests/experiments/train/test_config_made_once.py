@@ -93,11 +93,20 @@ def test_a_second_run_in_a_locked_workdir_is_refused_and_a_dead_holders_lock_tak
     with pytest.raises(HarnessError, match=rf"in use by another training \(pid {child.pid} on "):
       with WorkdirLock(tmp_path):
         pass
+    second = subprocess.run([sys.executable, "-m", "experiments.train",
+                             "--config=configs/mqar.py:full", f"--workdir={tmp_path}"],
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1
+    assert second.stderr.splitlines()[-1].startswith(
+        f"error: {tmp_path} is in use by another training (pid {child.pid} on ")
   finally:
     child.send_signal(signal.SIGKILL)
     child.wait()
   assert f"pid {child.pid}" in (tmp_path / LOCK_FILE).read_text()   # left by the killed run
   with WorkdirLock(tmp_path):
+    assert f"pid {os.getpid()}" in (tmp_path / LOCK_FILE).read_text()
+    with WorkdirLock(tmp_path):   # nested in the holder: nothing to do
+      pass
     assert f"pid {os.getpid()}" in (tmp_path / LOCK_FILE).read_text()
   with WorkdirLock(tmp_path):   # released on exit
     pass
