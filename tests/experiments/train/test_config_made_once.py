@@ -84,21 +84,35 @@ HOLD = textwrap.dedent("""
 """)
 
 
-def test_a_second_run_in_a_locked_workdir_is_refused_and_a_dead_holders_lock_taken(tmp_path):
-  child = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE,
-                           text=True, cwd=os.getcwd(),
-                           env={**os.environ, "PYTHONPATH": os.getcwd()})
+def hold_lock(workdir) -> subprocess.Popen:
+  """A child process holding `workdir`'s lock (once it has printed "held")."""
+  child = subprocess.Popen([sys.executable, "-c", HOLD, str(workdir)], stdout=subprocess.PIPE,
+                           text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+  assert child.stdout.readline().strip() == "held"
+  return child
+
+
+@pytest.mark.slow   # the train command imports JAX in a child
+def test_the_train_command_refuses_a_locked_workdir_in_one_line(tmp_path):
+  child = hold_lock(tmp_path)
   try:
-    assert child.stdout.readline().strip() == "held"
-    with pytest.raises(HarnessError, match=rf"in use by another training \(pid {child.pid} on "):
-      with WorkdirLock(tmp_path):
-        pass
     second = subprocess.run([sys.executable, "-m", "experiments.train",
                              "--config=configs/mqar.py:full", f"--workdir={tmp_path}"],
                             capture_output=True, text=True, timeout=300)
-    assert second.returncode == 1
-    assert second.stderr.splitlines()[-1].startswith(
-        f"error: {tmp_path} is in use by another training (pid {child.pid} on ")
+  finally:
+    child.kill()
+    child.wait()
+  assert second.returncode == 1
+  assert second.stderr.splitlines()[-1].startswith(
+      f"error: {tmp_path} is in use by another training (pid {child.pid} on ")
+
+
+def test_a_second_run_in_a_locked_workdir_is_refused_and_a_dead_holders_lock_taken(tmp_path):
+  child = hold_lock(tmp_path)
+  try:
+    with pytest.raises(HarnessError, match=rf"in use by another training \(pid {child.pid} on "):
+      with WorkdirLock(tmp_path):
+        pass
   finally:
     child.send_signal(signal.SIGKILL)
     child.wait()
