@@ -209,7 +209,7 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   # Alongside: a variant named in the config argument gets its own settings, and takes its
   # options from the command line.
   swapped = start(["experiments.train", "--config=configs/lra/listops.py:sparse_transformer,tiny",
-                   "--config.model.attention_options.num_summary=1",
+                   "--config.model.attention_options.num_summary=2",
                    f"--workdir={tmp_path / 'swapped'}", *overrides("--config.", settings)])
   one = trainer.Trainer(task_configs.task_config(
       "listops", "full", "tiny", 0, overrides("", settings)), tmp_path / "one").run()
@@ -228,12 +228,12 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   assert code == 0, stderr
   results = json.loads((tmp_path / "swapped" / "results.json").read_text())
   assert results["model"]["attention"] == "sparse_transformer"
-  assert results["model"]["attention_options"] == {"block_size": 4, "num_summary": 1}
-  assert results["config"]["model"]["attention_options"] == {"block_size": 4, "num_summary": 1}
+  assert results["model"]["attention_options"] == {"block_size": 4, "num_summary": 2}
+  assert results["config"]["model"]["attention_options"] == {"block_size": 4, "num_summary": 2}
   # The user's changes to configs/lra/listops.py:sparse_transformer,tiny.
   changed = results["overrides"]
   assert set(changed) <= {*settings, "model.attention_options.num_summary"}
-  assert changed["model.attention_options.num_summary"] == 1 and changed["model.emb_dim"] == 16
+  assert changed["model.attention_options.num_summary"] == 2 and changed["model.emb_dim"] == 16
 
 
 def free_port() -> int:
