@@ -211,7 +211,8 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_string("task", "mqar", "The task to sweep.")
-  flags.DEFINE_enum("preset", "tiny", PRESETS, "The task config's preset.")
+  # A string: the task's get_config refuses a misspelt one, as experiments.train does.
+  flags.DEFINE_string("preset", "tiny", f"The task config's preset ({', '.join(PRESETS)}).")
   flags.DEFINE_string("field", "data.num_pairs", "The config field to sweep (dotted).")
   flags.DEFINE_list("values", ["4", "8", "16", "32"], "Its values.")
   flags.DEFINE_list("attentions", ["full", "sliding_window", "linear_transformer"],
