@@ -1,0 +1,318 @@
+"""Ring attention: exact softmax attention with the sequence split over the mesh's `context`
+axis (Liu et al. 2023, "Ring Attention with Blockwise Transformers", arXiv:2310.01889), for
+every softmax variant whose pattern is a mask function of token positions (`full`, `flash`,
+and the engine's mask-function variants).
+
+Device i of `context` (C devices) holds the queries, keys and values of its shard. The keys and
+values (with their padding mask and segment ids) travel around the ring with
+`jax.lax.ppermute`; at ring step s device i holds shard (i - s) mod C and runs the block-sparse
+engine's tile loop (ops/flex.py's `_forward`) of its queries against it, the mask and score
+functions evaluated at GLOBAL positions (causal rule, window, ALiBi distance, soft-cap), and
+merges the partial results by their log-sum-exp. The backward (a custom VJP) saves only the
+shard's q, k, v, the output and its log-sum-exp, and runs the ring again: the keys and values
+travel with their dK/dV accumulators, each step adds the engine's tile gradients
+(ops/flex.py's `_backward`, FlashAttention-2's recomputation from the saved log-sum-exp), and
+the accumulators go home at the end. No score matrix outlives its tile, so memory per device is
+O(n/C) (plus the tiles), forward and backward.
+
+Which shard pairs meet is known while tracing: the mask function is evaluated at every pair's
+positions once (numpy), a ring step that no device needs is skipped (a window only needs its
+neighbour shards: 2 steps causal, 3 not, whatever C), the K/V block then jumps the skipped
+hops in one `ppermute`, and inside a step each device visits only its non-empty tiles (a table
+of tile states per device and step, read at `axis_index`).
+
+Layouts (`layout=`): "contiguous" (device i holds tokens [i·n/C, (i+1)·n/C), as the harness
+shards) or "zigzag": the sequence is cut into 2C chunks and device i holds chunks i and
+2C-1-i, so under a causal mask every device has the same number of visible (query, key) pairs
+(contiguous: device C-1 does C times the work of device 0, and the ring runs at the slowest's
+pace). Zigzag costs one exchange of q, k, v, masks and segment ids into that layout and one
+of the output back (two `ppermute`s each way: about one ring step's traffic), inside the op.
+
+Segment ids (packed sequences) are part of the mask: tiles are not skipped by segment (the
+tile tables are static), only masked. Attention dropout draws each tile's mask from the key
+folded with (device, source shard): valid dropout, but not the one-device call's draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from attention_zoo.ops import flex, tiles
+from attention_zoo.ops.blocks import ceil_div
+from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, context_size
+from attention_zoo.ops.flex import EMPTY, FULL, PARTIAL
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Ring:
+  """What is static about one ring call (hashed by identity): the shard count, the ring steps
+  taken (shifts s: at step s device i holds shard (i - s) mod C), each device's global query
+  and key positions (int32 [C, padded shard length]) and the tile states of every (step,
+  device) pair (int8 [steps, C, nq, nk])."""
+  size: int
+  steps: tuple[int, ...]
+  q_positions: np.ndarray
+  kv_positions: np.ndarray
+  states: np.ndarray
+
+
+def shard_positions(length: int, size: int, layout: str) -> np.ndarray:
+  """int [size, length // size]: the global positions of the tokens device i holds."""
+  if layout == "contiguous":
+    return np.arange(length).reshape(size, -1)
+  chunks = np.arange(length).reshape(2 * size, -1)
+  return np.concatenate([chunks[:size], chunks[::-1][:size]], axis=1)
+
+
+def _padded(positions: np.ndarray, block: int) -> np.ndarray:
+  """Positions padded to whole blocks with each row's last position (padding is masked)."""
+  return np.pad(positions, ((0, 0), (0, -positions.shape[1] % block)), mode="edge")
+
+
+def _tile_states(mask_mod, heads, q_pos, kv_pos, q_real: int, kv_real: int, block_q: int,
+                 block_k: int) -> np.ndarray:
+  """int8 [nq, nk] EMPTY / PARTIAL / FULL of one shard pair, the union over heads (full only
+  where full for every head); padding counts as allowed for FULL and never as seen."""
+  if mask_mod is None:
+    allowed = np.ones((1, len(q_pos), len(kv_pos)), bool)
+  else:
+    h = np.arange(heads or 1)[:, None, None]
+    allowed = np.asarray(mask_mod(0, h, q_pos[None, :, None], kv_pos[None, None, :]))
+    allowed = np.broadcast_to(allowed, (len(h), len(q_pos), len(kv_pos)))
+  real = (np.arange(len(q_pos)) < q_real)[:, None] & (np.arange(len(kv_pos)) < kv_real)[None, :]
+  as_tiles = lambda x: x.reshape(x.shape[0], -1, block_q, len(kv_pos) // block_k, block_k)
+  seen = np.any(as_tiles(allowed & real), axis=(0, 2, 4))
+  whole = np.all(as_tiles(allowed | ~real), axis=(0, 2, 4))
+  return np.where(whole, FULL, np.where(seen, PARTIAL, EMPTY)).astype(np.int8)
+
+
+def _plan_ring(mask_mod, heads, length: int, size: int, layout: str, block_q: int,
+               block_k: int) -> _Ring:
+  """Evaluates mask_mod at every shard pair's positions (while tracing) and keeps the steps
+  some device needs."""
+  positions = shard_positions(length, size, layout)
+  q_positions, kv_positions = _padded(positions, block_q), _padded(positions, block_k)
+  shard = length // size
+  with jax.ensure_compile_time_eval():
+    pairs = np.stack([np.stack([
+        _tile_states(mask_mod, heads, q_positions[i], kv_positions[(i - s) % size], shard, shard,
+                     block_q, block_k) for i in range(size)]) for s in range(size)])
+  needed = tuple(s for s in range(size) if np.any(pairs[s] != EMPTY))
+  return _Ring(size, needed, q_positions.astype(np.int32), kv_positions.astype(np.int32),
+               pairs[list(needed)])
+
+
+def _shift(tree, hop: int, size: int):
+  """Every device sends `tree` to the device `hop` places on: device i then holds what device
+  i - hop held."""
+  if hop % size == 0:
+    return tree
+  return jax.lax.ppermute(tree, CONTEXT_AXIS, [(i, (i + hop) % size) for i in range(size)])
+
+
+def _step_inputs(plan, ring: _Ring, index: int, device, q_ids, kv_ids, user_consts, slopes):
+  """(visits, mask consts, score consts) of ring step `index` on `device` (traced)."""
+  source = (device - ring.steps[index]) % ring.size
+  q_pos = jnp.asarray(ring.q_positions)[device]
+  kv_pos = jnp.asarray(ring.kv_positions)[source]
+  states = jnp.asarray(ring.states)[index, device]
+  ids = () if q_ids is None else (q_ids, kv_ids)
+  if ids:   # a full tile skips the mask, which now holds the segments
+    states = jnp.where(states == FULL, PARTIAL, states)
+  visits = flex._both_lists(states)
+  mod_consts = [q_pos, kv_pos, *slopes] if plan.score_mod is not None else []
+  return visits, [q_pos, kv_pos, *ids, *user_consts], mod_consts
+
+
+def _merge(out, lse, out_step, lse_step):
+  """Two softmax results over disjoint keys, by their natural log-sum-exp (-inf: no key)."""
+  total = jnp.logaddexp(lse, lse_step)
+  weight = lambda x: jnp.where(jnp.isneginf(total), 0.0, jnp.exp(x - total))
+  return out * weight(lse) + out_step.astype(jnp.float32) * weight(lse_step), total
+
+
+def _dropout_key(rng, device, index: int, ring: _Ring):
+  if rng is None:
+    return None
+  source = (device - ring.steps[index]) % ring.size
+  return jax.random.fold_in(jax.random.fold_in(rng, device), source)
+
+
+def _ring_forward(plan, ring: _Ring, q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts,
+                  slopes, rng):
+  device = jax.lax.axis_index(CONTEXT_AXIS)
+  out = jnp.zeros(q_blocks.shape[:-1] + v.shape[-1:], jnp.float32)
+  lse = jnp.full(q_blocks.shape[:-1] + (1,), -jnp.inf, jnp.float32)
+  held, position = (k, v, kv_valid, kv_ids), 0
+  for index, step in enumerate(ring.steps):
+    held, position = _shift(held, step - position, ring.size), step
+    k_s, v_s, valid_s, ids_s = held
+    visits, mask_consts, mod_consts = _step_inputs(plan, ring, index, device, q_ids, ids_s,
+                                                   user_consts, slopes)
+    out_s, _, lse_s = flex._forward(plan, q_blocks, k_s, v_s, valid_s, visits,
+                                    _dropout_key(rng, device, index, ring), mask_consts, [],
+                                    mod_consts)
+    out, lse = _merge(out, lse, out_s, lse_s)
+  lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse * tiles.LOG2E)   # the engine's backward's form
+  out = out.astype(q_blocks.dtype)
+  return out, (q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts, slopes, rng, out, lse2)
+
+
+def _ring_backward(plan, ring: _Ring, residuals, d_out):
+  q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts, slopes, rng, out, lse2 = residuals
+  device = jax.lax.axis_index(CONTEXT_AXIS)
+  dq = jnp.zeros(q_blocks.shape, jnp.float32)
+  # the K/V block held, and the dK, dV it has gathered so far: they travel together
+  held = (k, v, kv_valid, kv_ids, jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  position = 0
+  no_lse_grad = jnp.zeros(lse2.shape, jnp.float32)
+  for index, step in enumerate(ring.steps):
+    held, position = _shift(held, step - position, ring.size), step
+    k_s, v_s, valid_s, ids_s, dk_s, dv_s = held
+    visits, mask_consts, mod_consts = _step_inputs(plan, ring, index, device, q_ids, ids_s,
+                                                   user_consts, slopes)
+    step_residuals = (q_blocks, k_s, v_s, valid_s, visits, _dropout_key(rng, device, index, ring),
+                      mask_consts, [], mod_consts, out, lse2)
+    dq_step, dk_step, dv_step, *_ = flex._backward(plan, step_residuals, (d_out, no_lse_grad))
+    dq = dq + dq_step.astype(jnp.float32)
+    held = (k_s, v_s, valid_s, ids_s, dk_s + dk_step.astype(jnp.float32),
+            dv_s + dv_step.astype(jnp.float32))
+  dk, dv = _shift(held[4:], -position, ring.size)                 # home to the shard's device
+  none = lambda xs: None if xs is None else [None] * len(xs)
+  return (dq.astype(q_blocks.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None,
+          none(user_consts), [jnp.zeros_like(s) for s in slopes], None)
+
+
+_ring_attention = jax.custom_vjp(lambda plan, ring, *args: _ring_forward(plan, ring, *args)[0],
+                                 nondiff_argnums=(0, 1))
+_ring_attention.defvjp(_ring_forward, _ring_backward)
+
+
+def _zigzag_exchange(tree, size: int, inverse: bool = False):
+  """Contiguous shards (device i: chunks 2i, 2i+1 of 2C) <-> zigzag (device i: chunks i and
+  2C-1-i), each array's axis 1 the shard's tokens. Four `ppermute`s of half a shard each."""
+  def home(chunk):            # (device, half) holding chunk c in the contiguous layout
+    return chunk // 2, chunk % 2
+
+  def zigzag(chunk):          # ... in the zigzag layout
+    return (chunk, 0) if chunk < size else (2 * size - 1 - chunk, 1)
+
+  source, target = (zigzag, home) if inverse else (home, zigzag)
+  halves = jax.tree.map(lambda x: jnp.split(x, 2, axis=1), tree,
+                        is_leaf=lambda x: isinstance(x, jax.Array))
+  received = [jax.tree.map(lambda h: jnp.zeros_like(h[0]), halves,
+                           is_leaf=lambda x: isinstance(x, list)) for _ in range(2)]
+  device = jax.lax.axis_index(CONTEXT_AXIS)
+  for from_half in range(2):
+    for to_half in range(2):
+      perm = [(source(c)[0], target(c)[0]) for c in range(2 * size)
+              if source(c)[1] == from_half and target(c)[1] == to_half]
+      if not perm:
+        continue
+      sent = jax.tree.map(lambda h: h[from_half], halves, is_leaf=lambda x: isinstance(x, list))
+      moved = jax.lax.ppermute(sent, CONTEXT_AXIS, perm)
+      receives = jnp.isin(device, jnp.asarray([t for _, t in perm]))
+      received[to_half] = jax.tree.map(lambda old, new: jnp.where(receives, new, old),
+                                       received[to_half], moved)
+  return jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), *received)
+
+
+def ring_attention(q, k, v, mask_mod: Callable | None = None, *, kv_mask=None,
+                   scale: float | None = None, softcap: float | None = None, alibi_slopes=None,
+                   dropout_rate: float = 0.0, dropout_rng=None, segment_ids=None,
+                   heads: int | None = None, block_q: int = flex.DEFAULT_BLOCK,
+                   block_k: int = flex.DEFAULT_BLOCK, layout: str = "contiguous", **engine):
+  """Softmax self-attention over mask_mod (flex's (b, h, q, kv) -> bool at sequence positions;
+  None: every key) with the sequence split over the active mesh's `context` axis. Arguments as
+  ops.flex.pattern_attention's; q [b, n, h, d], k, v [b, n, kvh, d] as global arrays, sharded
+  [batch axes, context]; n a multiple of the context size (of twice it for layout="zigzag").
+  Returns [b, n, h, d], sharded likewise."""
+  if engine:
+    raise ValueError(f"ring attention: {', '.join(sorted(engine))} (a pattern over reordered "
+                     f"or copied keys) has no ring form; give mask_mod at sequence positions")
+  if layout not in LAYOUTS:
+    raise ValueError(f"ring attention: layout must be one of {LAYOUTS}, got {layout!r}")
+  size = context_size()
+  batch, length, num_heads, head_dim = q.shape
+  kv_heads = k.shape[2]
+  if k.shape[1] != length:
+    raise ValueError(f"ring attention is self-attention only: q_len ({length}) != kv_len "
+                     f"({k.shape[1]}); run cross-attention without a context axis")
+  chunks = size * (2 if layout == "zigzag" else 1)
+  if length % chunks:
+    raise ValueError(f"ring attention: the length ({length}) must be a multiple of "
+                     f"{chunks} (context={size}, layout={layout!r})")
+  shard = length // size
+  block_q, block_k = min(block_q, shard), min(block_k, shard)
+  group = num_heads // kv_heads
+  ring = _plan_ring(mask_mod, heads, length, size, layout, block_q, block_k)
+  scale = head_dim ** -0.5 if scale is None else float(scale)
+  kv_mask = jnp.ones((batch, length), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
+  q_ids, kv_ids = (None, None) if segment_ids is None else segment_ids
+  slopes = [] if alibi_slopes is None else [jnp.asarray(alibi_slopes, jnp.float32)]
+  rng = dropout_rng if dropout_rate > 0 else None
+
+  def local(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng):
+    if layout == "zigzag":
+      q, k, v, kv_mask, q_ids, kv_ids = _zigzag_exchange((q, k, v, kv_mask, q_ids, kv_ids), size)
+    # mask_mod's arrays (closed over, concrete) become explicit arguments, as in the engine
+    user_mask, user_consts = (None, []) if mask_mod is None else flex._hoist_all(
+        mask_mod, *flex._tile_indices(block_q, block_k, group, q.shape[0], kv_heads, 0, 0))
+    plan = flex._Plan(None, _score_function(softcap, bool(slopes), length),
+                      _mask_function(user_mask, q_ids is not None), scale, block_q, block_k,
+                      group, float(dropout_rate))
+    pad = lambda ids, block: None if ids is None else jnp.pad(
+        ids, ((0, 0), (0, -shard % block)), mode="edge")
+    out = _ring_attention(plan, ring, flex.query_blocks(q, kv_heads, block_q),
+                          flex.key_layout(k, block_k), flex.key_layout(v, block_k),
+                          flex.key_validity(kv_mask, q.shape[0], shard, block_k),
+                          pad(q_ids, block_q), pad(kv_ids, block_k), user_consts, slopes, rng)
+    out = flex.from_query_blocks(out, group, shard)
+    return _zigzag_exchange(out, size, inverse=True) if layout == "zigzag" else out
+
+  mesh = jax.sharding.get_abstract_mesh()
+  batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names) or None
+  sequence = P(batch_axes, CONTEXT_AXIS)
+  return jax.shard_map(
+      local, in_specs=(sequence,) * 6 + (P(), P()), out_specs=sequence,
+      axis_names={CONTEXT_AXIS, *(batch_axes or ())}, check_vma=False,
+  )(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng)
+
+
+def _mask_function(user_mask, packed: bool):
+  """The plan's mask (b, h, q, kv, q_pos, kv_pos, [q_ids, kv_ids,] *user consts): q and kv are
+  shard-local indices; the user's mask_mod sees their global positions."""
+  if user_mask is None and not packed:
+    return None
+
+  def mask(b, h, q, kv, q_pos, kv_pos, *rest):
+    allowed = True
+    if packed:
+      q_ids, kv_ids, *rest = rest
+      allowed = q_ids[b, q] == kv_ids[b, kv]
+    if user_mask is not None:
+      allowed = allowed & user_mask(b, h, q_pos[q], kv_pos[kv], *rest)
+    return allowed
+  return mask
+
+
+def _score_function(softcap, has_alibi: bool, length: int):
+  """The plan's score_mod (score, b, h, q, kv, q_pos, kv_pos[, slopes]): soft-cap, then ALiBi
+  at global positions, as flex.score_function; None when neither."""
+  if softcap is None and not has_alibi:
+    return None
+
+  def score_mod(score, b, h, q, kv, q_pos, kv_pos, *slopes):
+    mod = flex.score_function(softcap_value=softcap, alibi_slopes=slopes[0] if slopes else None,
+                              q_len=length, kv_len=length, query_positions=q_pos,
+                              key_positions=kv_pos)
+    return mod(score, b, h, q, kv)
+  return score_mod
+
