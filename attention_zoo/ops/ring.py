@@ -77,33 +77,59 @@ def _padded(positions: np.ndarray, block: int) -> np.ndarray:
 
 
 def _tile_states(mask_mod, heads, q_pos, kv_pos, q_real: int, kv_real: int, block_q: int,
-                 block_k: int) -> np.ndarray:
+                 block_k: int):
   """int8 [nq, nk] EMPTY / PARTIAL / FULL of one shard pair, the union over heads (full only
   where full for every head); padding counts as allowed for FULL and never as seen."""
   if mask_mod is None:
-    allowed = np.ones((1, len(q_pos), len(kv_pos)), bool)
+    allowed = jnp.ones((1, len(q_pos), len(kv_pos)), bool)
   else:
-    h = np.arange(heads or 1)[:, None, None]
-    allowed = np.asarray(mask_mod(0, h, q_pos[None, :, None], kv_pos[None, None, :]))
-    allowed = np.broadcast_to(allowed, (len(h), len(q_pos), len(kv_pos)))
-  real = (np.arange(len(q_pos)) < q_real)[:, None] & (np.arange(len(kv_pos)) < kv_real)[None, :]
+    h = jnp.arange(heads or 1)[:, None, None]
+    allowed = mask_mod(0, h, q_pos[None, :, None], kv_pos[None, None, :])
+    allowed = jnp.broadcast_to(allowed, (len(h), len(q_pos), len(kv_pos)))
+  real = (jnp.arange(len(q_pos)) < q_real)[:, None] & (jnp.arange(len(kv_pos)) < kv_real)[None]
   as_tiles = lambda x: x.reshape(x.shape[0], -1, block_q, len(kv_pos) // block_k, block_k)
-  seen = np.any(as_tiles(allowed & real), axis=(0, 2, 4))
-  whole = np.all(as_tiles(allowed | ~real), axis=(0, 2, 4))
-  return np.where(whole, FULL, np.where(seen, PARTIAL, EMPTY)).astype(np.int8)
+  seen = jnp.any(as_tiles(allowed & real), axis=(0, 2, 4))
+  whole = jnp.all(as_tiles(allowed | ~real), axis=(0, 2, 4))
+  return jnp.where(whole, FULL, jnp.where(seen, PARTIAL, EMPTY)).astype(jnp.int8)
 
 
-def _plan_ring(mask_mod, heads, length: int, size: int, layout: str, block_q: int,
+def _causal_states(q_pos: np.ndarray, kv_pos: np.ndarray, block_q: int, block_k: int):
+  """The causal rule's tile states from each tile's position range (any layout): full where
+  every key precedes every query, empty where none does."""
+  q_tiles, kv_tiles = q_pos.reshape(-1, block_q), kv_pos.reshape(-1, block_k)
+  full = kv_tiles.max(1)[None, :] <= q_tiles.min(1)[:, None]
+  empty = kv_tiles.min(1)[None, :] > q_tiles.max(1)[:, None]
+  return np.where(full, FULL, np.where(empty, EMPTY, PARTIAL)).astype(np.int8)
+
+
+def _plan_ring(mask_mod, causal: bool, heads, length: int, size: int, layout: str, block_q: int,
                block_k: int) -> _Ring:
-  """Evaluates mask_mod at every shard pair's positions (while tracing) and keeps the steps
-  some device needs."""
+  """The tile states of every (step, device) pair and the steps some device needs. The causal
+  rule alone (or no mask) is read from the tiles' position ranges; a mask_mod is evaluated at
+  every pair's positions while tracing (one compiled loop over the pairs: O(n²) evaluations
+  once per trace, as the one-device engine's create_block_mask)."""
   positions = shard_positions(length, size, layout)
   q_positions, kv_positions = _padded(positions, block_q), _padded(positions, block_k)
   shard = length // size
-  with jax.ensure_compile_time_eval():
+  source = lambda step, device: kv_positions[(device - step) % size]
+  if mask_mod is None:
+    every = np.full((len(q_positions[0]) // block_q, len(kv_positions[0]) // block_k), FULL,
+                    np.int8)
     pairs = np.stack([np.stack([
-        _tile_states(mask_mod, heads, q_positions[i], kv_positions[(i - s) % size], shard, shard,
-                     block_q, block_k) for i in range(size)]) for s in range(size)])
+        _causal_states(q_positions[i], source(s, i), block_q, block_k) if causal else every
+        for i in range(size)]) for s in range(size)])
+  else:
+    allowed = (lambda b, h, q, kv: mask_mod(b, h, q, kv) & (kv <= q)) if causal else mask_mod
+
+    def pair(index):   # index = s·C + i: device i against shard (i - s) mod C
+      step, device = index // size, index % size
+      return _tile_states(allowed, heads, jnp.asarray(q_positions)[device],
+                          jnp.asarray(kv_positions)[(device - step) % size], shard, shard,
+                          block_q, block_k)
+
+    with jax.ensure_compile_time_eval():
+      pairs = np.asarray(jax.jit(lambda: jax.lax.map(pair, jnp.arange(size * size)))())
+    pairs = pairs.reshape(size, size, *pairs.shape[1:])
   needed = tuple(s for s in range(size) if np.any(pairs[s] != EMPTY))
   return _Ring(size, needed, q_positions.astype(np.int32), kv_positions.astype(np.int32),
                pairs[list(needed)])
@@ -224,13 +250,15 @@ def _zigzag_exchange(tree, size: int, inverse: bool = False):
   return jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), *received)
 
 
-def ring_attention(q, k, v, mask_mod: Callable | None = None, *, kv_mask=None,
+def ring_attention(q, k, v, mask_mod: Callable | None = None, *, causal: bool = False,
+                   kv_mask=None,
                    scale: float | None = None, softcap: float | None = None, alibi_slopes=None,
                    dropout_rate: float = 0.0, dropout_rng=None, segment_ids=None,
                    heads: int | None = None, block_q: int = flex.DEFAULT_BLOCK,
                    block_k: int = flex.DEFAULT_BLOCK, layout: str = "contiguous", **engine):
   """Softmax self-attention over mask_mod (flex's (b, h, q, kv) -> bool at sequence positions;
-  None: every key) with the sequence split over the active mesh's `context` axis. Arguments as
+  None: every key) and, with `causal`, the causal rule (cheaper to plan than a mask_mod that
+  holds it), with the sequence split over the active mesh's `context` axis. Arguments as
   ops.flex.pattern_attention's; q [b, n, h, d], k, v [b, n, kvh, d] as global arrays, sharded
   [batch axes, context]; n a multiple of the context size (of twice it for layout="zigzag").
   Returns [b, n, h, d], sharded likewise."""
@@ -252,7 +280,7 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, kv_mask=None,
   shard = length // size
   block_q, block_k = min(block_q, shard), min(block_k, shard)
   group = num_heads // kv_heads
-  ring = _plan_ring(mask_mod, heads, length, size, layout, block_q, block_k)
+  ring = _plan_ring(mask_mod, causal, heads, length, size, layout, block_q, block_k)
   scale = head_dim ** -0.5 if scale is None else float(scale)
   kv_mask = jnp.ones((batch, length), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
   q_ids, kv_ids = (None, None) if segment_ids is None else segment_ids
@@ -266,7 +294,7 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, kv_mask=None,
     user_mask, user_consts = (None, []) if mask_mod is None else flex._hoist_all(
         mask_mod, *flex._tile_indices(block_q, block_k, group, q.shape[0], kv_heads, 0, 0))
     plan = flex._Plan(None, _score_function(softcap, bool(slopes), length),
-                      _mask_function(user_mask, q_ids is not None), scale, block_q, block_k,
+                      _mask_function(user_mask, q_ids is not None, causal), scale, block_q, block_k,
                       group, float(dropout_rate))
     pad = lambda ids, block: None if ids is None else jnp.pad(
         ids, ((0, 0), (0, -shard % block)), mode="edge")
@@ -286,17 +314,17 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, kv_mask=None,
   )(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng)
 
 
-def _mask_function(user_mask, packed: bool):
+def _mask_function(user_mask, packed: bool, causal: bool):
   """The plan's mask (b, h, q, kv, q_pos, kv_pos, [q_ids, kv_ids,] *user consts): q and kv are
-  shard-local indices; the user's mask_mod sees their global positions."""
-  if user_mask is None and not packed:
+  shard-local indices; the causal rule and the user's mask_mod see their global positions."""
+  if user_mask is None and not packed and not causal:
     return None
 
   def mask(b, h, q, kv, q_pos, kv_pos, *rest):
-    allowed = True
+    allowed = kv_pos[kv] <= q_pos[q] if causal else True
     if packed:
       q_ids, kv_ids, *rest = rest
-      allowed = q_ids[b, q] == kv_ids[b, kv]
+      allowed = allowed & (q_ids[b, q] == kv_ids[b, kv])
     if user_mask is not None:
       allowed = allowed & user_mask(b, h, q_pos[q], kv_pos[kv], *rest)
     return allowed
