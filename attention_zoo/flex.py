@@ -24,8 +24,8 @@ from attention_zoo.ops.flex import (DEFAULT_BLOCK, EMPTY, FULL, PARTIAL, BlockMa
 from attention_zoo.ops.ring import ring_attention
 
 __all__ = ["DEFAULT_BLOCK", "EMPTY", "FULL", "PARTIAL", "BlockMask", "alibi", "aligned_positions",
-           "attend", "attend_all", "block_mask_from_states", "causal_mask", "create_block_mask", "dense_mask",
-           "flex_attention", "full_block_mask", "kernel_lists", "pattern_attention",
+           "attend", "attend_all", "block_mask_from_states", "causal_mask", "create_block_mask",
+           "dense_mask", "flex_attention", "full_block_mask", "kernel_lists", "pattern_attention",
            "score_function", "softcap", "with_segments"]
 
 
@@ -39,8 +39,9 @@ def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool
   attention = ring_attention if context_size() > 1 else pattern_attention
   return attention(q, k, v, mask_mod, kv_mask=kv_mask, scale=variant.scale,
                    softcap=variant.softcap, alibi_slopes=alibi_slopes,
-                   dropout_rate=variant.dropout_rate, dropout_rng=variant.dropout_rng(deterministic),
-                   segment_ids=segment_ids, **engine)
+                   dropout_rate=variant.dropout_rate,
+                   dropout_rng=variant.dropout_rng(deterministic), segment_ids=segment_ids,
+                   **engine)
 
 
 def attend_all(variant, q, k, v, *, kv_mask, deterministic: bool, alibi_slopes, segment_ids=None):

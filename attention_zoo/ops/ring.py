@@ -43,7 +43,6 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from attention_zoo.ops import flex, tiles
-from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, context_size
 from attention_zoo.ops.flex import EMPTY, FULL, PARTIAL
 

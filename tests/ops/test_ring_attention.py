@@ -103,13 +103,13 @@ def _dense(causal: bool, **options):
       q, k, v, kv_mask=kv_mask, causal=causal, segment_ids=segment_ids, **options)
 
 
-def _oracle(mask_mod, heads=None):
+def _oracle(mask_mod, length: int, heads=None):
   """The oracle (oracle.py) over mask_mod's dense pattern, key padding and segments."""
   from attention_zoo.ops import flex, oracle
+  pattern = flex.dense_mask(mask_mod, heads, length, length)[None]              # [1, h, q, k]
 
   def attention(q, k, v, kv_mask, segment_ids):
-    allowed = flex.dense_mask(mask_mod, heads, q.shape[1], k.shape[1])[None]   # [1, h, q, k]
-    allowed = allowed & kv_mask[:, None, None, :]
+    allowed = pattern & kv_mask[:, None, None, :]
     if segment_ids is not None:
       allowed = allowed & (segment_ids[0][:, None, :, None] == segment_ids[1][:, None, None, :])
     return oracle.dense_attention(q, k, v, allowed)
@@ -134,7 +134,7 @@ def check_window_not_causal():
   """A window (mask_mod at global positions): context 4, not causal, partial tiles."""
   from attention_zoo.ops import softmax
   window = softmax.window_allowed(5, 64, 64, False)
-  return _ring_vs(_oracle(window), 64, 4, mask_mod=window, packed=True, block_q=6, block_k=6)
+  return _ring_vs(_oracle(window, 64), 64, 4, mask_mod=window, packed=True, block_q=6, block_k=6)
 
 
 def check_data_and_context():
@@ -150,7 +150,7 @@ def check_heads_mask_zigzag_window():
   """A mask that differs by head (a per-head window), causal, on the zigzag layout, context 8."""
   _, jnp, *_ = _setup()
   mask = lambda b, h, q, kv: (q - kv <= 3 + 4 * h) & (kv <= q)
-  return _ring_vs(_oracle(mask, heads=4), 64, 8, mask_mod=mask, mask_heads=4, packed=True,
+  return _ring_vs(_oracle(mask, 64, heads=4), 64, 8, mask_mod=mask, mask_heads=4, packed=True,
                   layout="zigzag", block_q=4, block_k=4)
 
 
