@@ -45,6 +45,9 @@ from jax.sharding import PartitionSpec as P
 from attention_zoo.ops import flex, tiles
 from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, context_size
 from attention_zoo.ops.flex import EMPTY, FULL, PARTIAL
+from attention_zoo.ops.forgetting_attention import (add_two_float, cumsum_two_float,
+                                                    gate_difference)
+from attention_zoo.ops.segments import segment_runs
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -142,7 +145,8 @@ def _shift(tree, hop: int, size: int):
   return jax.lax.ppermute(tree, CONTEXT_AXIS, [(i, (i + hop) % size) for i in range(size)])
 
 
-def _step_inputs(plan, ring: _Ring, index: int, device, q_ids, kv_ids, user_consts, slopes):
+def _step_inputs(plan, ring: _Ring, index: int, device, q_ids, kv_ids, user_consts, slopes,
+                 q_gates, kv_gates):
   """(visits, mask consts, score consts) of ring step `index` on `device` (traced)."""
   source = (device - ring.steps[index]) % ring.size
   q_pos = jnp.asarray(ring.q_positions)[device]
@@ -152,7 +156,7 @@ def _step_inputs(plan, ring: _Ring, index: int, device, q_ids, kv_ids, user_cons
   if ids:   # a full tile skips the mask, which now holds the segments
     states = jnp.where(states == FULL, PARTIAL, states)
   visits = flex._both_lists(states)
-  mod_consts = [q_pos, kv_pos, *slopes] if plan.score_mod is not None else []
+  mod_consts = [q_pos, kv_pos, *slopes, *q_gates, *kv_gates] if plan.score_mod else []
   return visits, [q_pos, kv_pos, *ids, *user_consts], mod_consts
 
 
@@ -171,48 +175,58 @@ def _dropout_key(rng, device, index: int, ring: _Ring):
 
 
 def _ring_forward(plan, ring: _Ring, q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts,
-                  slopes, rng):
+                  slopes, rng, q_gates, kv_gates):
   device = jax.lax.axis_index(CONTEXT_AXIS)
   out = jnp.zeros(q_blocks.shape[:-1] + v.shape[-1:], jnp.float32)
   lse = jnp.full(q_blocks.shape[:-1] + (1,), -jnp.inf, jnp.float32)
-  held, position = (k, v, kv_valid, kv_ids), 0
+  held, position = (k, v, kv_valid, kv_ids, kv_gates), 0
   for index, step in enumerate(ring.steps):
     held, position = _shift(held, step - position, ring.size), step
-    k_s, v_s, valid_s, ids_s = held
+    k_s, v_s, valid_s, ids_s, gates_s = held
     visits, mask_consts, mod_consts = _step_inputs(plan, ring, index, device, q_ids, ids_s,
-                                                   user_consts, slopes)
+                                                   user_consts, slopes, q_gates, gates_s)
     out_s, _, lse_s = flex._forward(plan, q_blocks, k_s, v_s, valid_s, visits,
                                     _dropout_key(rng, device, index, ring), mask_consts, [],
                                     mod_consts)
     out, lse = _merge(out, lse, out_s, lse_s)
   lse2 = jnp.where(jnp.isneginf(lse), 0.0, lse * tiles.LOG2E)   # the engine's backward's form
   out = out.astype(q_blocks.dtype)
-  return out, (q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts, slopes, rng, out, lse2)
+  return out, (q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts, slopes, rng, q_gates,
+               kv_gates, out, lse2)
 
 
 def _ring_backward(plan, ring: _Ring, residuals, d_out):
-  q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts, slopes, rng, out, lse2 = residuals
+  (q_blocks, k, v, kv_valid, q_ids, kv_ids, user_consts, slopes, rng, q_gates, kv_gates, out,
+   lse2) = residuals
   device = jax.lax.axis_index(CONTEXT_AXIS)
-  dq = jnp.zeros(q_blocks.shape, jnp.float32)
-  # the K/V block held, and the dK, dV it has gathered so far: they travel together
-  held = (k, v, kv_valid, kv_ids, jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  f32_zeros = lambda xs: [jnp.zeros(x.shape, jnp.float32) for x in xs]
+  dq, d_q_gates = jnp.zeros(q_blocks.shape, jnp.float32), f32_zeros(q_gates)
+  # the K/V block held (with its key-side gates), and the gradients it has gathered so far:
+  # they travel together
+  held = (k, v, kv_valid, kv_ids, kv_gates, f32_zeros((k, v)), f32_zeros(kv_gates))
   position = 0
   no_lse_grad = jnp.zeros(lse2.shape, jnp.float32)
+  add = lambda totals, parts: [t + p.astype(jnp.float32) for t, p in zip(totals, parts)]
   for index, step in enumerate(ring.steps):
     held, position = _shift(held, step - position, ring.size), step
-    k_s, v_s, valid_s, ids_s, dk_s, dv_s = held
+    k_s, v_s, valid_s, ids_s, gates_s, d_kv, d_gates = held
     visits, mask_consts, mod_consts = _step_inputs(plan, ring, index, device, q_ids, ids_s,
-                                                   user_consts, slopes)
+                                                   user_consts, slopes, q_gates, gates_s)
     step_residuals = (q_blocks, k_s, v_s, valid_s, visits, _dropout_key(rng, device, index, ring),
                       mask_consts, [], mod_consts, out, lse2)
-    dq_step, dk_step, dv_step, *_ = flex._backward(plan, step_residuals, (d_out, no_lse_grad))
+    dq_step, dk_step, dv_step, *_, d_mod = flex._backward(plan, step_residuals,
+                                                          (d_out, no_lse_grad))
     dq = dq + dq_step.astype(jnp.float32)
-    held = (k_s, v_s, valid_s, ids_s, dk_s + dk_step.astype(jnp.float32),
-            dv_s + dv_step.astype(jnp.float32))
-  dk, dv = _shift(held[4:], -position, ring.size)                 # home to the shard's device
-  none = lambda xs: None if xs is None else [None] * len(xs)
+    gate_grads = d_mod[len(mod_consts) - len(q_gates) - len(kv_gates):]
+    d_q_gates = add(d_q_gates, gate_grads[:len(q_gates)])
+    held = (k_s, v_s, valid_s, ids_s, gates_s, add(d_kv, (dk_step, dv_step)),
+            add(d_gates, gate_grads[len(q_gates):]))
+  (dk, dv), d_kv_gates = _shift(held[5:], -position, ring.size)   # home to the shard's device
+  none = lambda xs: [None] * len(xs)
+  d_kv_gates = [d.astype(g.dtype) for d, g in zip(d_kv_gates, kv_gates)]
   return (dq.astype(q_blocks.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None,
-          none(user_consts), [jnp.zeros_like(s) for s in slopes], None)
+          none(user_consts), [jnp.zeros_like(s) for s in slopes], None,
+          d_q_gates, d_kv_gates)
 
 
 _ring_attention = jax.custom_vjp(lambda plan, ring, *args: _ring_forward(plan, ring, *args)[0],
@@ -254,16 +268,23 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, causal: bool = 
                    scale: float | None = None, softcap: float | None = None, alibi_slopes=None,
                    dropout_rate: float = 0.0, dropout_rng=None, segment_ids=None,
                    heads: int | None = None, block_q: int = flex.DEFAULT_BLOCK,
-                   block_k: int = flex.DEFAULT_BLOCK, layout: str = "contiguous", **engine):
+                   block_k: int = flex.DEFAULT_BLOCK, layout: str = "contiguous",
+                   log_forget=None, **engine):
   """Softmax self-attention over mask_mod (flex's (b, h, q, kv) -> bool at sequence positions;
   None: every key) and, with `causal`, the causal rule (cheaper to plan than a mask_mod that
   holds it), with the sequence split over the active mesh's `context` axis. Arguments as
   ops.flex.pattern_attention's; q [b, n, h, d], k, v [b, n, kvh, d] as global arrays, sharded
   [batch axes, context]; n a multiple of the context size (of twice it for layout="zigzag").
+  log_forget: None, or FoX's log forget gates f32 [b, n, h] (0 at padding): the scores then add
+  c_i - c_j, c the cumulative sum of log_forget along the whole sequence (each shard's prefix
+  is an exclusive scan of the shards' totals, `all_gather` of one pair per row and head).
   Returns [b, n, h, d], sharded likewise."""
   if engine:
     raise ValueError(f"ring attention: {', '.join(sorted(engine))} (a pattern over reordered "
                      f"or copied keys) has no ring form; give mask_mod at sequence positions")
+  if log_forget is not None and layout != "contiguous":
+    raise ValueError("ring attention: log_forget (FoX's gate) needs layout='contiguous': its "
+                     "cumulative sum runs along the sequence in order")
   if layout not in LAYOUTS:
     raise ValueError(f"ring attention: layout must be one of {LAYOUTS}, got {layout!r}")
   size = context_size()
@@ -286,21 +307,24 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, causal: bool = 
   slopes = [] if alibi_slopes is None else [jnp.asarray(alibi_slopes, jnp.float32)]
   rng = dropout_rng if dropout_rate > 0 else None
 
-  def local(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng):
+  def local(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng, log_forget):
     if layout == "zigzag":
       q, k, v, kv_mask, q_ids, kv_ids = _zigzag_exchange((q, k, v, kv_mask, q_ids, kv_ids), size)
     # mask_mod's arrays (closed over, concrete) become explicit arguments, as in the engine
     user_mask, user_consts = (None, []) if mask_mod is None else flex._hoist_all(
         mask_mod, *flex._tile_indices(block_q, block_k, group, q.shape[0], kv_heads, 0, 0))
-    plan = flex._Plan(None, _score_function(softcap, bool(slopes), length),
+    gates = [] if log_forget is None else _sequence_cumsum(log_forget)        # [b, h, shard]
+    pad = lambda x, block: None if x is None else jnp.pad(
+        x, ((0, 0),) * (x.ndim - 1) + ((0, -shard % block),), mode="edge")
+    q_gates, kv_gates = [pad(c, block_q) for c in gates], [pad(c, block_k) for c in gates]
+    plan = flex._Plan(None, _score_function(softcap, len(slopes), length, group if gates else 0),
                       _mask_function(user_mask, q_ids is not None, causal), scale, block_q, block_k,
                       group, float(dropout_rate))
-    pad = lambda ids, block: None if ids is None else jnp.pad(
-        ids, ((0, 0), (0, -shard % block)), mode="edge")
     out = _ring_attention(plan, ring, flex.query_blocks(q, kv_heads, block_q),
                           flex.key_layout(k, block_k), flex.key_layout(v, block_k),
                           flex.key_validity(kv_mask, q.shape[0], shard, block_k),
-                          pad(q_ids, block_q), pad(kv_ids, block_k), user_consts, slopes, rng)
+                          pad(q_ids, block_q), pad(kv_ids, block_k), user_consts, slopes, rng,
+                          q_gates, kv_gates)
     out = flex.from_query_blocks(out, group, shard)
     return _zigzag_exchange(out, size, inverse=True) if layout == "zigzag" else out
 
@@ -308,9 +332,9 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, causal: bool = 
   batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names) or None
   sequence = P(batch_axes, CONTEXT_AXIS)
   return jax.shard_map(
-      local, in_specs=(sequence,) * 6 + (P(), P()), out_specs=sequence,
+      local, in_specs=(sequence,) * 6 + (P(), P(), sequence), out_specs=sequence,
       axis_names={CONTEXT_AXIS, *(batch_axes or ())}, check_vma=False,
-  )(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng)
+  )(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng, log_forget)
 
 
 def _mask_function(user_mask, packed: bool, causal: bool):
@@ -330,16 +354,47 @@ def _mask_function(user_mask, packed: bool, causal: bool):
   return mask
 
 
-def _score_function(softcap, has_alibi: bool, length: int):
-  """The plan's score_mod (score, b, h, q, kv, q_pos, kv_pos[, slopes]): soft-cap, then ALiBi
-  at global positions, as flex.score_function; None when neither."""
-  if softcap is None and not has_alibi:
+def _score_function(softcap, num_slopes: int, length: int, gate_group: int):
+  """The plan's score_mod (score, b, h, q, kv, q_pos, kv_pos, *slopes, *query gates, *key
+  gates): soft-cap, then ALiBi at global positions (as flex.score_function), then FoX's
+  c_i - c_j (gate_group: query heads per K/V head; 0 without the gate); None when none."""
+  if softcap is None and not num_slopes and not gate_group:
     return None
 
-  def score_mod(score, b, h, q, kv, q_pos, kv_pos, *slopes):
-    mod = flex.score_function(softcap_value=softcap, alibi_slopes=slopes[0] if slopes else None,
-                              q_len=length, kv_len=length, query_positions=q_pos,
-                              key_positions=kv_pos)
-    return mod(score, b, h, q, kv)
+  def score_mod(score, b, h, q, kv, q_pos, kv_pos, *rest):
+    slopes, gates = rest[:num_slopes], rest[num_slopes:]
+    if softcap is not None or slopes:
+      score = flex.score_function(softcap_value=softcap, alibi_slopes=slopes[0] if slopes else None,
+                                  q_len=length, kv_len=length, query_positions=q_pos,
+                                  key_positions=kv_pos)(score, b, h, q, kv)
+    if gates:
+      score = score + gate_difference(gates[:2], gates[2:], gate_group, b, h, q, kv)
+    return score
   return score_mod
 
+
+def _sequence_cumsum(log_forget):
+  """The shard's [b, shard, h] log forget gates -> their cumulative sum along the WHOLE
+  sequence as a float pair (hi, lo), each [b, h, shard]: the shard's own, plus the sum of the
+  shards before it (an exclusive scan of the gathered shard totals)."""
+  hi, lo = cumsum_two_float(log_forget, axis=1)          # [b, shard, h]
+  totals = jax.lax.all_gather((hi[:, -1], lo[:, -1]), CONTEXT_AXIS)           # [C, b, h] each
+  before = jax.lax.associative_scan(add_two_float, totals, axis=0)
+  device = jax.lax.axis_index(CONTEXT_AXIS)
+  offset = [jnp.where(device > 0, x[jnp.maximum(device - 1, 0)], 0.0)[:, None] for x in before]
+  hi, lo = add_two_float((hi, lo), offset)
+  return [jnp.moveaxis(hi, 1, 2), jnp.moveaxis(lo, 1, 2)]
+
+
+def forgetting_attention_ring(q, k, v, log_f, *, scale: float | None = None, mask=None,
+                              segment_ids=None, block_size: int | None = None):
+  """ops.forgetting_attention (FoX) with the sequence split over the mesh's `context` axis:
+  the same arguments and result, by ring attention with the forget-gate bias."""
+  batch, length = q.shape[:2]
+  mask = jnp.ones((batch, length), bool) if mask is None else jnp.asarray(mask, bool)
+  log_f = jnp.where(mask[..., None], log_f.astype(jnp.float32), 0.0)       # f = 1 at padding
+  runs = None if segment_ids is None else segment_runs(segment_ids)
+  blocks = {} if block_size is None else dict(block_q=block_size, block_k=block_size)
+  out = ring_attention(q, k, v, causal=True, kv_mask=mask, scale=scale, log_forget=log_f,
+                       segment_ids=None if runs is None else (runs, runs), **blocks)
+  return jnp.where(mask[:, :, None, None], out, 0).astype(q.dtype)
