@@ -393,8 +393,97 @@ def forgetting_attention_ring(q, k, v, log_f, *, scale: float | None = None, mas
   batch, length = q.shape[:2]
   mask = jnp.ones((batch, length), bool) if mask is None else jnp.asarray(mask, bool)
   log_f = jnp.where(mask[..., None], log_f.astype(jnp.float32), 0.0)       # f = 1 at padding
+  out = packed_ring_attention(q, k, v, kv_mask=mask, causal=True, scale=scale,
+                              segment_ids=segment_ids, block_size=block_size, log_forget=log_f)
+  return jnp.where(mask[:, :, None, None], out, 0).astype(q.dtype)
+
+
+def packed_ring_attention(q, k, v, *, kv_mask, causal: bool, scale: float | None,
+                          segment_ids=None, block_size: int | None = None, log_forget=None):
+  """ring_attention for the mixers that own their softmax (FoX, MLA): segment_ids int [b, n]
+  are taken as runs (equal ids in separate runs are separate sequences, as ops/segments.py
+  says), block_size None: the ring's default tiles."""
   runs = None if segment_ids is None else segment_runs(segment_ids)
   blocks = {} if block_size is None else dict(block_q=block_size, block_k=block_size)
-  out = ring_attention(q, k, v, causal=True, kv_mask=mask, scale=scale, log_forget=log_f,
-                       segment_ids=None if runs is None else (runs, runs), **blocks)
-  return jnp.where(mask[:, :, None, None], out, 0).astype(q.dtype)
+  return ring_attention(q, k, v, causal=causal, kv_mask=kv_mask, scale=scale,
+                        segment_ids=None if runs is None else (runs, runs),
+                        log_forget=log_forget, **blocks)
+
+
+def head_parallel_attention(q, k, v, mask_mod: Callable | None = None, *, causal: bool = False,
+                            kv_mask=None, scale: float | None = None, softcap: float | None = None,
+                            alibi_slopes=None, dropout_rate: float = 0.0, dropout_rng=None,
+                            segment_ids=None, heads: int | None = None,
+                            block_q: int = flex.DEFAULT_BLOCK, block_k: int = flex.DEFAULT_BLOCK):
+  """The all-to-all form (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509) of
+  ring_attention, same arguments and result: one `all_to_all` turns each device's shard of the
+  sequence with every head into the whole sequence with C-th of the heads (query and K/V heads
+  alike), the one-device engine (flex.pattern_attention) runs on it, and one more brings the
+  output back; the key padding and segment ids are gathered whole (small integers). Needs the
+  query and K/V head counts to be multiples of the context size. Traffic per device: about its
+  shard of q, k, v and the output, once each, against the ring's (C - 1) K/V shards; memory: the
+  whole sequence for h/C heads, the engine's O(n) per head."""
+  size = context_size()
+  batch, length, num_heads, head_dim = q.shape
+  kv_heads = k.shape[2]
+  if num_heads % size or kv_heads % size:
+    raise ValueError(f"head-parallel attention: the query heads ({num_heads}) and K/V heads "
+                     f"({kv_heads}) must be multiples of context={size}; ring_attention "
+                     f"splits any head count")
+  if k.shape[1] != length or length % size:
+    raise ValueError(f"head-parallel attention is self-attention over a length that context="
+                     f"{size} divides; got q_len={length}, kv_len={k.shape[1]}")
+  kv_mask = jnp.ones((batch, length), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
+  q_ids, kv_ids = (None, None) if segment_ids is None else segment_ids
+  slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes, jnp.float32)
+  rng = dropout_rng if dropout_rate > 0 else None
+  local_heads = num_heads // size
+  # The block lists, built here (outside shard_map, while tracing) over every head: the union
+  # of the heads' tiles, full only where full for all; each device evaluates its own heads.
+  rule = flex.causal_mask(length, length) if causal else None
+  if mask_mod is None and rule is None:
+    tiles_of = flex.full_block_mask(length, length, block_q=block_q, block_k=block_k)
+  else:
+    both = rule if mask_mod is None else mask_mod if rule is None else (
+        lambda b, h, q, kv: rule(b, h, q, kv) & mask_mod(b, h, q, kv))
+    built = flex.create_block_mask(both, None, heads, length, length, block_q=block_q,
+                                   block_k=block_k)
+    with jax.ensure_compile_time_eval():
+      states = np.asarray(built.states())
+    union = np.where(np.all(states == FULL, axis=1), FULL,
+                     np.where(np.any(states != EMPTY, axis=1), PARTIAL, EMPTY))[:, None]
+    with jax.ensure_compile_time_eval():
+      tiles_of = flex.block_mask_from_states(union, both, length, length,
+                                             block_q=built.block_q, block_k=built.block_k)
+
+  # as numpy: arrays made under the (auto) mesh would clash with shard_map's manual one
+  tiles_of = jax.tree.map(np.asarray, tiles_of)
+
+  def local(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng):
+    to_heads = lambda x: jax.lax.all_to_all(x, CONTEXT_AXIS, 2, 1, tiled=True)
+    gather = lambda x: jax.lax.all_gather(x, CONTEXT_AXIS, axis=1, tiled=True)
+    device = jax.lax.axis_index(CONTEXT_AXIS)
+    first_head = device * local_heads
+    block_mask = jax.tree.map(jnp.asarray, tiles_of)
+    if heads is not None:   # the mask sees each local head's global index
+      block_mask = dataclasses.replace(
+          block_mask, mask_mod=lambda b, h, q, kv: tiles_of.mask_mod(b, h + first_head, q, kv))
+    if q_ids is not None:
+      block_mask = flex.with_segments(block_mask, gather(q_ids), gather(kv_ids))
+    score_mod = flex.score_function(
+        softcap_value=softcap, q_len=length, kv_len=length,
+        alibi_slopes=None if slopes is None else jax.lax.dynamic_slice_in_dim(
+            slopes, first_head, local_heads))
+    out = flex.flex_attention(
+        to_heads(q), to_heads(k), to_heads(v), block_mask=block_mask, score_mod=score_mod,
+        scale=scale, kv_mask=gather(kv_mask), dropout_rate=dropout_rate,
+        dropout_rng=None if rng is None else jax.random.fold_in(rng, device))
+    return jax.lax.all_to_all(out, CONTEXT_AXIS, 1, 2, tiled=True)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names) or None
+  sequence = P(batch_axes, CONTEXT_AXIS)
+  return jax.shard_map(
+      local, in_specs=(sequence,) * 6 + (P(), P()), out_specs=sequence,
+      axis_names={CONTEXT_AXIS, *(batch_axes or ())}, check_vma=False,
+  )(q, k, v, kv_mask, q_ids, kv_ids, slopes, rng)

@@ -73,8 +73,10 @@ def _relative_error(a, b) -> float:
 
 
 def _ring_vs(reference, length: int, context: int, *, data: int = 1, mask_mod=None,
-             causal=False, padded=True, packed=False, mask_heads=None, **ring_options) -> float:
-  """Largest relative difference of ring_attention (on a data x context mesh) and
+             causal=False, padded=True, packed=False, mask_heads=None, form="ring_attention",
+             **ring_options) -> float:
+  """Largest relative difference of ring_attention (or another `form` of ops/ring.py) on a
+  data x context mesh and
   `reference(q, k, v, kv_mask, segment_ids)` (one device), outputs and q, k, v gradients."""
   jax, jnp, _, NamedSharding, P = _setup()
   from attention_zoo.ops import ring
@@ -89,9 +91,9 @@ def _ring_vs(reference, length: int, context: int, *, data: int = 1, mask_mod=No
     sharded_ids = None if segment_ids is None else (put(ids), put(ids))
     sharded_mask = put(kv_mask)
     got = _value_and_grads(
-        lambda q, k, v: ring.ring_attention(q, k, v, mask_mod, causal=causal, kv_mask=sharded_mask,
-                                            segment_ids=sharded_ids, heads=mask_heads,
-                                            **ring_options),
+        lambda q, k, v: getattr(ring, form)(q, k, v, mask_mod, causal=causal,
+                                            kv_mask=sharded_mask, segment_ids=sharded_ids,
+                                            heads=mask_heads, **ring_options),
         put(q), put(k), put(v), cotangent)
   return _relative_error(got, expected)
 
@@ -154,6 +156,43 @@ def check_heads_mask_zigzag_window():
                   layout="zigzag", block_q=4, block_k=4)
 
 
+def check_fox():
+  """FoX's op (forget-gate bias from cumulative log-forgets across shards) against its one-device
+  op: context 4, padded, packed, strong gates; outputs and the gradients of q, k, v and log f."""
+  jax, jnp, _, NamedSharding, P = _setup()
+  from attention_zoo.ops import ring
+  from attention_zoo.ops.forgetting_attention import forgetting_attention
+  q, k, v, cotangent, mask, ids = _inputs(64)
+  log_f = jax.nn.log_sigmoid(2 * jax.random.normal(jax.random.key(5), q.shape[:3]))
+
+  def value_and_grads(attention, *arrays):
+    loss = lambda *a: (jnp.sum(attention(*a) * cotangent), attention(*a))
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(*arrays)
+
+  expected = value_and_grads(lambda q, k, v, f: forgetting_attention(
+      q, k, v, f, mask=mask, segment_ids=ids, block_size=8), q, k, v, log_f)
+  mesh = _mesh(4)
+  with jax.set_mesh(mesh):
+    put = lambda x: jax.device_put(x, NamedSharding(mesh, P("data", "context")))
+    sharded_mask, sharded_ids = put(mask), put(ids)
+    got = value_and_grads(lambda q, k, v, f: ring.forgetting_attention_ring(
+        q, k, v, f, mask=sharded_mask, segment_ids=sharded_ids, block_size=4),
+        put(q), put(k), put(v), put(log_f))
+  return _relative_error(got, expected)
+
+
+def check_head_parallel():
+  """The all-to-all form: context 2 (the heads divide), causal, packed, ALiBi and soft-capping;
+  then a per-head window, not causal."""
+  _, jnp, *_ = _setup()
+  options = dict(alibi_slopes=jnp.array([0.5, 0.25, 0.125, 0.0625]), softcap=2.0)
+  mask = lambda b, h, q, kv: jnp.abs(q - kv) <= 3 + 4 * h
+  return max(_ring_vs(_dense(True, **options), 64, 2, causal=True, packed=True,
+                      form="head_parallel_attention", block_q=8, block_k=8, **options),
+             _ring_vs(_oracle(mask, 64, heads=4), 64, 2, mask_mod=mask, mask_heads=4,
+                      form="head_parallel_attention", block_q=8, block_k=8))
+
+
 def check_window_steps():
   """The ring steps taken at context 8 (n = 4096): all for the causal rule, the neighbour shards
   only for a window."""
@@ -206,7 +245,7 @@ FAST_CHECKS = ("check_causal_packed_alibi_softcap", "check_zigzag_causal_packed"
                "check_window_steps", "check_hlo")
 SLOW_CHECKS = ("check_window_not_causal", "check_data_and_context",
                "check_not_causal_partial_blocks", "check_heads_mask_zigzag_window",
-               "check_zigzag_balance", "check_memory")
+               "check_fox", "check_head_parallel", "check_zigzag_balance", "check_memory")
 
 
 def main(names) -> int:
