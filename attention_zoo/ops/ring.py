@@ -1,7 +1,7 @@
-"""Ring attention: exact softmax attention with the sequence split over the mesh's `context`
-axis (Liu et al. 2023, "Ring Attention with Blockwise Transformers", arXiv:2310.01889), for
-every softmax variant whose pattern is a mask function of token positions (`full`, `flash`,
-and the engine's mask-function variants).
+"""Context-parallel softmax attention. Ring attention: exact softmax attention with the
+sequence split over the mesh's `context` axis (Liu et al. 2023, "Ring Attention with Blockwise
+Transformers", arXiv:2310.01889), for every softmax variant whose pattern is a mask function of
+token positions (`full`, `flash`, the engine's mask-function variants, FoX, MLA).
 
 Device i of `context` (C devices) holds the queries, keys and values of its shard. The keys and
 values (with their padding mask and segment ids) travel around the ring with
@@ -27,6 +27,13 @@ shards) or "zigzag": the sequence is cut into 2C chunks and device i holds chunk
 (contiguous: device C-1 does C times the work of device 0, and the ring runs at the slowest's
 pace). Zigzag costs one exchange of q, k, v, masks and segment ids into that layout and one
 of the output back (two `ppermute`s each way: about one ring step's traffic), inside the op.
+
+FoX's forget-gate bias c_i - c_j (`log_forget=`, `forgetting_attention_ring`) needs c, the
+cumulative log forget, at global positions: each shard's own cumulative sum plus the sum of the
+shards before it (an exclusive scan of the gathered shard totals); the key side of c travels
+with its K/V block, and its gradient with dK/dV. `packed_ring_attention` is the entry of the
+mixers that own their softmax (FoX, MLA). `head_parallel_attention` is the all-to-all form
+(DeepSpeed-Ulysses): the heads split instead of the sequence, the one-device engine in between.
 
 Segment ids (packed sequences) are part of the mask: tiles are not skipped by segment (the
 tile tables are static), only masked. Attention dropout draws each tile's mask from the key
