@@ -234,16 +234,15 @@ def check_hlo():
 
 def check_memory():
   """`full`'s compiled forward+backward temp memory per device (MiB), batch 1: the ring on
-  context 8 at 8K, 16K and 32K, and one device at 32K."""
+  context 8 at 16K and 32K, and one device at 32K."""
   from attention_zoo.testing import context_parallel
   memory = lambda length, context: context_parallel.temp_bytes_per_device(
       "full", length=length, context=context) / MIB
-  return {"ring": [memory(n, 8) for n in (8192, 16384, 32768)], "one_device": memory(32768, 1)}
+  return {"ring": [memory(n, 8) for n in (16384, 32768)], "one_device": memory(32768, 1)}
 
 
-FAST_CHECKS = ("check_causal_packed_alibi_softcap", "check_zigzag_causal_packed",
-               "check_window_steps", "check_hlo")
-SLOW_CHECKS = ("check_window_not_causal", "check_data_and_context",
+FAST_CHECKS = ("check_causal_packed_alibi_softcap", "check_window_steps", "check_hlo")
+SLOW_CHECKS = ("check_zigzag_causal_packed", "check_window_not_causal", "check_data_and_context",
                "check_not_causal_partial_blocks", "check_heads_mask_zigzag_window",
                "check_fox", "check_head_parallel", "check_zigzag_balance", "check_memory")
 
@@ -275,10 +274,8 @@ fast = lambda name: _child(FAST_CHECKS)[name]
 slow = lambda name: _child(SLOW_CHECKS)[name]
 
 
-@pytest.mark.parametrize("name", ["check_causal_packed_alibi_softcap",
-                                  "check_zigzag_causal_packed"])
-def test_ring_equals_one_device(name):
-  assert fast(name) <= TOL
+def test_ring_equals_one_device():
+  assert fast("check_causal_packed_alibi_softcap") <= TOL
 
 
 @pytest.mark.slow
@@ -312,8 +309,8 @@ def test_zigzag_evens_the_causal_work():
 @pytest.mark.slow
 def test_memory_per_device_is_linear_in_length_and_a_fraction_of_one_device():
   memory = slow("check_memory")
-  at_8k, at_16k, at_32k = memory["ring"]
-  assert at_16k <= 2.2 * at_8k and at_32k <= 2.2 * at_16k, memory   # linear, not quadratic
+  at_16k, at_32k = memory["ring"]
+  assert at_32k <= 2.2 * at_16k, memory                  # linear in the length, not quadratic
   assert at_32k <= memory["one_device"] / 4, memory
 
 
