@@ -144,6 +144,16 @@ def _plan_ring(mask_mod, causal: bool, heads, length: int, size: int, layout: st
                pairs[list(needed)])
 
 
+def _require_context() -> int:
+  """The active mesh's context size; ValueError when it does not split the sequence."""
+  size = context_size()
+  if size < 2:
+    raise ValueError("context-parallel attention needs an active mesh (jax.set_mesh) whose "
+                     f"'{CONTEXT_AXIS}' axis has size > 1; got {size}. On one device use "
+                     "ops.flex.pattern_attention")
+  return size
+
+
 def _shift(tree, hop: int, size: int):
   """Every device sends `tree` to the device `hop` places on: device i then holds what device
   i - hop held."""
@@ -294,7 +304,7 @@ def ring_attention(q, k, v, mask_mod: Callable | None = None, *, causal: bool = 
                      "cumulative sum runs along the sequence in order")
   if layout not in LAYOUTS:
     raise ValueError(f"ring attention: layout must be one of {LAYOUTS}, got {layout!r}")
-  size = context_size()
+  size = _require_context()
   batch, length, num_heads, head_dim = q.shape
   kv_heads = k.shape[2]
   if k.shape[1] != length:
@@ -430,7 +440,7 @@ def head_parallel_attention(q, k, v, mask_mod: Callable | None = None, *, causal
   query and K/V head counts to be multiples of the context size. Traffic per device: about its
   shard of q, k, v and the output, once each, against the ring's (C - 1) K/V shards; memory: the
   whole sequence for h/C heads, the engine's O(n) per head."""
-  size = context_size()
+  size = _require_context()
   batch, length, num_heads, head_dim = q.shape
   kv_heads = k.shape[2]
   if num_heads % size or kv_heads % size:

@@ -299,6 +299,15 @@ def test_the_ring_passes_kv_around_and_gathers_nothing():
   assert collectives["all-gather"] == 0 and collectives["all-to-all"] == 0, collectives
 
 
+def test_without_a_context_axis_the_ring_says_what_to_use():
+  import jax.numpy as jnp
+  from attention_zoo.ops import ring
+  x = jnp.ones((1, 8, 2, 4))
+  for form in (ring.ring_attention, ring.head_parallel_attention):
+    with pytest.raises(ValueError, match="pattern_attention"):
+      form(x, x, x)
+
+
 @pytest.mark.slow
 def test_zigzag_evens_the_causal_work():
   work = slow("check_zigzag_balance")
