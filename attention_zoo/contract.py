@@ -23,6 +23,7 @@ from flax import nnx
 
 from attention_zoo import options as options_lib
 from attention_zoo.ops import softmax
+from attention_zoo.ops.context import context_size
 from attention_zoo.options import Bool, Float, Int
 from attention_zoo.registry import (AttentionSpec, MixerSpec, accepting, accepting_alibi, add,
                                     get)
@@ -86,6 +87,16 @@ class Registered(nnx.Module):
     """The error for a rule a class checks itself (e.g. one relating two options), in the same
     shape as a value its declaration rejects: `raise self.option_error(name, expected)`."""
     return options_lib.invalid(self.spec.name, name, self.options[name], expected)
+
+  def _require_context_parallel(self):
+    """Every call: ValueError when the active mesh splits the sequence (ops/context.py) and the
+    class has no context-parallel form (spec.supports_context_parallel)."""
+    size = context_size()
+    if size > 1 and not self.spec.supports_context_parallel:
+      able = ", ".join(accepting("supports_context_parallel")) or "none"
+      raise ValueError(f"{self.spec.name} cannot run with the sequence split over the mesh's "
+                       f"context axis (context={size}); use a mesh with context=1 for it, or one "
+                       f"of the variants and mixers that can: {able}")
 
   def _require_decode(self):
     if not self.spec.can_decode:
@@ -160,6 +171,7 @@ class Attention(Registered):
   def __call__(self, q, k, v, *, q_mask=None, kv_mask=None, deterministic: bool = True,
                alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     name = self.spec.name
+    self._require_context_parallel()
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
       raise ValueError(f"{name}: q, k, v must be [batch, len, heads, head_dim], got shapes "
                        f"{q.shape}, {k.shape}, {v.shape}")
@@ -347,6 +359,7 @@ class Mixer(Registered):
   def __call__(self, x, *, mask=None, deterministic: bool = True, decode: bool = False,
                segment_ids=None):
     name = self.spec.name
+    self._require_context_parallel()
     if x.ndim != 3 or x.shape[-1] != self.emb_dim:
       raise ValueError(f"{name}: x must be [batch, len, {self.emb_dim}], got {x.shape}")
     b, n, _ = x.shape

@@ -21,7 +21,8 @@ from attention_zoo.variants.masked import MaskAttention
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer "
                 "(arXiv:2004.05150), "
                 "sliding window without global tokens",
-          can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
+          can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
+          supports_context_parallel=True)
 class SlidingWindowAttention(MaskAttention):
   OPTIONS = {"window": Int(128, minimum=0)}
   TEST_OPTIONS = dict(window=3)
