@@ -98,13 +98,16 @@ def split_over_context(recurrence, v, per_token, initial_state, segment_ids):
     K = initial_state.shape[-2]
     resets = None if segment_ids is None else shard_segment_starts(segment_ids)
     identity = jnp.broadcast_to(jnp.eye(K, dtype=initial_state.dtype), (B, H, K, K))
-    o, leaving = recurrence(
-        jnp.concatenate([v, jnp.zeros((B, T, H, K), v.dtype)], axis=-1), per_token,
-        jnp.concatenate([jnp.zeros_like(initial_state), identity], axis=-1), resets)
+    # the shard's run starts from the same state on every device, but its scans carry what
+    # varies along `context`
+    entering = jax.lax.pcast(jnp.concatenate([jnp.zeros_like(initial_state), identity], axis=-1),
+                             CONTEXT_AXIS, to="varying")
+    o, leaving = recurrence(jnp.concatenate([v, jnp.zeros((B, T, H, K), v.dtype)], axis=-1),
+                            per_token, entering, resets)
     written, transition = leaving[..., :V], leaving[..., V:]                 # S⁰_out, Φ
-    entering, final_state = _compose(
-        initial_state, jax.lax.all_gather(transition, CONTEXT_AXIS),
-        jax.lax.all_gather(written, CONTEXT_AXIS))
+    # the same on every device of `context`: the final state leaves the shard_map replicated
+    gathered = jax.lax.all_gather((transition, written), CONTEXT_AXIS, to="invarying")
+    entering, final_state = _compose(initial_state, *gathered)
     entering = entering[jax.lax.axis_index(CONTEXT_AXIS)]                   # [B, H, K, V]
     correction = jnp.einsum("bthk,bhkv->bthv", o[..., V:], entering.astype(o.dtype),
                             precision=jax.lax.Precision.HIGHEST)

@@ -268,14 +268,16 @@ class Segments(NamedTuple):
 
 
 def _segments(resets, N: int, C: int) -> Segments | None:
-  """resets bool [B, T] (True where a segment starts; never at t = 0) or None."""
+  """resets bool [B, T] (True where a segment starts) or None. A reset at t = 0 (a shard of a
+  context-parallel run whose first token starts a segment) keeps the initial state from every
+  token: the state entering the first chunk belongs to run 0, before any reset."""
   if resets is None:
     return None
   B, T = resets.shape
   runs = jnp.cumsum(resets.astype(jnp.int32), axis=1)        # [B, T], the segment of each token
   runs = jnp.pad(runs, [(0, 0), (0, N * C - T)], mode="edge")  # padding: the last segment
   runs = runs.reshape(B, N, C).transpose(1, 0, 2)[:, :, None, :, None]  # [n, b, 1, C, 1]
-  entering = jnp.concatenate([runs[:1, ..., :1, :], runs[:-1, ..., -1:, :]])  # [n, b, 1, 1, 1]
+  entering = jnp.concatenate([jnp.zeros_like(runs[:1, ..., :1, :]), runs[:-1, ..., -1:, :]])
   last = runs[..., -1:, :]                                   # [n, b, 1, 1, 1]
   return Segments(same=runs == runs.swapaxes(-1, -2), from_entering=runs == entering,
                   to_leaving=runs == last, through=last == entering)
