@@ -62,16 +62,6 @@ def shard_segment_starts(segment_ids):
   return starts.at[:, 0].set(first)
 
 
-def causal_halo(x, count: int):
-  """Inside a `shard_map` over `context`: the shard's x [B, T/C, ...] -> the `count` tokens
-  before it [B, count, ...] (the previous shard's last ones; zeros on the first shard), which
-  a causal window of count + 1 tokens reads across the shard edge."""
-  if count > x.shape[1]:
-    raise ValueError(f"a causal window reaching {count} tokens back needs shards of at least "
-                     f"{count} tokens, got {x.shape[1]} (use a smaller context axis)")
-  return _from_previous_shard(x[:, x.shape[1] - count:])
-
-
 def _compose(initial_state, transitions, written):
   """The state entering each of the C shards and leaving the last: S_{i+1} = Φ_i S_i + S⁰_i
   from S_0 = initial_state [B, H, K, V]; transitions [C, B, H, K, K], written [C, B, H, K, V]
