@@ -26,7 +26,9 @@ OPS = ("chunk_gated_delta_rule", "chunk_simple_gla", "chunk_gla", "recurrent_gla
        "chunk_delta_rule", "chunk_kda", "chunk_gated_delta_product", "chunk_dplr_delta_rule")
 # (op whose per-device memory is measured, lane)
 MEMORY_OPS = {"fast": ("chunk_gla",), "slow": ("chunk_delta_rule",)}
-MEMORY_LENGTH, MEMORY_CONTEXT = 32768, 8
+MEMORY_LENGTH, MEMORY_CONTEXT = 32768, 8   # at the ops' default chunk size
+# Chunks of 8: the equality cases' shards hold several and a partial one
+EQUAL_CHUNK = 8
 
 
 def _child(lane: str) -> dict:
@@ -124,9 +126,11 @@ def _segment_ids(T: int):
   return ids
 
 
-def _run_op(op: str, arrays, *, chunked: bool, **kwargs):
+def _run_op(op: str, arrays, *, chunk_size: int | None, **kwargs):
+  """The op, a chunk form by chunks of chunk_size (None: its default)."""
   from attention_zoo import ops
-  return getattr(ops, op)(*arrays, **kwargs, **({"chunk_size": 8} if chunked else {}))
+  chunking = {"chunk_size": chunk_size} if chunk_size and op.startswith("chunk") else {}
+  return getattr(ops, op)(*arrays, **kwargs, **chunking)
 
 
 def _equal(op: str, case: str, data: int, context: int, T: int, packed: bool) -> dict:
@@ -145,14 +149,14 @@ def _equal(op: str, case: str, data: int, context: int, T: int, packed: bool) ->
   if packed:
     fixed["segment_ids"] = jnp.asarray(_segment_ids(T))
   state = jax.random.normal(jax.random.key(7), (B, H, arrays[0].shape[-1], V))
-  out = jax.eval_shape(lambda a, s: _run_op(op, a, chunked=op.startswith("chunk"),
+  out = jax.eval_shape(lambda a, s: _run_op(op, a, chunk_size=EQUAL_CHUNK,
                                            **{**fixed, "initial_state": s}), arrays, state)
   cotangents = jax.tree.map(lambda x: jax.random.normal(jax.random.key(3), x.shape), out)
 
   @jax.jit
   def outputs_and_grads(arrays, state, fixed):
     def loss(arrays, state):
-      result = _run_op(op, arrays, chunked=op.startswith("chunk"),
+      result = _run_op(op, arrays, chunk_size=EQUAL_CHUNK,
                        **{**fixed, "initial_state": state})
       return sum(jnp.sum(x * c) for x, c in zip(result, cotangents)), result
     (_, result), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(arrays, state)
@@ -169,7 +173,8 @@ def _equal(op: str, case: str, data: int, context: int, T: int, packed: bool) ->
   return {"key": ["equal", op, case], "error": error}
 
 
-def _compiled(op: str, T: int, context: int, *, batch: int, dims: dict, packed: bool):
+def _compiled(op: str, T: int, context: int, *, batch: int, dims: dict, packed: bool,
+              chunk_size: int | None):
   """The op's forward+backward compiled at length T (dims: H, K, V) on `context` devices (1: no
   mesh), never run."""
   import jax
@@ -178,7 +183,7 @@ def _compiled(op: str, T: int, context: int, *, batch: int, dims: dict, packed: 
   from jax.sharding import PartitionSpec as P
   arrays = jax.eval_shape(lambda: _arguments(op, jax.random.key(0), batch, T, **dims))
   fixed = {"segment_ids": jax.ShapeDtypeStruct((batch, T), jnp.int32)} if packed else {}
-  step = jax.jit(jax.grad(lambda a, f: jnp.sum(_run_op(op, a, chunked=True, **f)[0])))
+  step = jax.jit(jax.grad(lambda a, f: jnp.sum(_run_op(op, a, chunk_size=chunk_size, **f)[0])))
   if context == 1:
     return step.lower(arrays, fixed).compile()
   mesh = jax.make_mesh((1, context), ("data", "context"), axis_types=(AxisType.Auto,) * 2,
@@ -192,7 +197,8 @@ def _compiled(op: str, T: int, context: int, *, batch: int, dims: dict, packed: 
 def _collectives(op: str, key: str, T: int) -> dict:
   """The shapes of the all-gathers and the number of collective-permutes in the compiled
   program on context 4."""
-  text = _compiled(op, T, 4, batch=2, dims={}, packed=True).as_text()
+  text = _compiled(op, T, 4, batch=2, dims={}, packed=True,
+                   chunk_size=EQUAL_CHUNK).as_text()
   gathers = sorted({tuple(int(d) for d in shape.split(",") if d) for shape in re.findall(
       r"= \w+\[([\d,]*)\]\S* all-gather\(", text)})
   return {"key": ["hlo", op, key], "all_gather": [list(s) for s in gathers],
@@ -204,7 +210,7 @@ def _memory(op: str) -> list[dict]:
            "one": (MEMORY_LENGTH, 1)}
   return [{"key": ["memory", op, key],
            "bytes": _compiled(op, T, context, batch=1, dims=dict(H=2, K=16, V=16),
-                              packed=False).memory_analysis().temp_size_in_bytes}
+                              packed=False, chunk_size=None).memory_analysis().temp_size_in_bytes}
           for key, (T, context) in sizes.items()]
 
 
