@@ -27,6 +27,7 @@ OPS = ("chunk_gated_delta_rule", "chunk_simple_gla", "chunk_gla", "recurrent_gla
 # (op whose per-device memory is measured, lane)
 MEMORY_OPS = {"fast": ("chunk_gla",), "slow": ("chunk_delta_rule",)}
 MEMORY_LENGTH, MEMORY_CONTEXT = 32768, 8   # at the ops' default chunk size
+MEMORY_MIXER = "gated_deltanet"            # its layer's memory, in the slow lane
 # Chunks of 8: the equality cases' shards hold several and a partial one
 EQUAL_CHUNK = 8
 
@@ -93,6 +94,12 @@ def test_per_device_memory_of_gla_is_linear_and_a_fraction(fast):
 @pytest.mark.slow
 def test_per_device_memory_of_the_delta_rule_is_linear_and_a_fraction(slow):
   _check_memory(slow, MEMORY_OPS["slow"][0])
+
+
+@pytest.mark.slow
+def test_per_device_memory_of_a_chunk_mixer_is_linear_and_a_fraction(slow):
+  """The whole layer (projections, short convolutions, gates, the op) as the harness runs it."""
+  _check_memory(slow, MEMORY_MIXER)
 
 
 # ---- the child: everything below runs with DEVICES simulated devices -------------------------
@@ -205,13 +212,22 @@ def _collectives(op: str, key: str, T: int) -> dict:
           "collective_permute": len(re.findall(r" collective-permute\(", text))}
 
 
+MEMORY_SIZES = {"half": (MEMORY_LENGTH // 2, MEMORY_CONTEXT),
+                "full": (MEMORY_LENGTH, MEMORY_CONTEXT), "one": (MEMORY_LENGTH, 1)}
+
+
 def _memory(op: str) -> list[dict]:
-  sizes = {"half": (MEMORY_LENGTH // 2, MEMORY_CONTEXT), "full": (MEMORY_LENGTH, MEMORY_CONTEXT),
-           "one": (MEMORY_LENGTH, 1)}
   return [{"key": ["memory", op, key],
            "bytes": _compiled(op, T, context, batch=1, dims=dict(H=2, K=16, V=16),
                               packed=False, chunk_size=None).memory_analysis().temp_size_in_bytes}
-          for key, (T, context) in sizes.items()]
+          for key, (T, context) in MEMORY_SIZES.items()]
+
+
+def _mixer_memory(name: str) -> list[dict]:
+  from attention_zoo.testing.context_parallel import temp_bytes_per_device
+  return [{"key": ["memory", name, key],
+           "bytes": temp_bytes_per_device(name, length=T, context=context)}
+          for key, (T, context) in MEMORY_SIZES.items()]
 
 
 def _main(lane: str) -> None:
@@ -225,6 +241,8 @@ def _main(lane: str) -> None:
     results += [_collectives(OPS[0], "short", 64), _collectives(OPS[0], "long", 128)]
   for op in MEMORY_OPS[lane]:
     results += _memory(op)
+  if lane == "slow":
+    results += _mixer_memory(MEMORY_MIXER)
   for result in results:
     print(json.dumps(result), flush=True)
 
