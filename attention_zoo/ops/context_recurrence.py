@@ -80,6 +80,10 @@ def split_over_context(recurrence, v, per_token, initial_state, segment_ids):
   per_token a tuple of [B, T, ...] arrays or None (q first: q [B, T, H, K]); initial_state
   [B, H, K, V]; resets bool [B, T] or None; segment_ids int [B, T] or None. Each device runs
   it on its shard, then corrects its outputs by its true entering state. -> as recurrence."""
+  size, length = jax.sharding.get_abstract_mesh().shape[CONTEXT_AXIS], v.shape[1]
+  if length % size:
+    raise ValueError(f"a sequence split over the mesh's context axis ({size} devices) needs a "
+                     f"length divisible by {size}, got {length}")
   batch = _batch_axes() or None
   tokens, state_spec = P(batch, CONTEXT_AXIS), P(batch)
 

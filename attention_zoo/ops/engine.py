@@ -506,8 +506,9 @@ def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask,
 
 def _run_form(recurrence, v, per_token, state, segment_ids):
   """recurrence(v, per_token, state, resets) on the whole sequence, or with the sequence split
-  over the active mesh's `context` axis when it has one (context_recurrence.py)."""
-  if context_size() > 1:
+  over the active mesh's `context` axis when it has one (context_recurrence.py); a single
+  token (a decode step) has nothing to split."""
+  if context_size() > 1 and v.shape[1] > 1:
     return split_over_context(recurrence, v, per_token, state, segment_ids)
   return recurrence(v, per_token, state,
                     None if segment_ids is None else segment_starts(segment_ids))

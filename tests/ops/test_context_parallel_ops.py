@@ -79,6 +79,12 @@ def test_the_split_gathers_only_the_shard_summaries(fast):
   assert short["collective_permute"] >= 1, short
 
 
+def test_a_length_the_context_axis_does_not_divide_is_refused_in_one_line(fast):
+  assert fast[("refusal",)]["message"] == (
+      "a sequence split over the mesh's context axis (4 devices) needs a length divisible by "
+      "4, got 38")
+
+
 def _check_memory(results, op):
   """Linear in the length at fixed context (quadratic would be 4x), and at 32K on context 8 at
   most 1/4 of one device's."""
@@ -230,6 +236,21 @@ def _mixer_memory(name: str) -> list[dict]:
           for key, (T, context) in MEMORY_SIZES.items()]
 
 
+def _refusal() -> dict:
+  """The message of a split that cannot be: length 38 on context 4."""
+  import jax
+  from jax.sharding import AxisType
+  mesh = jax.make_mesh((1, 4), ("data", "context"), axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:4])
+  arrays = _arguments(OPS[0], jax.random.key(0), 2, 38)
+  try:
+    with jax.set_mesh(mesh):
+      jax.jit(lambda a: _run_op(OPS[0], a, chunk_size=EQUAL_CHUNK)).trace(arrays)
+  except ValueError as e:
+    return {"key": ["refusal"], "message": str(e)}
+  return {"key": ["refusal"], "message": None}
+
+
 def _main(lane: str) -> None:
   equal_ops = OPS[:1] if lane == "fast" else OPS[1:]
   results = []
@@ -238,7 +259,8 @@ def _main(lane: str) -> None:
     results.append(_equal(op, "context4_packed", 1, 4, 80, packed=True))
     results.append(_equal(op, "data2_context2", 2, 2, 36, packed=False))
   if lane == "fast":
-    results += [_collectives(OPS[0], "short", 64), _collectives(OPS[0], "long", 128)]
+    results += [_collectives(OPS[0], "short", 64), _collectives(OPS[0], "long", 128),
+                _refusal()]
   for op in MEMORY_OPS[lane]:
     results += _memory(op)
   if lane == "slow":
