@@ -46,6 +46,10 @@ token *before* each row (G_{r-1}, G_0 = 0: a reads the undecayed state),
 A_ab and A_ak are the inclusive products of the rows a_{r+1} (shifted up one token) moved down
 one row, so they reuse P's code and its numerics.
 
+Under a mesh whose `context` axis splits the sequence, `run` and `run_dplr` run either form on
+each device's shard and correct it by the state the shards before it leave
+(context_recurrence.py): the same algorithm one level up, each device one chunk.
+
 Everything that does not involve S (the products, the triangular solve for W and U, the decayed
 keys) is computed for all chunks at once; only the pseudo-values and S_out run in a `lax.scan`
 over chunks, whose body is under `jax.checkpoint`, so the backward pass keeps the N
