@@ -72,7 +72,7 @@ class DeltaRuleLayer(Mixer):
 @register_mixer("deltanet", complexity="O(n·C·d + n·d²)",
                 paper="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule "
                       "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class DeltaNet(DeltaRuleLayer):
   OPTIONS = {"expand_k": Float(1.0, above=0), **DELTA_OPTIONS}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.

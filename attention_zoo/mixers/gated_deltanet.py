@@ -29,7 +29,7 @@ from attention_zoo.options import Bool, Float
 @register_mixer("gated_deltanet", complexity="O(n·C·d + n·d²)",
                 paper="Yang, Kautz, Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 "
                       "with Delta Rule (arXiv:2412.06464)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class GatedDeltaNet(DeltaRuleLayer):
   OPTIONS = {**DELTA_OPTIONS, "expand_v": Float(2.0, above=0), "use_gate": Bool(True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.

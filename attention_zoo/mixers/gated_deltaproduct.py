@@ -30,7 +30,7 @@ from attention_zoo.options import Int
 @register_mixer("gated_deltaproduct", complexity="O(n·n_h·(C·d + d²))",
                 paper="Siems et al. 2025, DeltaProduct: Improving State-Tracking in Linear RNNs "
                       "via Householder Products (arXiv:2502.10297)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class GatedDeltaProduct(DeltaRuleLayer):
   OPTIONS = {"num_householder": Int(2, minimum=1), **GatedDeltaNet.OPTIONS}
   # Chunks of 7 steps at the suite's length 20 (40 steps): several, some splitting a token's

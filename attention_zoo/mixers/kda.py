@@ -31,7 +31,7 @@ from attention_zoo.options import Bool
 @register_mixer("kda", complexity="O(n·C·d + n·d²)",
                 paper="Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention "
                       "Architecture (arXiv:2510.26692)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class KimiDeltaAttention(DeltaRuleLayer):
   OPTIONS = {**DELTA_OPTIONS, "use_gate": Bool(True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.

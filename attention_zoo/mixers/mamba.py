@@ -55,7 +55,7 @@ from attention_zoo.options import Bool, Int
 @register_mixer("mamba", complexity="O(n·N·d_inner)",
                 paper="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective "
                       "State Spaces (arXiv:2312.00752)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class Mamba(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(16, minimum=1),
              "dt_rank": Int(None, minimum=1, optional=True), "conv_size": Int(4, minimum=1),

@@ -39,7 +39,7 @@ from attention_zoo.options import Bool, Float, Int
 @register_mixer("mamba2", complexity="O(n·C·(N + P) + n·N·P)",
                 paper="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient "
                       "Algorithms Through Structured State Space Duality (arXiv:2405.21060)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class Mamba2(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(128, minimum=1),
              "conv_size": Int(4, minimum=1), "chunk_size": Int(256, minimum=1),
