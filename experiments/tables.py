@@ -1,0 +1,201 @@
+"""The docs' result tables (docs/<table>.csv) recomputed from the runs archived in docs/runs/.
+
+    python -m experiments.tables            # checks every table: a line per row that differs
+    python -m experiments.tables --write    # rewrites the archived rows from their runs
+
+Each table is what a harness command wrote from its runs (reproduce's and sweep's tuning.csv:
+the choice on validation; the report's light_listops.csv and state_tracking_<preset>.csv: mean
+± std over the seeds; every one with where its runs ran, records.PROVENANCE), and one column
+more, `runs`: the archive in docs/runs/ that holds the row's runs, or NOT_ARCHIVED for a row
+whose runs were not kept (its device, commit, jax and date then come from the page that reports
+it, or are empty). Recomputing restores the archive into a temporary folder and runs the same
+generator over it, with the arguments of the command in docs/runs/README.md.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from absl import flags
+
+import synthetic
+from experiments import archive, report, sweep, tuning
+from experiments.common import command_line
+from experiments.common.errors import HarnessError
+from experiments.common.records import PROVENANCE, write_text
+
+FLAGS = flags.FLAGS
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+RUNS = "runs"   # the column naming a row's archive
+NOT_ARCHIVED = "not archived"
+LR = "schedule.base_learning_rate"
+ZOOLOGY_RATES = [0.001, 0.0031622777, 0.01, 0.031622777]
+
+
+def tuned(tasks, attentions, tune: dict, seeds=(0, 1)) -> Callable[[Path], str]:
+  """reproduce --preset=tiny --tune's tuning.csv of the runs under a folder."""
+  asked = {"preset": ["tiny"], "task": list(tasks), "attention": list(attentions),
+           "seed": list(seeds)}
+  return lambda out: tuning.csv_text(tuning.records(out, tune, asked, tuning.TESTED), tune)
+
+
+def swept_tuned(field: str, values, attentions, tune: dict) -> Callable[[Path], str]:
+  """sweep --task=mqar --preset=tiny --seeds=0 --tune's tuning.csv of the runs under a folder."""
+  asked = {"preset": ["tiny"], "task": ["mqar"], "attention": list(attentions), "seed": [0]}
+  def generate(out: Path) -> str:
+    _, states, _, records = sweep.collect_tuned(out, field, list(values), tune, asked)
+    return tuning.csv_text(records, tune, states)
+  return generate
+
+
+def reported(write: Callable[[list[dict], Path], list[Path]], name: str
+             ) -> Callable[[Path], str]:
+  """One CSV (`name`) that a report writer (`write`: runs, folder) makes of the runs under a
+  folder."""
+  def generate(out: Path) -> str:
+    runs = report.read_runs(out)
+    with tempfile.TemporaryDirectory() as written:
+      write(runs, Path(written))
+      path = Path(written) / name
+      if not path.exists():
+        raise HarnessError(f"the runs give no {name}: none of them is of its table")
+      return path.read_text(encoding="utf-8")
+  return generate
+
+
+def published(runs: list[dict], out: Path) -> list[Path]:
+  return report.write_published_csvs(report.summarize(runs), out)
+
+
+@dataclass(frozen=True)
+class Table:
+  generate: Callable[[Path], str]   # the generator's CSV text from the runs under a folder
+  key: tuple[str, ...]              # the columns that name a row
+  archive: str | None = None        # its file in docs/runs/; None: no row is archived
+
+
+MQAR_FIRST = ("full", "sliding_window", "linear_transformer", "deltanet", "gated_deltanet", "gla",
+              "retnet", "mamba2", "fox")
+MQAR_2025 = ("kda", "gated_deltaproduct", "mamba", "rwkv7", "hgrn2", "lightning", "based", "mla",
+             "nsa", "moba")
+# mad_tuned.jsonl also holds two runs of mamba, whose grid was not finished: no row of the table.
+MAD_VARIANTS = ("full", "deltanet", "gated_deltanet", "mamba2", "gla")
+FRONTIER = ("full", "sliding_window", "linear_transformer", "performer", "retnet", "mamba2", "gla",
+            "deltanet", "gated_deltanet", "fox")
+STATE_TRACKING = ("full", "mamba2", "deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
+
+TABLES = {
+    "mqar_tuned.csv": Table(tuned(["mqar"], MQAR_FIRST + MQAR_2025, {LR: ZOOLOGY_RATES}),
+                            ("variant", "task"), "mqar_tuned_2025.jsonl"),
+    "mad_tuned.csv": Table(tuned(synthetic.family_tasks("mad"), MAD_VARIANTS,
+                                 {LR: [1e-4, 5e-4, 1e-3], "optimizer.weight_decay": [0.0, 0.1]}),
+                           ("variant", "task"), "mad_tuned.jsonl"),
+    "mqar_frontier_tuned.csv": Table(
+        swept_tuned("model.emb_dim", ("32", "64", "128"), FRONTIER, {LR: ZOOLOGY_RATES}),
+        ("variant", "task", "model.emb_dim"), "mqar_frontier_tuned.jsonl"),
+    "listops_light.csv": Table(reported(published, "light_listops.csv"), ("variant",),
+                               "listops_light.jsonl"),
+    "state_tracking.csv": Table(reported(report.write_state_tracking_csvs,
+                                         "state_tracking_tiny.csv"),
+                                ("task", "variant", report.NEG_EIGVAL)),
+}
+
+
+def rows(text: str) -> tuple[list[str], list[dict]]:
+  reader = csv.DictReader(io.StringIO(text))
+  return list(reader.fieldnames or []), list(reader)
+
+
+def recompute(name: str, docs=DOCS) -> tuple[list[str] | None, list[dict]]:
+  """(the generator's columns, its rows) for a table, from its archive's runs; (None, []) for a
+  table without an archive."""
+  table = TABLES[name]
+  if table.archive is None:
+    return None, []
+  with tempfile.TemporaryDirectory() as out:
+    archive.restore(Path(docs) / "runs" / table.archive, out)
+    return rows(table.generate(Path(out)))
+
+
+def label(table: Table, row: dict) -> str:
+  return ", ".join(f"{column}={row[column]}" for column in table.key)
+
+
+def check(name: str, docs=DOCS) -> list[str]:
+  """A line per problem of docs/<name>: a row that its archive's runs do not give as written, a
+  row of the runs that the table lacks, a row marked NOT_ARCHIVED that the archive holds, a
+  `runs` cell that names neither, columns other than the generator's and `runs`."""
+  table = TABLES[name]
+  columns, found = recompute(name, docs)
+  documented_columns, documented = rows((Path(docs) / name).read_text(encoding="utf-8"))
+  if columns is None:   # no runs to write the generator's columns: those it always writes
+    columns = [c for c in documented_columns if c != RUNS]
+    missing = [c for c in PROVENANCE if c not in columns]
+    if missing:
+      return [f"{name}: no column {', '.join(missing)}"]
+  if documented_columns != [*columns, RUNS]:
+    return [f"{name}: columns {documented_columns}, where the generator writes "
+            f"{[*columns, RUNS]}"]
+  made = {tuple(row[c] for c in table.key): row for row in found}
+  problems, seen = [], set()
+  for row in documented:
+    key, where = tuple(row[c] for c in table.key), f"{name}, {label(table, row)}"
+    seen.add(key)
+    given = {column: row[column] for column in columns}
+    if row[RUNS] == NOT_ARCHIVED:
+      if key in made:
+        problems.append(f"{where}: marked {NOT_ARCHIVED}, but {table.archive} holds its runs")
+    elif table.archive is None or row[RUNS] != table.archive:
+      problems.append(f"{where}: {RUNS} is {row[RUNS]!r}, where it should be "
+                      + (f"{table.archive} or " if table.archive else "") + repr(NOT_ARCHIVED))
+    elif key not in made:
+      problems.append(f"{where}: {table.archive} holds no runs of it")
+    elif made[key] != given:
+      problems.append(f"{where}: the runs give " + ", ".join(
+          f"{c}={made[key][c]} (not {given[c]})" for c in columns if made[key][c] != given[c]))
+  problems += [f"{name}, {label(table, row)}: {table.archive} makes this row, the table lacks it"
+               for key, row in made.items() if key not in seen]
+  return problems
+
+
+def rewritten(name: str, docs=DOCS) -> str:
+  """docs/<name> with each archived row as its runs give it, in the table's order, and the
+  rows the runs make that it lacks at the end; NOT_ARCHIVED rows kept as they are (a column
+  they lack, empty)."""
+  table = TABLES[name]
+  columns, found = recompute(name, docs)
+  documented_columns, documented = rows((Path(docs) / name).read_text(encoding="utf-8"))
+  columns = columns or [c for c in documented_columns if c != RUNS]
+  made = {tuple(row[c] for c in table.key): {**row, RUNS: table.archive} for row in found}
+  kept = [row if row.get(RUNS) == NOT_ARCHIVED and tuple(row[c] for c in table.key) not in made
+          else made.pop(tuple(row[c] for c in table.key), None) for row in documented]
+  buffer = io.StringIO()
+  out = csv.DictWriter(buffer, [*columns, RUNS], restval="", extrasaction="ignore",
+                       lineterminator="\n")
+  out.writeheader()
+  out.writerows([row for row in kept if row is not None] + list(made.values()))
+  return buffer.getvalue()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise HarnessError(f"unexpected arguments: {' '.join(argv[1:])}")
+  problems = []
+  for name in TABLES:
+    if FLAGS.write:
+      write_text(DOCS / name, rewritten(name))
+    problems += check(name)
+  print("\n".join(problems) if problems else
+        f"every archived row of {', '.join(TABLES)} recomputes from docs/runs/")
+  if problems:
+    raise HarnessError(f"{len(problems)} row(s) differ from their runs")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_bool("write", False, "Rewrite the archived rows of docs/<table>.csv from their "
+                                    "runs before checking.")
+  command_line.run(main)
