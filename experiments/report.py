@@ -127,7 +127,8 @@ def summarize(runs: list[dict]) -> dict:
         cell_runs[variant(run), run["task"]].append(run)
       for policy in POLICIES if tasks else ():
         tables[preset, policy, kind] = {
-            "tasks": tasks, "cells": {key: _stats(found, policy) for key, found in cell_runs.items()},
+            "tasks": tasks,
+            "cells": {key: _stats(found, policy) for key, found in cell_runs.items()},
             "attentions": _order({a for a, _ in cell_runs} | {a for a, _ in not_applicable},
                                  preset),
             "majority": {t: statistics.mean(v) for t, v in majority.items()},

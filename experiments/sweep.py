@@ -24,8 +24,9 @@ mixers). Swept over the width, each variant traces its own curve:
 sweep at every point of the grid, in OUT/<field>=<value>/tune/<point>/, and each cell is the
 test accuracy of the final model at the point of best mean validation accuracy of those same
 models, for that variant and value; sweep.md names the chosen values, OUT/tuning.json has every
-point's validation accuracy, OUT/tuning.csv a row per variant and value (tuning.csv_text: the
-chosen values, the state size, where the chosen runs ran). Zoology's learning rates (log-spaced from 1e-3 to 10^-1.5):
+point's validation accuracy, OUT/tuning.csv a row per variant and value (tuning.csv_text:
+the chosen values, the state size, where the chosen runs ran). Zoology's learning rates
+(log-spaced from 1e-3 to 10^-1.5):
 
     python -m experiments.sweep --task=mqar --field=model.emb_dim --values=64,128 \
         --attentions=full,gated_deltanet --x=state_size --out=results/frontier_tuned \

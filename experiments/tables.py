@@ -163,21 +163,20 @@ def check(name: str, docs=DOCS) -> list[str]:
 
 
 def rewritten(name: str, docs=DOCS) -> str:
-  """docs/<name> with each archived row as its runs give it, in the table's order, and the
-  rows the runs make that it lacks at the end; NOT_ARCHIVED rows kept as they are (a column
-  they lack, empty)."""
+  """docs/<name> with each row its archive's runs make as they make it (in the table's order,
+  those it lacks at the end), every other row as written (check names what is wrong with it),
+  a column it lacks empty."""
   table = TABLES[name]
   columns, found = recompute(name, docs)
   documented_columns, documented = rows((Path(docs) / name).read_text(encoding="utf-8"))
   columns = columns or [c for c in documented_columns if c != RUNS]
   made = {tuple(row[c] for c in table.key): {**row, RUNS: table.archive} for row in found}
-  kept = [row if row.get(RUNS) == NOT_ARCHIVED and tuple(row[c] for c in table.key) not in made
-          else made.pop(tuple(row[c] for c in table.key), None) for row in documented]
+  kept = [made.pop(tuple(row[c] for c in table.key), row) for row in documented]
   buffer = io.StringIO()
   out = csv.DictWriter(buffer, [*columns, RUNS], restval="", extrasaction="ignore",
                        lineterminator="\n")
   out.writeheader()
-  out.writerows([row for row in kept if row is not None] + list(made.values()))
+  out.writerows(kept + list(made.values()))
   return buffer.getvalue()
 
 
