@@ -174,7 +174,6 @@ MQAR_2025 = ("kda", "gated_deltaproduct", "mamba", "rwkv7", "hgrn2", "lightning"
 MAD_VARIANTS = ("full", "deltanet", "gated_deltanet", "mamba2", "gla")
 FRONTIER = ("full", "sliding_window", "linear_transformer", "performer", "retnet", "mamba2", "gla",
             "deltanet", "gated_deltanet", "fox")
-STATE_TRACKING = ("full", "mamba2", "deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
 TABLES = {
     "mqar_tuned.csv": Table(tuned(["mqar"], MQAR_FIRST + MQAR_2025, {LR: ZOOLOGY_RATES}),
@@ -252,7 +251,7 @@ def check_table(name: str, docs=DOCS) -> list[str]:
 
 def rewritten_table(name: str, docs=DOCS) -> str:
   """docs/<name> with each row its archive's runs make as they make it (in the table's order,
-  those it lacks at the end), every other row as written (check names what is wrong with it),
+  those it lacks at the end), every other row as written (check_table names what is wrong with it),
   a column it lacks empty."""
   table = TABLES[name]
   columns, found = recompute_table(name, docs)
