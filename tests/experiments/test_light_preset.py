@@ -222,15 +222,19 @@ def test_the_light_csv_sets_the_authors_tested_model_beside_their_number(tmp_pat
   """light_listops.csv: per variant the best-validation model's test accuracy over its seeds
   (the model the Nyströmformer paper's authors tested) beside their number and its source; the
   final model's numbers and other presets stay out of it."""
-  def result(attention, seed, best, final, preset="light"):
+  def result(attention, seed, best, final, preset="light", device="1 x cpu (cpu)"):
     return {"task": "listops", "attention": attention, "preset": preset, "seed": seed,
             "test_accuracy_best_validation": best, "test_accuracy_final": final,
-            "majority_accuracy": 0.173, "workdir": str(tmp_path)}
+            "majority_accuracy": 0.173, "workdir": str(tmp_path),
+            "environment": {"git_commit": "f7054afe91b2", "device": device,
+                            "versions": {"jax": "0.10.2"}, "date": "2026-12-05T07:44:19+00:00"}}
   runs = [result("full", 0, 0.36, 0.10), result("full", 1, 0.38, 0.10),
-          result("performer", 0, 0.35, 0.10), result("full", 0, 0.99, 0.99, preset="tiny")]
+          result("performer", 0, 0.35, 0.10, device="1 x NVIDIA H200 (gpu)"),
+          result("full", 0, 0.99, 0.99, preset="tiny")]
   (path,) = report.write_published_csvs(report.summarize(runs), tmp_path)
   assert path.name == "light_listops.csv"
   source = report.PUBLISHED_SOURCE
   assert path.read_text().splitlines() == [
-      "variant,seeds,test_mean,test_std,published,source",
-      f"full,2,37.00,1.41,37.10,{source}", f"performer,1,35.00,,18.80,{source}"]
+      "variant,seeds,test_mean,test_std,published,source,device,commit,jax,date",
+      f"full,2,37.00,1.41,37.10,{source},1 x cpu (cpu),f7054af,0.10.2,2026-12-05",
+      f"performer,1,35.00,,18.80,{source},1 x NVIDIA H200 (gpu),f7054af,0.10.2,2026-12-05"]
