@@ -1,0 +1,140 @@
+"""Hawk (RG-LRU), mLSTM and sLSTM (attention_zoo/mixers/hawk.py, mlstm.py, slstm.py) against
+their papers' equations written here in float64 from the layers' parameters, token by token:
+the output and the gradients in x and in every parameter (a padded row included), in the chunk
+form and the token form; decoding one token at a time against the parallel forward. The
+registry-wide properties (packed rows, causality, ...): tests/testing/test_conformance.py."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import attention_zoo as az
+from helpers import assert_decoding_equals_forward
+from ops_reference import assert_close
+
+OPTIONS = {"hawk": {"chunk_size": 4}}
+
+
+def dense(p, x):
+  return x @ p["kernel"] + (p["bias"] if "bias" in p else 0)
+
+
+def scan(step, state, *per_token):
+  """lax.scan over the token axis (1) of each [b, T, ...] input -> outputs [b, T, ...]."""
+  _, out = jax.lax.scan(step, state, [jnp.swapaxes(a, 0, 1) for a in per_token])
+  return jnp.swapaxes(out, 0, 1)
+
+
+def causal_conv(p, x):
+  """The short convolution y_t = b + Σ_i w_i x_{t-i} (x [b, T, c])."""
+  weight, T = p["weight"], x.shape[1]
+  taps = len(weight)
+  padded = jnp.pad(x, ((0, 0), (taps - 1, 0), (0, 0)))               # tap i reads x_{t-i}
+  return p["bias"] + sum(weight[i] * padded[:, taps - 1 - i:taps - 1 - i + T]
+                         for i in range(taps))
+
+
+def hawk_equations(p, x, mask):
+  """Griffin's recurrent block: r_t = σ(W_a u_t + b_a), i_t = σ(W_x u_t + b_x),
+  a_t = σ(Λ)^{8 r_t}, h_t = a_t h_{t-1} + sqrt(1 - a_t²) (i_t u_t), out = W_out(GeLU(W_y x) h);
+  a masked token enters the conv as zeros, leaves h as it was and outputs 0."""
+  b, T, _ = x.shape
+  heads, width = p["gate_bias"].shape[0], p["gate_bias"].shape[1] // 2
+  u = causal_conv(p["conv"], jnp.where(mask[..., None], dense(p["in_proj"], x), 0))
+  gates = jnp.einsum("bthi,hio->btho", u.reshape(b, T, heads, width), p["gate_weight"])
+  gates = jax.nn.sigmoid(gates + p["gate_bias"])
+  r = gates[..., :width].reshape(b, T, -1)
+  i = gates[..., width:].reshape(b, T, -1)
+  a = jax.nn.sigmoid(p["Lambda"]) ** (8 * r)                                    # [b, T, D]
+
+  def token(h, inputs):                                                         # h [b, D]
+    a_t, i_t, u_t, real = inputs
+    new = a_t * h + jnp.sqrt(1 - a_t ** 2) * (i_t * u_t)
+    return jnp.where(real[:, None], new, h), new
+
+  hidden = scan(token, jnp.zeros((b, a.shape[-1])), a, i, u, mask)
+  y = dense(p["out"], jax.nn.gelu(dense(p["gate_branch"], x)) * hidden)
+  return jnp.where(mask[..., None], y, 0)
+
+
+EQUATIONS = {"hawk": hawk_equations}
+
+
+def oracle(mixer, x, mask=None):
+  """The layer's output by its paper's equations in float64, from its parameters."""
+  mask = jnp.ones(x.shape[:2], bool) if mask is None else mask
+  with jax.enable_x64(True):
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64),
+                          nnx.state(mixer, nnx.Param).to_pure_dict())
+    run = jax.jit(lambda params, x: EQUATIONS[mixer.spec.name](params, x, mask))
+    return np.asarray(run(params, jnp.asarray(x, jnp.float64)))
+
+
+def build(name, **options):
+  return az.create_mixer(name, emb_dim=16, num_heads=2, causal=True, rngs=nnx.Rngs(1),
+                         **{**OPTIONS[name], **options})
+
+
+def inputs(length=9):
+  """x [2, length, 16], its mask (the second row's last 3 tokens padded) and weights w like x
+  (the loss Σ y·w)."""
+  x, w = jax.random.normal(jax.random.key(2), (2, 2, length, 16), jnp.float32)
+  mask = jnp.arange(length)[None] < jnp.array([[length], [length - 3]])
+  return x, mask, w
+
+
+def assert_output_and_gradients_equal_the_equations(mixer, x, mask, w, rtol):
+  graph, params = nnx.split(mixer, nnx.Param)
+  equations = EQUATIONS[mixer.spec.name]
+
+  def loss(params, x):
+    y = nnx.merge(graph, params)(x, mask=mask)
+    return jnp.sum(y * w), y
+  (_, y), (dparams, dx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+      params, x)
+  with jax.enable_x64(True):
+    def loss64(p, x):
+      y = equations(p, x, mask)
+      return jnp.sum(y * w), y
+    params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params.to_pure_dict())
+    (_, y64), (dparams64, dx64) = jax.jit(jax.value_and_grad(loss64, argnums=(0, 1),
+                                                             has_aux=True))(
+        params64, jnp.asarray(x, jnp.float64))
+  assert_close(y, y64, rtol, "output")
+  assert_close(dx, dx64, rtol, "dx")
+  got = jax.tree_util.tree_leaves_with_path(dparams.to_pure_dict())
+  want = jax.tree_util.tree_leaves_with_path(dparams64)
+  assert [path for path, _ in got] == [path for path, _ in want]
+  for (path, g), (_, g64) in zip(got, want):
+    assert np.abs(np.asarray(g64)).max() > 0, f"d{jax.tree_util.keystr(path)} is zero"
+    assert_close(g, g64, rtol, f"d{jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.parametrize("name, options", [("hawk", {})])
+def test_output_and_gradients_equal_the_float64_equations(name, options):
+  """The chunk form (chunks of 4 over 9 tokens), the fast lane's case."""
+  x, mask, w = inputs()
+  assert_output_and_gradients_equal_the_equations(build(name, **options), x, mask, w, 1e-5)
+
+
+@pytest.mark.slow   # the token form and a longer sequence: more compiles
+@pytest.mark.parametrize("name, options", [("hawk", {"chunk_size": None}),
+                                           ("hawk", {"chunk_size": 8})])
+def test_other_forms_equal_the_float64_equations(name, options):
+  x, mask, w = inputs(length=21)
+  assert_output_and_gradients_equal_the_equations(build(name, **options), x, mask, w, 1e-5)
+
+
+@pytest.mark.slow   # conformance's decode check runs in the slow lane for these names too
+@pytest.mark.parametrize("name", ["hawk"])
+def test_decoding_token_by_token_equals_the_parallel_forward(name):
+  """Each step from the carried state and the conv cache; a prefill's state."""
+  x, mask, _ = inputs()
+  assert_decoding_equals_forward(build(name), x, mask)
+
+
+def test_state_sizes():
+  dims = dict(emb_dim=48, num_heads=4, num_kv_heads=4, seq_len=100)
+  assert az.state_size("hawk", **dims, options={}) == 4 * 16              # H · int(4/3 · 12)
+  assert az.state_size("hawk", **dims, options={"expand": 1.0}) == 48
