@@ -13,10 +13,10 @@ import attention_zoo as az
 from helpers import assert_decoding_equals_forward
 from ops_reference import assert_close
 
-OPTIONS = {"hawk": {"chunk_size": 4}, "mlstm": {"chunk_size": 4}}
+OPTIONS = {"hawk": {"chunk_size": 4}, "mlstm": {"chunk_size": 4}, "slstm": {}}
 # Relative tolerance of the f32 layer against float64. mLSTM: measured up to 1.3e-5 (d W_i, W_f)
 # in the chunk and token forms alike, float32 rounding amplified by input gates up to e^10.
-TOLERANCE = {"hawk": 1e-5, "mlstm": 3e-5}
+TOLERANCE = {"hawk": 1e-5, "mlstm": 3e-5, "slstm": 1e-5}
 
 
 def dense(p, x):
@@ -94,7 +94,37 @@ def mlstm_equations(p, x, mask, eps=1e-5):
   return jnp.where(mask[..., None], dense(p["down_proj"], y), 0)
 
 
-EQUATIONS = {"hawk": hawk_equations, "mlstm": mlstm_equations}
+def slstm_equations(p, x, mask, eps=1e-5):
+  """xLSTM's sLSTM, its cell unstabilised: pre-activations W x (i, f from the convolved input)
+  + R h_{t-1} + b per channel, c_t = f_t c_{t-1} + i_t tanh(z̃_t), n_t = f_t n_{t-1} + i_t,
+  h_t = σ(õ_t) c_t / n_t, i = exp(ĩ), f = σ(f̃); then RMSNorm per head and W_out. A masked
+  token enters the conv as zeros, leaves the state as it was and outputs 0."""
+  b, T, _ = x.shape
+  heads, _, d = p["bias"].shape
+  x_conv = jax.nn.silu(causal_conv(p["conv"], jnp.where(mask[..., None], x, 0)))
+  i_x, f_x = jnp.split(dense(p["input_gates"], x_conv), 2, axis=-1)
+  z_x, o_x = jnp.split(dense(p["cell_gates"], x), 2, axis=-1)
+  split = lambda a: a.reshape(b, T, heads, d)
+  R = p["recurrent"].reshape(heads, d, 4, d)                                    # [h, d, 4, d]
+
+  def token(carry, inputs):                                                     # [b, h, d] each
+    c, n, h = carry
+    i_t, f_t, z_t, o_t, real = inputs
+    r = jnp.einsum("bhd,hdge->bhge", h, R) + p["bias"]                          # [b, h, 4, d]
+    i_t, f_t = jnp.exp(i_t + r[:, :, 0]), jax.nn.sigmoid(f_t + r[:, :, 1])
+    z_t, o_t = jnp.tanh(z_t + r[:, :, 2]), jax.nn.sigmoid(o_t + r[:, :, 3])
+    c_new, n_new = f_t * c + i_t * z_t, f_t * n + i_t
+    h_new = o_t * c_new / n_new
+    keep = lambda new, old: jnp.where(real[:, None, None], new, old)
+    return (keep(c_new, c), keep(n_new, n), keep(h_new, h)), h_new
+
+  zeros = jnp.zeros((b, heads, d))
+  hidden = scan(token, (zeros, zeros, zeros), *map(split, (i_x, f_x, z_x, o_x)), mask)
+  hidden = hidden / jnp.sqrt(jnp.mean(hidden ** 2, -1, keepdims=True) + eps) * p["norm"]["scale"]
+  return jnp.where(mask[..., None], dense(p["out"], hidden.reshape(b, T, -1)), 0)
+
+
+EQUATIONS = {"hawk": hawk_equations, "mlstm": mlstm_equations, "slstm": slstm_equations}
 
 
 def oracle(mixer, x, mask=None):
@@ -153,7 +183,7 @@ def assert_output_and_gradients_equal_the_equations(mixer, x, mask, w):
     assert_close(g, g64, rtol, f"d{jax.tree_util.keystr(path)}")
 
 
-@pytest.mark.parametrize("name, options", [("hawk", {}), ("mlstm", {})])
+@pytest.mark.parametrize("name, options", [("hawk", {}), ("mlstm", {}), ("slstm", {})])
 def test_output_and_gradients_equal_the_float64_equations(name, options):
   """The chunk form (chunks of 4 over 9 tokens), the fast lane's case."""
   x, mask, w = inputs()
@@ -170,7 +200,7 @@ def test_other_forms_equal_the_float64_equations(name, options):
 
 
 @pytest.mark.slow   # conformance's decode check runs in the slow lane for these names too
-@pytest.mark.parametrize("name", ["hawk", "mlstm"])
+@pytest.mark.parametrize("name", ["hawk", "mlstm", "slstm"])
 def test_decoding_token_by_token_equals_the_parallel_forward(name):
   """Each step from the carried state and the conv cache; a prefill's state."""
   x, mask, _ = inputs()
@@ -182,3 +212,4 @@ def test_state_sizes():
   assert az.state_size("hawk", **dims, options={}) == 4 * 16              # H · int(4/3 · 12)
   assert az.state_size("hawk", **dims, options={"expand": 1.0}) == 48
   assert az.state_size("mlstm", **dims, options={}) == 4 * (24 * 24 + 24 + 1)   # d = 2 · 12
+  assert az.state_size("slstm", **dims, options={}) == 4 * 48                 # c, n, m, h
