@@ -11,7 +11,9 @@ pre-up-projection block.
 
 with the running-max stabiliser m_t = max(log f_t + m_{t-1}, ĩ_t) (`attention_zoo.ops.mlstm`:
 `chunk_mlstm`, the chunkwise form, for training and prefill; `recurrent_mlstm` for decoding and
-chunk_size None). The state per head: C̃ [d_h, d_h], ñ [d_h] and m.
+chunk_size None). The state per head: C̃ [d_h, d_h], ñ [d_h] and m. Fwd+bwd of the layer at
+T = 2048, emb 128, 2 heads on the shared 2-core CPU: chunks of 64 0.22 s, the token form 2.4 s
+(2026-12-07).
 
 The block as its authors define it (NX-AI/xlstm, mLSTMLayer): up-projection factor 2; the conv
 with a bias; i and f read the concatenated q, k, v, with zero weights, the input gate's bias

@@ -216,12 +216,16 @@ def test_state_sizes():
 
 
 @pytest.mark.slow   # compiles each mixer's backward at 2K and 8K tokens
-@pytest.mark.parametrize("name", list(OPTIONS))
-def test_memory_is_linear_in_length(name):
-  """XLA's compiled forward+backward temp memory (deterministic, nothing runs), default
-  options, emb 64 in 2 heads: 4x the length needs at most 4.5x the memory (quadratic: 16x)."""
+@pytest.mark.parametrize("name, options", [("hawk", {}), ("hawk", {"chunk_size": 64}),
+                                           ("mlstm", {}), ("mlstm", {"chunk_size": None}),
+                                           ("slstm", {})])
+def test_memory_is_linear_in_length(name, options):
+  """XLA's compiled forward+backward temp memory (deterministic, nothing runs), the default
+  form and the other, emb 64 in 2 heads: 4x the length needs at most 4.5x the memory
+  (quadratic: 16x)."""
   def temp_bytes(length):
-    mixer = az.create_mixer(name, emb_dim=64, num_heads=2, causal=True, rngs=nnx.Rngs(0))
+    mixer = az.create_mixer(name, emb_dim=64, num_heads=2, causal=True, rngs=nnx.Rngs(0),
+                            **options)
     graph, params = nnx.split(mixer)
     loss = lambda params, x: jnp.sum(nnx.merge(graph, params)(x))
     x = jax.ShapeDtypeStruct((1, length, 64), jnp.float32)
