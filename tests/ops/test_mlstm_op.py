@@ -46,7 +46,10 @@ def make_inputs(input_gate_scale):
   log_f = jax.nn.log_sigmoid(2.0 * jax.random.normal(keys[4], (B, T, H)) + 1.0)
   state = (jax.random.normal(keys[5], (B, H, K, V)), jax.random.normal(keys[6], (B, H, K)),
            jax.random.normal(keys[7], (B, H)))
-  mask = jnp.arange(T)[None] < jnp.array([[T], [T - 3]])
+  # the second row: a hole (tokens 2, 3) and right padding (the last 3)
+  position = jnp.arange(T)[None]
+  mask = (position < jnp.array([[T], [T - 3]])) & ~((position >= 2) & (position <= 3)
+                                                     & (jnp.arange(B)[:, None] == 1))
   segment_ids = jnp.array([[0] * 5 + [1] * 6 + [2] * 2, [3] * 9 + [4] * 4])
   return (q, k, v, log_i, log_f), state, mask, segment_ids
 
