@@ -183,9 +183,10 @@ def assert_output_and_gradients_equal_the_equations(mixer, x, mask, w):
     assert_close(g, g64, rtol, f"d{jax.tree_util.keystr(path)}")
 
 
+@pytest.mark.slow   # the fast lane has test_mixers.py's float64 check of the output (`oracle`)
 @pytest.mark.parametrize("name, options", [("hawk", {}), ("mlstm", {}), ("slstm", {})])
 def test_output_and_gradients_equal_the_float64_equations(name, options):
-  """The chunk form (chunks of 4 over 9 tokens), the fast lane's case."""
+  """The chunk form (chunks of 4 over 9 tokens; sLSTM: its scan)."""
   x, mask, w = inputs()
   assert_output_and_gradients_equal_the_equations(build(name, **options), x, mask, w)
 
