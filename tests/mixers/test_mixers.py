@@ -17,6 +17,8 @@ from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, 
 from test_linear_mixers import ORACLES as LINEAR_ORACLES
 from helpers import assert_decoding_equals_forward
 from test_mla import causal_mla64
+from test_recurrent_mixers import OPTIONS as RECURRENT_OPTIONS
+from test_recurrent_mixers import oracle as recurrent_oracle
 from test_rwkv7_mamba import OPTIONS as RWKV7_MAMBA_OPTIONS
 from test_rwkv7_mamba import oracle as rwkv7_mamba_oracle
 from test_rwkv7_mamba import steeper_transitions
@@ -30,7 +32,7 @@ OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
            "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
            "mla": {"block_size": 4},
-           **RWKV7_MAMBA_OPTIONS}
+           **RWKV7_MAMBA_OPTIONS, **RECURRENT_OPTIONS}
 
 
 def test_every_mixer_has_test_options():
@@ -306,7 +308,8 @@ ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()},
            "mla": causal_mla64,
            "rwkv7": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
-           "mamba": lambda m, x: rwkv7_mamba_oracle(m, x)[0]}
+           "mamba": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
+           **{name: lambda m, x: recurrent_oracle(m, x)[0] for name in RECURRENT_OPTIONS}}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))
