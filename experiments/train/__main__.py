@@ -27,7 +27,8 @@ def main(argv):
                  FLAGS.config.model.attention, FLAGS.workdir)
   from experiments.train import trainer  # imports JAX: after the flags are known to be good
 
-  dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)])
+  dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart),
+                        *trainer.sharding_lines(FLAGS.config)])
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)
   print(f"{results['task']} / {results['attention']}: test accuracy "
