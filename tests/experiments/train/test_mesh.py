@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import attention_zoo as az
@@ -171,7 +172,7 @@ for name, sizes in {{"replicated": {{"data": 4}}, "fsdp": {{"fsdp": 4}}}}.items(
     state, metrics = compiled(state, on_device)   # a second step: the first one's output fed back
   params = jax.tree.leaves(state.params)
   results[name] = {{"loss": float(metrics["train_loss"]), "state_bytes": int(state_bytes),
-                   "params": [np.asarray(p).tolist() for p in params],
+                   "params": np.concatenate([np.ravel(p) for p in params]).tolist(),
                    "specs": sorted({{str(p.sharding.spec) for p in params}})}}
 print(json.dumps(results))
 """
@@ -179,18 +180,21 @@ print(json.dumps(results))
 
 @pytest.mark.slow
 def test_a_train_step_on_fsdp_4_equals_the_replicated_one_with_a_quarter_of_the_state():
-  overrides = [f"{k}={v}" for k, v in SMALL.items()] + ["batch_size=8"]
+  # Adam divides by the gradient's own size: a gradient that is zero but for rounding (the key
+  # bias: softmax ignores a shift) would become a full step of rounding's sign. eps=1 keeps the
+  # update proportional to the gradient, so the two steps compare to rounding.
+  overrides = [f"{k}={v}" for k, v in SMALL.items()] + ["batch_size=8", "optimizer.eps=1.0"]
   stdout = finish(start([], devices=4, code=textwrap.dedent(FSDP_STEP.format(
       overrides=overrides))))
   results = json.loads(stdout.strip().splitlines()[-1])
   replicated, fsdp = results["replicated"], results["fsdp"]
   assert fsdp["loss"] == pytest.approx(replicated["loss"], rel=1e-5)
-  for sharded, copied in zip(fsdp["params"], replicated["params"], strict=True):
-    assert sharded == pytest.approx(copied, rel=1e-5, abs=1e-6)
-  assert replicated["specs"] == ["PartitionSpec()"]
-  assert "PartitionSpec(None, 'fsdp')" in fsdp["specs"]
+  np.testing.assert_allclose(fsdp["params"], replicated["params"], rtol=1e-5, atol=1e-7)
+  assert replicated["specs"] == ["P()"]
+  assert "P(None, 'fsdp')" in fsdp["specs"]
   # Per device: parameters, Adam's two moments, the step; a few vectors (10 classes) are copied.
-  assert 0.2 < fsdp["state_bytes"] / replicated["state_bytes"] < 0.3
+  ratio = fsdp["state_bytes"] / replicated["state_bytes"]
+  assert 0.2 < ratio < 0.3, (fsdp["state_bytes"], replicated["state_bytes"])
 
 
 def free_port() -> int:
