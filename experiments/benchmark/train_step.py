@@ -36,6 +36,12 @@ def _with_sharding(shapes, sharding_of):
                       shapes)
 
 
+def per_device_bytes(tree, layout) -> int:
+  """The bytes one device holds of a training-state tree placed by `layout`."""
+  return sum(math.prod(layout.state(x).shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
 def train_workload(name: str, length: int, settings: Settings, mesh_sizes=None) -> Workload:
   """The trainer's compiled train step of the Text model, on one device, or on the first
   devices of a mesh of `mesh_sizes` ({axis: size}, experiments/train/mesh.py): compiled and
@@ -65,6 +71,7 @@ def train_workload(name: str, length: int, settings: Settings, mesh_sizes=None) 
   shapes = (_with_sharding(state, layout.state),
             _with_sharding(batch, lambda x: layout.batch(x.ndim)))
   return Workload(programs={"step": Program(steps.train, shapes, layout.mesh)},
-                  resident_bytes=programs.nbytes((state.params, state.opt_state)), create=create,
+                  resident_bytes=per_device_bytes((state.params, state.opt_state), layout),
+                  create=create,
                   step=step, options=build.model_config(config).attention_options,
                   exact=az.spec(name).exact, nominal_flops=None)
