@@ -133,7 +133,8 @@ if __name__ == "__main__":
                      "compiles or steps) and flash mode (420: no new row after them).")
   flags.DEFINE_float("memory_limit_gb", None, "Do not run (capacity: time) programs whose "
                      "compiled memory exceeds this (default: the accelerator's memory, or half "
-                     "the free host memory on CPU).")
+                     "the free host memory on CPU); context_parallel: the budget per device "
+                     "(default: the device's memory; on CPU the host's, shared by its devices).")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register more attention "
                     "variants.")
   flags.DEFINE_multi_string("attention_options", [], "name:key=value,... overriding a "
