@@ -5,8 +5,10 @@
   data     the batch is split over it; everything else is copied on each of its devices
   fsdp     the batch is split over it too, and so are the parameters and the optimiser state
            (fully sharded data parallelism): each array is cut along its largest axis that
-           the fsdp size divides (an array with no such axis is copied), and XLA's SPMD
-           partitioner gathers each parameter where the forward pass uses it
+           the fsdp size divides (an array with no such axis is copied); the train step asks
+           for the parameters whole inside the model (`gathered`), so XLA's SPMD partitioner
+           all-gathers each where it is used and reduce-scatters its gradient, and the
+           activations stay split over the batch
   context  the sequence is split over it (context parallelism): inputs [b, n] are sharded
            P(("data", "fsdp"), "context"); the attention variants and mixers whose spec has
            `supports_context_parallel` switch to their context-parallel form when the active
@@ -149,6 +151,10 @@ class Layout:
   def constrain(self, tree):
     """`tree` (inside jit) placed as `state` says, leaf by leaf."""
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.state(x)), tree)
+
+  def gathered(self, tree):
+    """`tree` (inside jit) whole on every device."""
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.replicated), tree)
 
   def batch(self, ndim: int) -> NamedSharding:
     """The sharding of a batch array: rows over data and fsdp, positions (a second axis, as in
