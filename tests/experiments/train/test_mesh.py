@@ -102,12 +102,13 @@ def test_context_parallelism_asked_of_a_variant_without_it_names_the_variants_wi
 COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
 
 
-def start(args, *, devices, env=None, code=None):
+def start(args, *, devices, env=None, code=None, plugin_dir=None):
   """`python -m args...` (or `python -c code`) on `devices` simulated CPU devices."""
   env = {**os.environ, **(env or {}),
          "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
                       f"--xla_force_host_platform_device_count={devices} {COLLECTIVE_TIMEOUT}",
-         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+         "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir or ""), str(REPO),
+                                                     os.environ.get("PYTHONPATH")]))}
   command = ["-c", code] if code is not None else ["-m", *args]
   return subprocess.Popen([sys.executable, *command], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -253,3 +254,40 @@ def test_two_processes_checkpoint_resumes_on_4_2_and_1_devices_with_the_same_los
   resumed = trainer.Trainer(config, tmp_path).run()
   assert losses() == pytest.approx(trained, rel=1e-5)
   assert resumed["test_loss_final"] == pytest.approx(two["test_loss_final"], rel=1e-5)
+
+
+# Full attention declaring context parallelism: XLA's partitioner computes it on a sequence
+# split over `context` (gathering the keys and values), which is enough to test the harness's
+# side, the batch split over data and its positions over context, until the variants' own
+# context-parallel forms are in.
+CONTEXT_PLUGIN = '''
+import attention_zoo as az
+from attention_zoo.variants.full import FullAttention
+
+@az.register("mesh_test_context", exact=True, supports_causal=True, supports_cross=True,
+             complexity="O(n^2)", paper="full attention, split by XLA",
+             supports_context_parallel=True)
+class SplitByXLA(FullAttention):
+  pass
+'''
+
+
+@pytest.mark.slow
+def test_a_run_with_the_sequence_split_over_context_equals_one_device(listops_dir, tmp_path):
+  (tmp_path / "mesh_test_context.py").write_text(CONTEXT_PLUGIN)
+  settings = {**SMALL, "num_train_steps": 3, "eval_every": 3, "data_dir": listops_dir}
+  process = start(["experiments.train",
+                   "--config=configs/lra/listops.py:mesh_test_context,tiny",
+                   f"--workdir={tmp_path / 'split'}", "--plugins=mesh_test_context",
+                   "--config.mesh.context=2", *(f"--config.{k}={v}" for k, v in settings.items())],
+                  devices=4, plugin_dir=tmp_path)
+  one = trainer.Trainer(task_configs.task_config(
+      "listops", "full", "tiny", 0, [f"{k}={v}" for k, v in settings.items()]),
+      tmp_path / "one").run()
+  finish(process)
+  split = json.loads((tmp_path / "split" / "results.json").read_text())
+  assert split["environment"]["device_count"] == 4
+  losses = [[e["train_loss"] for e in read_metrics(tmp_path / name) if "train_loss" in e]
+            for name in ("one", "split")]
+  assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+  assert split["test_loss_final"] == pytest.approx(one["test_loss_final"], rel=1e-5)
