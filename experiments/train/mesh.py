@@ -32,6 +32,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import attention_zoo as az
 from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, DATA_AXIS, FSDP_AXIS
+from experiments.common.dry_run import count
 from experiments.common.errors import HarnessError
 
 AXES = (DATA_AXIS, FSDP_AXIS, CONTEXT_AXIS)   # config.mesh's fields, in the mesh's order
@@ -60,8 +61,8 @@ def sizes(mesh_config, device_count: int) -> dict[str, int]:
   if rest:
     if device_count % fixed:
       raise HarnessError(f"config.mesh: {product} needs {fixed} devices, which do not divide the "
-                         f"{device_count} devices of this run, so mesh.{rest[0]}=-1 has no size; "
-                         f"use sizes whose product divides {device_count}: "
+                         f"{count(device_count, 'device')} of this run, so mesh.{rest[0]}=-1 has "
+                         f"no size; use sizes whose product divides {device_count}: "
                          f"{', '.join(map(str, divisors(device_count)))}")
     return {**given, rest[0]: device_count // fixed}
   if fixed != device_count:
@@ -109,9 +110,8 @@ def check(config, device_count: int) -> dict[str, int]:
 
 def describe(mesh_sizes: dict[str, int]) -> str:
   """"data 2 × fsdp 1 × context 2 (4 devices)"."""
-  count = math.prod(mesh_sizes.values())
   return (" × ".join(f"{axis} {size}" for axis, size in mesh_sizes.items())
-          + f" ({count} device{'s' if count > 1 else ''})")
+          + f" ({count(math.prod(mesh_sizes.values()), 'device')})")
 
 
 def shard_spec(shape, fsdp: int) -> PartitionSpec:
