@@ -15,7 +15,7 @@ setup(
     # The libraries. The harness (experiments/, configs/) runs from a checkout, where its
     # commands and config paths live: installed as top-level packages named `experiments`
     # and `configs` it would collide with other projects'.
-    packages=find_packages(include=["attention_zoo*", "lra*"]),
+    packages=find_packages(include=["attention_zoo*", "lra*", "synthetic*"]),
     install_requires=[
         "jax>=0.10",
         "flax>=0.12",

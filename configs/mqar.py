@@ -1,5 +1,5 @@
-"""Multi-query associative recall (lra.mqar), trained as a causal language model: the diagnostic
-that separates the variants at CPU scale (Arora et al. 2023, "Zoology").
+"""Multi-query associative recall (synthetic.mqar), trained as a causal language model: the
+diagnostic that separates the variants at CPU scale (Arora et al. 2023, "Zoology").
 
 COMMAND: python -m experiments.reproduce --preset=tiny --tasks=mqar \
              --attentions=full,sliding_window,linear_transformer

@@ -1,4 +1,4 @@
-"""State tracking: the running parity of bits (lra.diagnostics.state_tracking);
+"""State tracking: the running parity of bits (synthetic/state_tracking.py);
 see configs/state_tracking.py."""
 from configs import state_tracking
 

@@ -1,4 +1,4 @@
-"""State tracking: the running product of permutations of 3 items (lra.diagnostics.state_tracking);
+"""State tracking: the running product of permutations of 3 items (synthetic/state_tracking.py);
 see configs/state_tracking.py."""
 from configs import state_tracking
 

@@ -1,4 +1,4 @@
-"""State tracking (lra/diagnostics/state_tracking.py): the running parity and the running product
+"""State tracking (synthetic/state_tracking.py): the running parity and the running product
 of permutations (S3, S5), trained at lengths 3..40 and tested at 256, as Grazzi et al. 2024
 (arXiv:2411.12537) test parity; one config file per task (configs/parity.py, s3.py, s5.py).
 

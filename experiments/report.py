@@ -25,14 +25,15 @@ from pathlib import Path
 
 from absl import flags, logging
 
+import attention_zoo as az
 import lra
+import synthetic
 from configs.lra.paper_tables import NYSTROMFORMER_TABLE1
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
-from experiments.common.records import rotate, write_text
-from experiments.train.metrics import read_metrics
+from experiments.common.records import read_metrics, rotate, write_text
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -97,12 +98,10 @@ def _order(attentions, preset: str) -> list[str]:
 
 
 def kinds() -> tuple[tuple[str, tuple[str, ...]], ...]:
-  """(kind, its tasks): "lra" (LRA Table 1), "mad" (the MAD suite), "state_tracking" (parity,
-  s3, s5), "diagnostics" (the rest)."""
-  grouped = lra.mad_tasks() + lra.state_tracking_tasks()
-  others = tuple(t for t in lra.diagnostic_tasks() if t not in grouped)
-  return (("lra", lra.available_tasks()), ("mad", lra.mad_tasks()),
-          ("state_tracking", lra.state_tracking_tasks()), ("diagnostics", others))
+  """(kind, its tasks): "lra" (LRA Table 1), then each family of synthetic tasks
+  (synthetic.FAMILIES: the MAD suite, state tracking, ..., "diagnostics" the rest)."""
+  return (("lra", lra.available_tasks()),
+          *((family, synthetic.family_tasks(family)) for family in synthetic.FAMILIES))
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -202,6 +201,14 @@ def markdown(tables: dict) -> str:
                 "permutation product (s3, s5) at every test position past the longest training "
                 f"sequence (docs/state_tracking.md); ({NEG_EIGVAL}): the mixer's transition "
                 "eigenvalues reach -1.", ""]
+    elif kind == "formal_language":
+      lines += [f"### Formal languages, preset `{preset}`, {which}: test accuracy on the "
+                "answers (%)", "",
+                f"Tested: {POLICIES[policy].split(' (')[0]}. Each cell: mean ± std over seeds. "
+                f"Seeds per cell: {', '.join(map(str, seeds))}. Grazzi et al.'s parity and "
+                "modular arithmetic w/o and w/ brackets (docs/formal_languages.md), tested at "
+                "lengths 40..256; their scaled accuracy is in each run's results.json; "
+                f"({NEG_EIGVAL}): the mixer's transition eigenvalues reach -1.", ""]
     else:
       lines += [f"### Diagnostics, preset `{preset}`, {which}: test accuracy on the asked "
                 "tokens (%)", "",
@@ -292,11 +299,9 @@ def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
   """state_tracking_<preset>.csv per preset with state-tracking runs: a row per task, variant and
   allow_neg_eigval (True / False, "n/a" for a variant without the option): seeds, test_mean,
   test_std (% of the asked positions, STATE_TRACKING_TESTED)."""
-  import attention_zoo as az
-
   groups = defaultdict(list)
   for run in runs:
-    if run["task"] in lra.state_tracking_tasks() and "not_applicable" not in run:
+    if run["task"] in synthetic.family_tasks("state_tracking") and "not_applicable" not in run:
       options = run.get("model", {}).get("attention_options", {})
       has_option = NEG_EIGVAL in az.spec(run["attention"]).options
       negative = str(bool(options.get(NEG_EIGVAL))) if has_option else "n/a"
@@ -311,7 +316,7 @@ def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
       rows = csv.writer(f, lineterminator="\n")
       rows.writerow(["task", "variant", NEG_EIGVAL, "seeds", "test_mean", "test_std"])
       for task, attention, negative in sorted(here, key=lambda key: (
-          lra.state_tracking_tasks().index(key[0]), order.index(key[1]), key[2])):
+          synthetic.family_tasks("state_tracking").index(key[0]), order.index(key[1]), key[2])):
         cell = _stats(here[task, attention, negative])
         rows.writerow([task, attention, negative, cell["num_seeds"], f"{cell['mean']:.2f}",
                        "" if cell["std"] is None else f"{cell['std']:.2f}"])
@@ -341,11 +346,15 @@ def plot(tables: dict, runs: list[dict], out: Path) -> list[Path]:
   over seeds; dots: best validation step; diamonds: the paper) and the training curves (PNG)."""
   plt = pyplot()
   written = []
+  charts = sum(len(table["tasks"]) for (_, policy, _), table in tables.items()
+               if policy == "test_accuracy_final")
   for (preset, policy, kind), table in tables.items():
     if policy != "test_accuracy_final":
       continue
     best = tables[preset, "test_accuracy_best_validation", kind]
     for task in table["tasks"]:
+      logging.info("report: plots %d/%d: %s (%s), its bars and training curves",
+                   len(written) // 2 + 1, charts, task, preset)
       attentions = [a for a in table["attentions"] if (a, task) in table["cells"]]
       cells = [table["cells"][a, task] for a in attentions]
       fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(attentions) + 2), 4))
@@ -427,10 +436,12 @@ def write_report(runs_dir, out_dir, *, only: dict | None = None) -> str:
   the PNGs of the runs under runs_dir (those `only` keeps: see read_runs) into out_dir (each
   atomically); returns the markdown. A report of other runs already there is kept, not
   overwritten: its files are renamed <name>.1 (older ones shift to .2, ...), with a warning."""
+  logging.info("report: reading the runs under %s", runs_dir)
   runs = read_runs(runs_dir, only=only)
   if not runs:
     raise HarnessError(f"no results.json under {runs_dir}; run experiments.train or "
                            "experiments.reproduce first")
+  logging.info("report: %d run(s) read; writing the tables into %s", len(runs), out_dir)
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   tables = summarize(runs)

@@ -35,11 +35,15 @@ from pathlib import Path
 
 from absl import flags, logging
 
+import attention_zoo as az
 import lra
+import synthetic
+from experiments.common import tasks as task_names
 from configs.lra.common import PRESETS
-from experiments import tuning
+from experiments import report, tuning
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError, did_you_mean
+from experiments.common.records import write_json
 from experiments.common.task_configs import task_config
 from experiments.common.variant_names import attention_names, check_attention
 
@@ -50,8 +54,6 @@ def drop_options_of_other_variants(configs: dict) -> None:
   """An --override of model.attention_options.<name> applies to the variants that have that
   option: removed, with a log line, from the configs of those that do not. HarnessError if no
   variant of the grid has it (a misspelt name)."""
-  import attention_zoo as az
-
   dropped, accepted = {}, set()
   for key, config in configs.items():
     options = config.model.attention_options
@@ -72,11 +74,11 @@ def drop_options_of_other_variants(configs: dict) -> None:
 
 
 def all_tasks() -> tuple[str, ...]:
-  return lra.available_tasks() + lra.diagnostic_tasks()
+  return task_names.available_tasks()
 
 
 # Names that stand for several tasks in --tasks.
-TASK_GROUPS = {"mad": lra.mad_tasks()}
+TASK_GROUPS = {"mad": synthetic.family_tasks("mad")}
 
 
 def expand_tasks(tasks) -> list[str]:
@@ -87,10 +89,8 @@ def expand_tasks(tasks) -> list[str]:
 
 def not_applicable(task: str, attention: str) -> str | None:
   """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
-  import attention_zoo as az
-
   spec = az.spec(attention)
-  if lra.task_spec(task).objective == "next_token" and not spec.supports_causal:
+  if task_names.task_spec(task).objective == "next_token" and not spec.supports_causal:
     return f"{attention} cannot be causal: {az.registry.get(attention).WHY_NOT_CAUSAL}"
   return None
 
@@ -130,6 +130,7 @@ def checked_grid(**grid) -> dict:
   from experiments.train import trainer
 
   configs = grid_with_own_options(**grid)
+  logging.info("checking the %d configs of the grid as the trainer will", len(configs))
   for (task, attention, _), config in configs.items():
     if not not_applicable(task, attention):
       trainer.check_run(config)
@@ -216,7 +217,6 @@ def run_grid(*, preset: str, tasks: list[str], attentions: list[str], seeds: lis
   """Trains every missing run of the grid; returns a line per failed run."""
   configs = checked_grid(preset=preset, tasks=tasks, attentions=attentions, seeds=seeds,
                          overrides=overrides)
-  from experiments.common.records import write_json
   from experiments.train import trainer
 
   grid = list(configs)
@@ -271,9 +271,10 @@ def main(argv):
           f"{out}/tuning.md, tuning.json and tuning.csv" if tune else
           f"then the report of these runs: {report_out}/table.md, table.csv and plots")
   dry_run.plan(lambda: [*plan_points(point_grids), then])
+  logging.info("%d run(s) in %d grid(s): importing JAX and the trainer",
+               len(point_grids) * len(configs), len(point_grids))
   import jax
 
-  from experiments import report
   from experiments.train import trainer
 
   trainer.initialize_distributed()
@@ -282,6 +283,8 @@ def main(argv):
   some_finished = len(failures) < len(point_grids) * len(configs)
   if jax.process_index() == 0 and some_finished:   # the asked comparison, not all of out/runs
     asked = {"preset": [FLAGS.preset], "task": tasks, "attention": attentions, "seed": seeds}
+    logging.info("the runs are done: %s", "choosing each point on validation, then tuning.md"
+                 if tune else f"the report in {report_out}")
     if tune:
       print(tuning.write_report(tuning.records(out, tune, asked, tuning.TESTED), tune, out,
                                 preset=FLAGS.preset))
@@ -299,8 +302,9 @@ if __name__ == "__main__":
   flags.DEFINE_enum("preset", "tiny", PRESETS, "tiny: CPU-sized, minutes; paper: the released "
                     "LRA code as it ran; fair: the same budget with its quirks fixed.")
   flags.DEFINE_list("tasks", list(lra.available_tasks()), "Tasks to run: the LRA tasks "
-                    f"({', '.join(lra.available_tasks())}) and diagnostics "
-                    f"({', '.join(lra.diagnostic_tasks())}); `mad` stands for the six MAD tasks.")
+                    f"({', '.join(lra.available_tasks())}) and synthetic tasks "
+                    f"({', '.join(synthetic.available_tasks())}); `mad` stands for the six MAD "
+                    "tasks.")
   flags.DEFINE_list("attentions", [], "Attention variants; default: every registered one.")
   flags.DEFINE_list("seeds", ["0"], "Seeds; the table shows mean ± std over them.")
   flags.DEFINE_string("out", None, "Output folder (default results/<preset>).")

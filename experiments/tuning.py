@@ -33,8 +33,13 @@ import itertools
 import statistics
 from pathlib import Path
 
+from absl import logging
+
+from experiments import report
+from experiments.report import POLICIES, rounded
 from experiments.common.errors import HarnessError
 from experiments.common.overrides import field_value
+from experiments.common.records import write_json, write_text
 
 HELP = ("FIELD=V1,V2,...: train every value of a config field (parsed as its type) and report, "
         "per task and variant, the value of best mean validation accuracy; several --tune flags "
@@ -159,10 +164,10 @@ def records(out, tune: dict[str, list], asked: dict, tested: str,
   """A record (`choose`) per task and variant of `asked` ({"preset", "task", "attention",
   "seed": [values]}, as report.read_runs takes it), from the runs of every point of `tune`
   under `out`, in the order asked."""
-  from experiments import report   # reads results.json; imports JAX, so not before the checks
-
   candidates = {(task, attention): [] for task in asked["task"] for attention in asked["attention"]}
-  for point in points(tune):
+  for number, point in enumerate(points(tune), start=1):
+    logging.info("tuning: reading the runs of point %d/%d (%s)", number, len(points(tune)),
+                 describe(point))
     runs = report.read_runs(point_dir(out, point) / "runs", only=asked)
     for (task, attention), found in candidates.items():
       found.append((point, [r for r in runs if (r["task"], r["attention"]) == (task, attention)]))
@@ -189,8 +194,6 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
   std over seeds) at the chosen point, its mean validation accuracy and the chosen values; notes
   for the variants that cannot run a task, the points left out, and each chosen value at an end
   of its field's range (`at_edge`)."""
-  from experiments.report import POLICIES, rounded
-
   seeds = sorted({seed for record in records for seed in record.get("seeds", ())})
   grid = " × ".join(f"{field} ∈ {{{', '.join(map(value_text, values))}}}"
                     for field, values in tune.items())
@@ -229,8 +232,6 @@ def markdown(records: list[dict], tune: dict[str, list], *, preset: str, tested:
 
 
 def write_records(records: list[dict], out) -> None:
-  from experiments.common.records import write_json   # imports JAX, so not before the checks
-
   write_json(Path(out) / "tuning.json", records)
 
 
@@ -253,8 +254,6 @@ def csv_text(records: list[dict], tune: dict[str, list]) -> str:
 def point_runs(out, point: dict, record: dict, preset: str) -> list[dict]:
   """The runs (results.json, as report.read_runs gives them) of a record's task, variant and
   seeds at one point."""
-  from experiments import report
-
   return report.read_runs(point_dir(out, point) / "runs", only={
       "preset": [preset], "task": [record["task"]], "attention": [record["attention"]],
       "seed": record["seeds"]})
@@ -269,8 +268,6 @@ def chosen_runs(out, records: list[dict], preset: str) -> list[dict]:
 def layout_markdown(out, records: list[dict], preset: str) -> str:
   """The chosen points' runs in the tables of experiments.report (tested on TESTED): a task per
   column as the published tables have them, MAD's and LRA's with their average."""
-  from experiments import report
-
   tables = report.summarize(chosen_runs(out, records, preset))
   return report.markdown({key: table for key, table in tables.items() if key[1] == TESTED})
 
@@ -280,8 +277,6 @@ def every_point_markdown(out, records: list[dict], tune: dict[str, list], preset
   (%) over the seeds of its runs (tested on TESTED), the chosen point in bold, "—" for a point
   left out. For reading the grid (how flat it is, where it peaks); the choice saw validation
   only."""
-  from experiments.report import rounded
-
   tuned = [record for record in records if record.get("chosen")]
   if not tuned or len(points(tune)) < 2:
     return ""
@@ -304,8 +299,6 @@ def every_point_markdown(out, records: list[dict], tune: dict[str, list], preset
 def write_report(records: list[dict], tune: dict[str, list], out, *, preset: str) -> str:
   """OUT/tuning.json, tuning.md and tuning.csv (reproduce's records, tested on TESTED); the
   markdown: the chosen points, their runs in the published tables' layout, then every point."""
-  from experiments.common.records import write_text
-
   text = markdown(records, tune, preset=preset, tested=TESTED)
   if layout := layout_markdown(out, records, preset):
     text += ("\nThe same, a task per column (the chosen point may differ from cell to cell):\n\n"

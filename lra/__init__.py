@@ -9,12 +9,8 @@
     report = lra.check_dataset(ds, max_skipped_fraction=0.01)  # fail fast; counts to log
     record = lra.provenance("listops", "lra_release")           # kind, files, fingerprint
 
-The synthetic diagnostics (lra/diagnostics/; `lra.diagnostic_tasks()`) are generated in memory
-from their options: multi-query associative recall, `lra.load("mqar", "train", max_len=64,
-num_pairs=8)`, and the six tasks of the MAD suite (`lra.mad_tasks()`), e.g.
-`lra.load("selective_copying", "test", max_len=64, num_tokens_to_copy=8)`, and state tracking
-(`lra.state_tracking_tasks()`: parity, s3, s5), `lra.load("s3", "test", max_len=256)`. Their
-targets are int32 [N, L], the token to emit at each position (-1 where nothing is asked).
+The synthetic tasks (MQAR, MAD, state tracking, ...) are the package `synthetic`, which uses
+this one's TaskSpec, Dataset and checks; this package knows only LRA.
 
 Data can be generated in the official layout:
     python -m lra.generate listops --out DIR
@@ -25,12 +21,11 @@ This package knows nothing of models: it hands out numpy arrays.
 from lra.batching import iterate
 from lra.checks import check_dataset
 from lra.dataset import Dataset
-from lra.diagnostics import diagnostic_tasks, mad, mad_tasks, mqar, state_tracking_tasks
 from lra.listops import generate_listops
 from lra.loader import load
 from lra.provenance import provenance
 from lra.readers import rgb_to_grayscale
-from lra.spec import TaskSpec
+from lra.spec import IGNORED, TaskSpec
 from lra.tasks import (PATHFINDER_DIFFICULTIES, PATHFINDER_RESOLUTIONS, SPLITS, available_tasks,
                        task_spec)
 
@@ -50,8 +45,7 @@ def generate_pathfinder(out_dir, *, resolution: int = 32, difficulty: str = "har
 
 
 __all__ = [
-    "Dataset", "PATHFINDER_DIFFICULTIES", "PATHFINDER_RESOLUTIONS", "SPLITS", "TaskSpec",
-    "available_tasks", "check_dataset", "diagnostic_tasks", "generate_listops",
-    "generate_pathfinder", "iterate", "load", "mad", "mad_tasks", "mqar", "provenance",
-    "rgb_to_grayscale", "state_tracking_tasks", "task_spec",
+    "Dataset", "IGNORED", "PATHFINDER_DIFFICULTIES", "PATHFINDER_RESOLUTIONS", "SPLITS",
+    "TaskSpec", "available_tasks", "check_dataset", "generate_listops", "generate_pathfinder",
+    "iterate", "load", "provenance", "rgb_to_grayscale", "task_spec",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from lra.dataset import Dataset
-from lra.diagnostics.mqar import IGNORED
+from lra.spec import IGNORED
 
 
 def _where(ds: Dataset) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lra import cache as cache_lib
-from lra import diagnostics, readers
+from lra import readers
 from lra.checks import check_dataset, check_generated_count
 from lra.dataset import Dataset
 from lra.spec import TaskSpec
@@ -23,7 +23,6 @@ _READERS = {
     "image": readers.read_image,
     "pathfinder": readers.read_pathfinder,
     "pathx": readers.read_pathfinder,
-    **{task: readers.read_generated for task in diagnostics.SETTINGS},
 }
 _PIXEL_TASKS = ("pathfinder", "pathx")
 _TFDS_TASKS = ("text", "image")
@@ -31,12 +30,11 @@ _TFDS_TASKS = ("text", "image")
 
 def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache_dir=None, *,
          cache: bool = True, resolution: int | None = None, difficulty: str | None = None,
-         download: bool = False, closing_brackets: bool | None = None,
-         **generator_options) -> Dataset:
-  """Load one split of an LRA task (or of a diagnostic task).
+         download: bool = False, closing_brackets: bool | None = None) -> Dataset:
+  """Load one split of an LRA task (the synthetic tasks load with `synthetic.load`).
 
   Args:
-    name: one of `lra.available_tasks()` or `lra.diagnostic_tasks()`.
+    name: one of `lra.available_tasks()`.
     split: "train", "validation" or "test".
     data_dir: root of an unpacked official `lra_release` archive, or of files written by
       `python -m lra.generate`. Text and Image look there for `aclImdb/` and
@@ -57,9 +55,6 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
       before 2021-03-04 (its tokenizer kept only alphanumeric characters): the sequence keeps
       the operators and digits, and no longer says where an operator's arguments end.
       Default (None, True): kept.
-    **generator_options: diagnostic tasks only, generated in memory (no data_dir): the fields
-      of the task's settings (`lra.diagnostics.SETTINGS`), e.g. MQAR's vocab_size, num_pairs,
-      num_queries, min_gap, power_a, num_train, num_validation, num_test, seed.
 
   Returns:
     A `Dataset` with `inputs` int32 [N, L], `masks` bool [N, L], `targets` int32 [N]
@@ -74,7 +69,7 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
       the one in the generator's manifest (`generated.json`).
   """
   spec, params, options = resolve_options(name, max_len, resolution, difficulty, download,
-                                          closing_brackets, **generator_options)
+                                          closing_brackets)
   check_split(split)
   params = {"task": name, "split": split, **params}
   source = _READERS[name](data_dir, split, spec.max_len, **options)
@@ -98,26 +93,12 @@ def load(name: str, split: str, data_dir=None, max_len: int | None = None, cache
 
 
 def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
-                    download: bool = False, closing_brackets=None,
-                    **generator_options) -> tuple[TaskSpec, dict, dict]:
+                    download: bool = False, closing_brackets=None
+                    ) -> tuple[TaskSpec, dict, dict]:
   """Checks `lra.load`'s options for task `name`; returns the spec as loaded, the
   parameters that key the cache, and the keyword options of the task's reader."""
   spec = task_spec(name)
   options, params = {}, {}
-  if name in diagnostics.SETTINGS:
-    try:
-      settings = diagnostics.SETTINGS[name](**generator_options)
-    except TypeError:
-      fields = ", ".join(f.name for f in dataclasses.fields(diagnostics.SETTINGS[name]))
-      raise ValueError(f"{name}: unknown option(s) {', '.join(sorted(generator_options))}; its "
-                       f"options: {fields}") from None
-    options = {"settings": settings}
-    params.update(dataclasses.asdict(settings))
-    spec = dataclasses.replace(spec, vocab_size=settings.vocab_size,
-                               num_classes=settings.vocab_size)
-  elif generator_options:
-    raise ValueError(f"{name!r} takes no option(s) {', '.join(sorted(generator_options))}: "
-                     "only diagnostic tasks are generated from options")
   if name in _PIXEL_TASKS:
     resolution = spec.image_size if resolution is None else resolution
     difficulty = "hard" if difficulty is None else difficulty
@@ -144,8 +125,6 @@ def resolve_options(name: str, max_len=None, resolution=None, difficulty=None,
     raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
   max_len = int(max_len)
   params["max_len"] = max_len
-  if name in diagnostics.SETTINGS:
-    options["settings"].check(max_len)
   has_padding = spec.has_padding
   if spec.image_size and max_len > spec.image_size ** 2:
     has_padding = True  # pixels padded up to max_len

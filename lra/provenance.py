@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 from pathlib import Path
 
 from lra import cache as cache_lib
-from lra import diagnostics, listops, readers
+from lra import listops, readers
 from lra.fileio import read_manifest
 from lra.loader import reader, resolve_options
 from lra.tasks import SPLITS, pathfinder_dir
@@ -21,8 +20,6 @@ _SPLIT_RULES = {
              "validation",
     "pathfinder": "80/10/10 in metadata order",
     "pathx": "80/10/10 in metadata order",
-    **{task: "three independent random streams of the generator, one per split"
-       for task in diagnostics.SETTINGS},
 }
 _TFDS_NAMES = {"text": "imdb_reviews", "image": "cifar10"}
 _COLLAPSE = 10  # more files than this of one folder and suffix are listed as one pattern
@@ -73,7 +70,7 @@ def _tfds_info(name: str) -> dict:
 
 def provenance(task: str, data_dir=None, *, max_len: int | None = None,
                resolution: int | None = None, difficulty: str | None = None,
-               download: bool = False, **generator_options) -> dict:
+               download: bool = False) -> dict:
   """Where `lra.load(task, split, data_dir, ...)` takes the data of all three splits from.
 
   Takes `lra.load`'s options (those that change what is read) and returns a JSON-ready dict:
@@ -91,20 +88,12 @@ def provenance(task: str, data_dir=None, *, max_len: int | None = None,
       tensorflow_datasets is not installed), else None.
   Raises what `lra.load` raises for missing files or bad options.
   """
-  spec, params, options = resolve_options(task, max_len, resolution, difficulty, download,
-                                          **generator_options)
+  spec, params, options = resolve_options(task, max_len, resolution, difficulty, download)
   sources = [reader(task)(data_dir, split, spec.max_len, **options) for split in SPLITS]
   root = Path(data_dir) if data_dir is not None else None
   record = {"task": task, "data_dir": str(root.absolute()) if root else None,
             "load_options": params, "splits": _SPLIT_RULES[task], "generator": None,
             "tfds": None}
-  if sources[0].generated is not None:   # generated in memory (a diagnostic task)
-    module = diagnostics.GENERATORS[task]
-    generator = {"generator": module.__name__, "rules_version": module.RULES_VERSION,
-                 "parameters": dataclasses.asdict(sources[0].generated)}
-    fingerprint = cache_lib.fingerprint([], Path("."), {"task": task, **params})
-    return {**record, "kind": "generated", "files": {}, "num_files": 0,
-            "fingerprint": fingerprint, "generator": generator}
   if any(source.files is None for source in sources):
     tfds = _tfds_info(_TFDS_NAMES[task])
     fingerprint = cache_lib.fingerprint([], Path("."), {"task": task, **params, "tfds": tfds})

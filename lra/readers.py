@@ -41,14 +41,13 @@ _TFDS_BATCH = 1024              # examples per batch read from TFDS
 @dataclasses.dataclass
 class Source:
   """Where one split comes from. `files` is None when it is not read from local files
-  (the TFDS fallback, or data generated in memory, whose settings are `generated`), which then
-  is not cached. `description` names it in errors. `expected`: (examples, manifest) when a
-  generator's manifest beside the files says how many examples of the split it wrote."""
+  (the TFDS fallback), which then is not cached. `description` names it in errors.
+  `expected`: (examples, manifest) when a generator's manifest beside the files says how many
+  examples of the split it wrote."""
 
   files: list[Path] | None
   build: Callable[[], dict]
   description: str
-  generated: object = None
   expected: tuple[int, Path] | None = None
 
 
@@ -85,16 +84,6 @@ def _pack(rows: list[bytes], max_len: int, dtype, offset: int = 0) -> dict:
 def _no_examples(path: Path, what: str) -> ValueError:
   return ValueError(f"{path}: no examples: {what}. The file is cut short or not the released "
                     "one; generate or unpack it again.")
-
-
-# ------------------------------------------------------------ the diagnostics (MQAR, MAD, ...)
-
-def read_generated(data_dir, split: str, max_len: int, settings) -> Source:
-  """Generated in memory from `settings` (a diagnostic's, lra.diagnostics.SETTINGS, checked
-  against max_len by `lra.loader.resolve_options`); data_dir is not used."""
-  return Source(None, lambda: settings.generate(max_len, split),
-                f"lra.diagnostics {settings.task} generator ({split}, seed {settings.seed})",
-                generated=settings)
 
 
 # ---------------------------------------------------------------------------------- ListOps

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
+# A token task's target where nothing is asked (objective "next_token"): not scored.
+IGNORED = -1
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:

@@ -1,5 +1,5 @@
-"""The six Long Range Arena tasks: what each one feeds a model (`task_spec` knows the diagnostic
-tasks too, lra/diagnostics/).
+"""The six Long Range Arena tasks: what each one feeds a model (the synthetic tasks are the
+package `synthetic`).
 
 Lengths, classes and vocabularies follow the released LRA configs (Tay et al., 2021).
 `max_len` here is the default and can be changed per load.
@@ -10,7 +10,6 @@ import difflib
 from pathlib import Path
 from typing import NamedTuple
 
-from lra import diagnostics
 from lra.spec import TaskSpec
 
 SPLITS = ("train", "validation", "test")
@@ -62,12 +61,12 @@ def available_tasks() -> tuple[str, ...]:
 
 def task_spec(name: str) -> TaskSpec:
   """The `TaskSpec` of a task; an unknown name raises ValueError listing the known ones."""
-  known = {**TASKS, **diagnostics.SPECS}
-  if name not in known:
-    close = difflib.get_close_matches(name, known, n=1)
+  if name not in TASKS:
+    close = difflib.get_close_matches(name, TASKS, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown task {name!r}{hint}; available tasks: {', '.join(known)}")
-  return known[name]
+    raise ValueError(f"unknown LRA task {name!r}{hint}; LRA tasks: {', '.join(TASKS)} (the "
+                     "synthetic tasks, e.g. mqar, load with synthetic.load)")
+  return TASKS[name]
 
 
 def check_split(split: str) -> str:

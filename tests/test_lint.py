@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_FOLDERS = ("attention_zoo", "configs", "examples", "experiments", "lra", "tests")
+PROJECT_FOLDERS = ("attention_zoo", "configs", "examples", "experiments", "lra", "synthetic",
+                   "tests")
 
 
 def python_files(root: Path) -> list[str]:
@@ -58,7 +59,7 @@ def test_outside_a_git_checkout_the_project_folders_are_linted(tmp_path, monkeyp
 
 # -- the layers -----------------------------------------------------------------------------
 
-PACKAGES = ("attention_zoo", "configs", "experiments", "lra")
+PACKAGES = ("attention_zoo", "configs", "experiments", "lra", "synthetic")
 # The library's layers, lowest first: a module imports only from its own layer and those below.
 # Each entry names modules and packages (a package stands for everything in it); the face,
 # attention_zoo/__init__.py, is the top: it imports every public name, on first use.
@@ -75,7 +76,10 @@ LAYERS = [
     ("testing", ["attention_zoo.testing", "attention_zoo.conformance"]),
     ("face", ["attention_zoo"]),
 ]
-HARNESS = {"configs", "experiments", "lra", "ml_collections"}
+HARNESS = {"configs", "experiments", "lra", "synthetic", "ml_collections"}
+# The tasks' data, lowest first: each package imports none of the project's packages but those
+# before it here (lra knows only LRA; synthetic builds on lra's TaskSpec, Dataset and checks).
+DATA_LAYERS = ["lra", "synthetic"]
 HARNESS_COMMON = "experiments.common"   # what every command shares: it imports no job
 
 
@@ -91,12 +95,14 @@ def project_modules() -> dict[str, Path]:
   return modules
 
 
-def imported_names(module: str, path: Path, *, module_level_only: bool = False) -> set[str]:
+def imported_names(module: str, path: Path, *, module_level_only: bool = False,
+                   only: ast.AST | None = None) -> set[str]:
   """Every module name `module` imports: at module level and inside functions (a late import
   that dodges a circle is still a circle), `from a import b` as both a and a.b (b may be a
-  module), relative imports resolved. With module_level_only, not those inside functions."""
+  module), relative imports resolved. With module_level_only, not those inside functions; with
+  `only`, the names of that one import statement."""
   tree = ast.parse(path.read_text(encoding="utf-8"))
-  nodes = _outside_functions(tree) if module_level_only else ast.walk(tree)
+  nodes = [only] if only else _outside_functions(tree) if module_level_only else ast.walk(tree)
   names = set()
   package = module if path.name == "__init__.py" else module.rpartition(".")[0]
   for node in nodes:
@@ -121,16 +127,17 @@ def _outside_functions(tree):
               if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(*, module_level_only: bool = False) -> dict[str, set[str]]:
   """Project module -> the project modules importing it runs: `import a.b.c` runs the packages
   a and a.b too. A module's own packages are left out: they are loaded before it, whatever it
-  imports, so importing one of them starts nothing."""
+  imports, so importing one of them starts nothing. With module_level_only, what loading it
+  runs (not the imports inside its functions)."""
   modules = project_modules()
   graph = {}
   for module, path in modules.items():
     own_packages = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
     runs = set()
-    for name in imported_names(module, path):
+    for name in imported_names(module, path, module_level_only=module_level_only):
       parts = name.split(".")
       runs |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
     graph[module] = {m for m in runs if m in modules and m != module} - own_packages
@@ -232,6 +239,57 @@ def test_the_harness_common_part_imports_no_job():
       "experiments.common.device imports experiments.benchmark.ops"]
 
 
+# A package whose import starts JAX (seconds): the one reason for an import inside a function.
+STARTS_JAX = {"jax", "jaxlib", "flax", "optax", "orbax"}
+
+
+def modules_starting_jax() -> set[str]:
+  """The project modules whose loading imports a JAX package, directly or through the project
+  modules it loads."""
+  modules = project_modules()
+  graph = import_graph(module_level_only=True)
+  starting = {m for m, path in modules.items()
+              if any(n.split(".")[0] in STARTS_JAX
+                     for n in imported_names(m, path, module_level_only=True))}
+  while grown := {m for m in graph if m not in starting and graph[m] & starting}:
+    starting |= grown
+  return starting
+
+
+def needless_late_imports(module: str, path: Path, starting_jax: set[str]) -> list[str]:
+  """"module:line imports names" for each import inside a function of project modules none of
+  which starts JAX (`starting_jax`): it could stand at the top of the file."""
+  modules = project_modules()
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      for inner in ast.walk(node):
+        if isinstance(inner, (ast.Import, ast.ImportFrom)):
+          names = imported_names(module, path, only=inner) & set(modules)
+          if names and not names & starting_jax:
+            found.append(f"{module}:{inner.lineno} imports {', '.join(sorted(names))}")
+  return sorted(set(found))
+
+
+def test_the_harness_imports_late_only_what_starts_jax():
+  """A command checks its flags before JAX starts, so it may import a module that starts JAX
+  inside a function; any other project import stands at the top of its file, where a reader
+  sees what the module depends on."""
+  starting = modules_starting_jax()
+  assert "experiments.train.trainer" in starting and "experiments.report" not in starting
+  harness = {m: p for m, p in project_modules().items() if m.split(".")[0] == "experiments"}
+  found = [line for m, path in harness.items() for line in needless_late_imports(m, path, starting)]
+  assert not found, found
+
+
+def test_the_late_import_reader_tells_a_needless_late_import(tmp_path):
+  (tmp_path / "m.py").write_text("def f():\n  from experiments import report\n"
+                                 "def g():\n  from experiments.train import trainer\n")
+  assert needless_late_imports("experiments.m", tmp_path / "m.py",
+                               {"experiments.train.trainer"}) == [
+      "experiments.m:2 imports experiments, experiments.report"]
+
+
 def test_ops_import_only_jax_numpy_the_standard_library_and_themselves():
   """So that a JAX user without Flax can use them; and importing attention_zoo.ops runs the
   face, which imports only the standard library when it loads."""
@@ -248,11 +306,27 @@ def test_ops_import_only_jax_numpy_the_standard_library_and_themselves():
 
 
 def test_the_library_imports_nothing_from_the_harness():
-  """attention_zoo stands alone: no import of experiments, configs, lra or ml_collections."""
+  """attention_zoo stands alone: no import of experiments, configs, lra, synthetic or
+  ml_collections."""
   modules = project_modules()
   found = {m: sorted(n for n in imported_names(m, path) if n.split(".")[0] in HARNESS)
            for m, path in modules.items() if m.split(".")[0] == "attention_zoo"}
   assert found and not any(found.values()), found
+
+
+def test_the_data_packages_import_only_downwards():
+  """lra imports nothing of the project but itself, synthetic only lra and itself: neither the
+  library, the configs nor the harness."""
+  modules = project_modules()
+  found = {}
+  for i, package in enumerate(DATA_LAYERS):
+    allowed = set(DATA_LAYERS[:i + 1])
+    for module, path in modules.items():
+      if module.split(".")[0] == package:
+        found[module] = sorted(n for n in imported_names(module, path)
+                               if n.split(".")[0] in {*PACKAGES, "ml_collections"} - allowed)
+  assert set(DATA_LAYERS) <= {m.split(".")[0] for m in found}
+  assert not any(found.values()), found
 
 
 def test_only_the_command_and_tests_import_the_conformance_suite():

@@ -138,10 +138,10 @@ def settings(name: str) -> Settings:
 
 # -- building blocks ------------------------------------------------------------------------
 
-def build(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, **options):
+def build(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, max_len=MAX_LEN, **options):
   options = {**settings(name).options, **options}
   return registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
-                         causal=causal, max_len=MAX_LEN, rngs=nnx.Rngs(seed), **options)
+                         causal=causal, max_len=max_len, rngs=nnx.Rngs(seed), **options)
 
 
 def inputs(seed, q_len=LEN, kv_len=None, num_kv_heads=NUM_KV_HEADS, dtype=jnp.float32):

@@ -3,7 +3,7 @@
     out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j),   φ(x) = elu(x) + 1
 
 over the keys j query i sees (real keys; j <= i + kv_len - q_len when causal). The sums run in
-`kernelized.linear_attention`: once for all queries, or as chunked prefix sums when causal,
+`ops.kernelized.linear_attention`: once for all queries, or as chunked prefix sums when causal,
 which also makes the model an RNN for decoding (the state Σ φ(k) vᵀ, Σ φ(k) replaces the KV
 cache). φ(q)·φ(k) has no temperature, so the `scale` option is refused.
 """
@@ -20,7 +20,7 @@ from attention_zoo.variants import kernelized
           complexity="O(n·d)",
           paper="Katharopoulos et al. 2020, Transformers are RNNs: Fast Autoregressive "
                 "Transformers with Linear Attention (arXiv:2006.16236)",
-          can_decode=True, supports_dropout=False)
+          can_decode=True, supports_dropout=False, supports_context_parallel=True)
 class LinearTransformerAttention(kernelized.KernelizedAttention):
   TEST_OPTIONS = dict(chunk_size=4)
 

@@ -19,6 +19,8 @@ Cost O(n·k·d) per head instead of O(n²·d).
 
 Every projected key mixes the whole sequence, so a query would see the future: no causal form.
 Cross-attention works for kv_len <= max_len (queries are never projected).
+Under a `context` mesh each device projects its own positions and the k rows are psummed
+(ops/length_projection.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from flax import nnx
 
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
+from attention_zoo.ops.length_projection import project_length
 from attention_zoo.options import Choice, Float, Int
 
 SHARING = ("none", "headwise", "kv", "kv_per_head")
@@ -37,7 +40,7 @@ SHARING = ("none", "headwise", "kv", "kv_per_head")
           complexity="O(n·k)",
           paper="Wang et al. 2020, Linformer: Self-Attention with Linear Complexity "
                 "(arXiv:2006.04768)",
-          needs_max_len=True)
+          needs_max_len=True, supports_context_parallel=True)
 class LinformerAttention(Attention):
   # k: the projected length; share: "none" (E_i, F_i per head), "headwise" (one E, one F),
   # "kv" (one E = F) or "kv_per_head" (E_i = F_i); init_std: None = Xavier normal.
@@ -71,8 +74,8 @@ class LinformerAttention(Attention):
     real = kv_mask[:, :, None, None]
     k = jnp.where(real, k.astype(jnp.float32), 0.0)
     v = jnp.where(real, v.astype(jnp.float32), 0.0)
-    k_proj = jnp.einsum("bnhd,hnr->brhd", k, e)                             # [b, k, kvh, d]
-    v_proj = jnp.einsum("bnhd,hnr->brhd", v, f)                             # [b, k, kvh, d]
+    k_proj = project_length(k, e)                                           # [b, k, kvh, d]
+    v_proj = project_length(v, f)                                           # [b, k, kvh, d]
     grouped = softmax.group_heads(q.astype(jnp.float32), kvh)            # [b, q, kvh, g, d]
     scores = jnp.einsum("bqhgd,brhd->bhgqr", grouped, k_proj) * self.scale  # [b, kvh, g, q, k]
     weights = self.dropout(jax.nn.softmax(scores, axis=-1), deterministic)

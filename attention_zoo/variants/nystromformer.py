@@ -36,6 +36,8 @@ its LRA runs use 35. The default 0 (no convolution) keeps the variant a pure app
 softmax attention. The convolution ties query i to value i, hence self-attention only.
 Attention dropout drops entries of F and B, the two attention-weight matrices; A is kept
 whole because its pseudo-inverse would amplify the noise.
+The sums over the sequence (landmarks, B V, the convolution) are ops/nystrom.py's, which also
+runs them context-parallel.
 """
 from __future__ import annotations
 
@@ -46,14 +48,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo.contract import Attention, register
-from attention_zoo.ops import softmax
+from attention_zoo.ops import nystrom, softmax
 from attention_zoo.options import Choice, Int
 
 
 @register("nystromformer", exact=False, supports_causal=False, supports_cross=False,
           complexity="O(n·m)",
           paper="Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating "
-                "Self-Attention (arXiv:2102.03902)")
+                "Self-Attention (arXiv:2102.03902)",
+          supports_context_parallel=True)
 class NystromformerAttention(Attention):
   OPTIONS = {"num_landmarks": Int(64, minimum=1), "pinv_iterations": Int(6, minimum=1),
              "conv_kernel_size": Int(0, minimum=0, where=(
@@ -80,18 +83,17 @@ class NystromformerAttention(Attention):
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     # Padded values zeroed: not even a NaN pad can reach B V.
     v = jnp.where(kv_mask[:, :, None, None], v.astype(jnp.float32), 0.0)
-    if self.options["landmarks"] == "padded_segments":
+    equal_segments = self.options["landmarks"] == "padded_segments"
+    if equal_segments:
+      self._check_padded_segments(q.shape[1], num_landmarks)
       q = jnp.where(q_mask[:, :, None, None], q, 0.0)
       k = jnp.where(kv_mask[:, :, None, None], k, 0.0)
-      q_segments, q_landmark_real = self._padded_segments(q_mask, num_landmarks)
-      k_segments, k_landmark_real = self._padded_segments(kv_mask, num_landmarks)
-    else:
-      q_segments, q_landmark_real = segments(q_mask, num_landmarks)        # [b, n, l], [b, l]
-      k_segments, k_landmark_real = segments(kv_mask, num_landmarks)       # [b, n, m], [b, m]
     # l indexes the query landmarks, m the key landmarks (as many of each: num_landmarks).
     grouped = softmax.group_heads(q, self.num_kv_heads)                    # [b, n, kvh, g, d]
-    q_landmarks = segment_means(q_segments, grouped)                       # [b, l, kvh, g, d]
-    k_landmarks = segment_means(k_segments, k)                             # [b, m, kvh, d]
+    q_landmarks, q_landmark_real = nystrom.landmark_means(
+        grouped, q_mask, num_landmarks, equal_segments=equal_segments)     # [b, l, kvh, g, d]
+    k_landmarks, k_landmark_real = nystrom.landmark_means(
+        k, kv_mask, num_landmarks, equal_segments=equal_segments)          # [b, m, kvh, d]
     q_real = q_landmark_real[:, None, None, :, None]                       # [b, 1, 1, l, 1]
     k_real = k_landmark_real[:, None, None, None, :]                       # [b, 1, 1, 1, m]
 
@@ -101,13 +103,11 @@ class NystromformerAttention(Attention):
     kernel_a = softmax.masked_softmax(
         jnp.einsum("blhgd,bmhd->bhglm", q_landmarks, k_landmarks) * self.scale,
         q_real & k_real)                                                   # A [b, kvh, g, l, m]
-    kernel_b = softmax.masked_softmax(
-        jnp.einsum("blhgd,bnhd->bhgln", q_landmarks, k) * self.scale,
-        q_real & kv_mask[:, None, None, None, :])                          # B [b, kvh, g, l, n]
     kernel_f = self.dropout(kernel_f, deterministic)
-    kernel_b = self.dropout(kernel_b, deterministic)
-
-    landmark_values = jnp.einsum("bhgln,bnhd->bhgld", kernel_b, v)         # B V [b, kvh, g, l, d]
+    landmark_values = nystrom.landmark_values(                             # B V [b, kvh, g, l, d]
+        jnp.einsum("blhgd,bnhd->bhgln", q_landmarks, k) * self.scale,      # B's scores
+        q_real & kv_mask[:, None, None, None, :], v, dropout_rate=self.dropout_rate,
+        dropout_rng=self.dropout_rng(deterministic))
     inverse = pinv(kernel_a, self.options["pinv_iterations"],
                    batch_global=self.options["pinv_init"] == "batch_global")
     landmark_values = inverse @ landmark_values                            # A⁺ B V [.., m, d]
@@ -116,47 +116,21 @@ class NystromformerAttention(Attention):
       out = out + self._skip_conv(v)
     return out.reshape(q.shape)
 
-  def _padded_segments(self, mask, num_landmarks: int):
-    """The paper's LRA landmarks: m equal segments of all n positions, padding included, every
-    landmark counted as real: one-hot [b, n, m], [b, m]."""
-    b, n = mask.shape
-    if n % num_landmarks:
-      raise self.option_error("landmarks", f"'real_tokens' for a length n={n} that is not a "
+  def _check_padded_segments(self, length: int, num_landmarks: int):
+    """The paper's LRA landmarks cut all n positions into m equal segments."""
+    if length % num_landmarks:
+      raise self.option_error("landmarks", f"'real_tokens' for a length n={length} that is not a "
                                            f"multiple of num_landmarks={num_landmarks} "
                                            "('padded_segments' cuts n into equal segments)")
-    one_hot = (jnp.arange(n) // (n // num_landmarks))[:, None] == jnp.arange(num_landmarks)
-    return (jnp.broadcast_to(one_hot, (b, n, num_landmarks)),
-            jnp.ones((b, num_landmarks), bool))
 
   def _skip_conv(self, v):
     """Depthwise convolution over the sequence: v [b, n, kvh, d] -> [b, n, kvh, g, d]."""
     b, n, num_kv_heads, head_dim = v.shape
     channels_last = v.transpose(0, 3, 1, 2).reshape(b * head_dim, n, num_kv_heads)  # [b·d, n, kvh]
-    out = jax.lax.conv_general_dilated(
-        channels_last, self.conv[...], window_strides=(1,), padding="SAME",
-        dimension_numbers=("NWC", "WIO", "NWC"),
-        feature_group_count=num_kv_heads)                                  # [b·d, n, h], head-major
+    out = nystrom.sequence_conv(channels_last, self.conv[...],
+                                feature_group_count=num_kv_heads)          # [b·d, n, h], head-major
     group = self.num_heads // num_kv_heads
     return out.reshape(b, head_dim, n, num_kv_heads, group).transpose(0, 2, 3, 4, 1)
-
-
-def segments(mask, num_landmarks: int):
-  """Which landmark each real token belongs to: one-hot [b, n, m], and non-empty landmarks [b, m].
-
-  The c real tokens of a row, in order, fill m contiguous segments of ⌊c/m⌋ or ⌈c/m⌉ tokens.
-  """
-  count = mask.sum(axis=-1, keepdims=True)                                 # [b, 1]
-  rank = jnp.cumsum(mask, axis=-1) - 1                   # [b, n]: index among real tokens
-  segment = rank * num_landmarks // jnp.maximum(count, 1)                  # [b, n], in [0, m)
-  one_hot = (segment[..., None] == jnp.arange(num_landmarks)) & mask[..., None]  # [b, n, m]
-  return one_hot, one_hot.any(axis=1)
-
-
-def segment_means(one_hot, x):
-  """Means of x [b, n, ...] over each segment of one_hot [b, n, m] -> [b, m, ...] (0 if empty)."""
-  sums = jnp.einsum("bnm,bn...->bm...", one_hot.astype(x.dtype), x)        # [b, m, ...]
-  count = one_hot.sum(axis=1).reshape(one_hot.shape[0], -1, *(1,) * (x.ndim - 2))
-  return sums / jnp.maximum(count, 1)
 
 
 def pinv(a, iterations: int, *, batch_global: bool = False):

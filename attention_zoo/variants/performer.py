@@ -19,7 +19,7 @@ trainable): it is used whenever `deterministic=True`, so evaluation is reproduci
 stream.
 
 Numerics (f32 whatever the input dtype): the feature maps return log φ and
-`kernelized.linear_attention` stabilises each feature by its own max over the keys a query
+`ops.kernelized.linear_attention` stabilises each feature by its own max over the keys a query
 sees (real keys only, and only the past when causal), then each query by its own max, so
 nothing overflows or underflows to an all-zero row at large input norms, in bf16 or at 16K
 tokens, and neither padding nor the future leaks in. The 1/sqrt(m) cancels in D⁻¹ and is
@@ -74,7 +74,7 @@ def orthogonal_gaussian(key, num_kv_heads: int, nb_features: int, head_dim: int)
 @register("performer", exact=False, supports_causal=True, supports_cross=True,
           complexity="O(n·m)",
           paper="Choromanski et al. 2021, Rethinking Attention with Performers (arXiv:2009.14794)",
-          can_decode=True, supports_dropout=False)
+          can_decode=True, supports_dropout=False, supports_context_parallel=True)
 class PerformerAttention(kernelized.KernelizedAttention):
   # kernel: "softmax" (FAVOR+) or "relu" (generalized attention); features: "random" (a
   # random projection Ω) or "deterministic" (none: the head_dim coordinates, relu only).

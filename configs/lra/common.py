@@ -48,10 +48,11 @@ from ml_collections.config_dict import placeholder
 
 from configs.task_values import TaskValues
 
-PRESETS = ("paper", "fair", "tiny", "light", "light_fair")
+PRESETS = ("paper", "fair", "tiny", "light", "light_fair", "grazzi")
+LRA_PRESETS = PRESETS[:5]   # grazzi: the formal languages' (configs/formal_languages.py)
 LIGHT_PRESETS = ("light", "light_fair")
 DATA_DIRS = {"paper": "data/lra", "fair": "data/lra", "tiny": "data/lra_tiny", "light": "data/lra",
-             "light_fair": "data/lra"}
+             "light_fair": "data/lra", "grazzi": ""}
 RSQRT = "constant * linear_warmup * rsqrt_decay"
 COSINE = "constant * linear_warmup * cosine_decay"
 # The models of the LRA paper, by registry name (the Transformer is `full`).
@@ -239,6 +240,8 @@ def task_config(values: TaskValues, arg: str | None) -> ml_collections.ConfigDic
   is left None: the build step fills it in for the variant that runs.
   """
   attention, preset = parse_arg(arg)
+  if preset not in LRA_PRESETS:
+    raise ValueError(f"{values.task} has the presets {', '.join(LRA_PRESETS)}, not {preset!r}")
   config = base_config(values.task, attention, preset)
   if preset in LIGHT_PRESETS:
     if values.light is None:

@@ -1,4 +1,4 @@
-"""The six MAD tasks (lra.mad) trained as causal language models, one config file per task
+"""The six MAD tasks (synthetic.mad) trained as causal language models, one config file per task
 (configs/mad/<task>.py: `get_config("<attention>,<preset>")`).
 
 COMMAND: python -m experiments.reproduce --preset=tiny --tasks=mad \

@@ -1,4 +1,4 @@
-"""MAD's compression (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
+"""MAD's compression (synthetic.mad) for a causal decoder; see configs/mad/__init__.py."""
 from configs import mad
 
 VALUES = mad.values("compression")

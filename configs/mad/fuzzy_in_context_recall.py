@@ -1,4 +1,4 @@
-"""MAD's fuzzy in-context recall (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
+"""MAD's fuzzy in-context recall (synthetic.mad), a causal LM; see configs/mad/__init__.py."""
 from configs import mad
 
 VALUES = mad.values("fuzzy_in_context_recall")

@@ -1,4 +1,4 @@
-"""MAD's in-context recall (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
+"""MAD's in-context recall (synthetic.mad) for a causal decoder; see configs/mad/__init__.py."""
 from configs import mad
 
 VALUES = mad.values("in_context_recall")

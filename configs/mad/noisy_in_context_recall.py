@@ -1,4 +1,4 @@
-"""MAD's noisy in-context recall (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
+"""MAD's noisy in-context recall (synthetic.mad), a causal LM; see configs/mad/__init__.py."""
 from configs import mad
 
 VALUES = mad.values("noisy_in_context_recall")

@@ -1,4 +1,4 @@
-"""MAD's selective copying (lra.mad) for a causal decoder; see configs/mad/__init__.py."""
+"""MAD's selective copying (synthetic.mad) for a causal decoder; see configs/mad/__init__.py."""
 from configs import mad
 
 VALUES = mad.values("selective_copying")

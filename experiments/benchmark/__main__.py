@@ -127,9 +127,10 @@ if __name__ == "__main__":
   flags.DEFINE_integer("repeats", None, "Timed calls per measurement, the median reported "
                        "(default 5; flash 10).")
   flags.DEFINE_integer("warmup", 1, "Untimed calls first; the first one estimates the cost.")
-  flags.DEFINE_float("time_budget_s", None, "Seconds per measurement in train, attention and ops "
-                     "mode (default 60: longer ones, and the longer lengths of that variant, are "
-                     "skipped); for the whole run in capacity mode (3600: past them no more "
+  flags.DEFINE_float("time_budget_s", None, "Seconds of timed calls (warmup + repeats) per "
+                     "program in train, attention and ops mode, compiling not counted (default "
+                     "60: longer ones, and the longer lengths of that variant, are skipped); for "
+                     "the whole run in capacity mode (3600: past them no more "
                      "compiles or steps) and flash mode (420: no new row after them).")
   flags.DEFINE_float("memory_limit_gb", None, "Do not run (capacity: time) programs whose "
                      "compiled memory exceeds this (default: the accelerator's memory, or half "
@@ -147,8 +148,8 @@ if __name__ == "__main__":
                        "approximation: 4).")
   flags.DEFINE_integer("mlp_dim", None, "MLP width.")
   flags.DEFINE_integer("seed", 0, "Seed of parameters and inputs.")
-  flags.DEFINE_integer("matmul_size", 4096, "Attention mode: the n x n matmul whose GFLOP/s is "
-                       "the limit the exact variants' FLOP rates are compared with; 0: skip it.")
+  flags.DEFINE_integer("matmul_size", 4096, "Attention and ops mode: the n x n matmul whose "
+                       "GFLOP/s is the limit the FLOP rates are compared with; 0: skip it.")
   # capacity mode
   flags.DEFINE_integer("min_length", 1024, "Capacity: the shortest length tried (rounded up to "
                        "a power of two).")

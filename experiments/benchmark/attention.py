@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import attention_zoo as az
-from experiments.benchmark import programs
+from experiments.benchmark import pairs, programs
 from experiments.benchmark.programs import Program, Workload
 from experiments.benchmark.settings import JAX_BASELINE, Settings
 from experiments.train import build
@@ -71,13 +71,22 @@ def attention_workload(name: str, length: int, settings: Settings) -> Workload:
 
   shapes = (params, rest, jax.ShapeDtypeStruct(q_shape, dtype),
             *(jax.ShapeDtypeStruct(kv_shape, dtype),) * 2, jax.ShapeDtypeStruct((b, length), bool))
-  dense = baseline or (spec.exact and spec.complexity.startswith("O(n²)"))
+  exact, nominal = baseline or spec.exact, None
+  if exact:
+    kept = None if baseline else pairs.kept_pairs(fwd, *shapes, batch=b, heads=heads)
+    if kept is None and not (baseline or spec.complexity.startswith("O(n²)")):
+      raise ValueError(f"{name} ({spec.complexity}) hands the block-sparse engine no block mask "
+                       "the benchmark sees (experiments/benchmark/pairs.py): its FLOPs cannot be "
+                       "counted; call the engine through attention_zoo.flex")
+    nominal = ((pair_flops(kept, head_dim), "nominal 3.5·4·pairs·d, pairs of the block masks")
+               if kept is not None else   # dense: n² pairs a head
+               (attention_flops(b, heads, length, head_dim, causal=False, backward=True),
+                "nominal 3.5·4·b·h·n²·d"))
   return Workload(
       programs={"fwd": Program(jax.jit(fwd), shapes), "fwd_bwd": Program(jax.jit(fwd_bwd), shapes)},
       resident_bytes=programs.nbytes(params), create=create, step=step,
-      options={} if baseline else dict(model.attention_options), exact=baseline or spec.exact,
-      nominal_flops=attention_flops(b, heads, length, head_dim, causal=False, backward=True)
-      if dense else None)
+      options={} if baseline else dict(model.attention_options), exact=exact,
+      nominal_flops=nominal)
 
 
 def attention_flops(batch: int, heads: int, length: int, head_dim: int, *, causal: bool,
@@ -85,5 +94,11 @@ def attention_flops(batch: int, heads: int, length: int, head_dim: int, *, causa
   """The nominal FLOPs of exact softmax attention as the FlashAttention papers count them:
   4·b·h·n²·d for the forward (two n x n x d products), halved when causal; the backward is
   2.5 x the forward (its recomputation included), so forward+backward is 3.5 x."""
-  forward = 4 * batch * heads * length ** 2 * head_dim / (2 if causal else 1)
-  return forward * (3.5 if backward else 1.0)
+  forward = pair_flops(batch * heads * length ** 2, head_dim, backward=False)
+  return forward / (2 if causal else 1) * (3.5 if backward else 1.0)
+
+
+def pair_flops(pairs: int, head_dim: int, *, backward: bool = True) -> float:
+  """attention_flops over `pairs` (query, key) pairs (summed over batch rows and heads): 4·d a
+  pair forward (a score and its weighted value), 3.5 x that forward+backward."""
+  return 4 * pairs * head_dim * (3.5 if backward else 1.0)

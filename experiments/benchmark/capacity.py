@@ -47,7 +47,7 @@ from experiments.benchmark.programs import Workload
 from experiments.benchmark.settings import (DTYPES, REMATS, Settings, default_memory_limit_bytes,
                                             length_label)
 from experiments.benchmark.train_step import train_workload
-from experiments.common import device, dry_run, records
+from experiments.common import device, dry_run, provenance, records
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
 from experiments.common.variant_names import check_attention
@@ -451,7 +451,7 @@ def run_mode(values, command: str) -> int:
                           f"{values.time_steps}" for name in names),
                         f"then {values.out}/capacity.md, .csv and .png (time budget "
                         f"{time_budget_s:g} s)"])
-  env = records.environment()
+  env = provenance.environment()
   facts = {"model": f"{dry_run.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
                     f"{dry_run.count(model.num_heads, 'head')}, MLP {model.mlp_dim}",
            "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,

@@ -66,6 +66,7 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
   timings: dict[str, tuple] = {}
   compiled: dict[str, Any] = {}
   running = False
+  started = time.perf_counter()
   try:
     measured = workload(name, length, settings)
     row.update(options=json.dumps(measured.options, sort_keys=True, default=str),
@@ -77,6 +78,7 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
       row.update(status=refused[0], note=refused[1])
       return row, timings
     start = time.perf_counter()
+    row["setup_s"] = round(start - started, 2)   # the model built abstractly, its pairs counted
     facts = {}
     for key, program in measured.programs.items():
       compiled[key], facts[key] = compile_program(program)
@@ -94,6 +96,7 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
       row.update(status=refused[0], note=refused[1])
       return row, timings
     running = True
+    start = time.perf_counter()
     inputs = measured.create()
     for key in measured.programs:
       ms, first_ms, inputs = time_calls(
@@ -102,6 +105,7 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
           predicted_call_s=_predict_call_s(previous, key, facts[key], length))
       timings[key] = (ms, facts[key].flops, facts[key].flops_in_loops)
     del inputs
+    row["run_s"] = round(time.perf_counter() - start, 2)
     # ms, first_ms: of the last program timed, the main one
     row.update(step_ms=ms, steps_per_s=1e3 / ms, first_call_ms=first_ms)
     if "fwd" in timings:
@@ -127,17 +131,13 @@ def measure(name: str, length: int, settings: Settings, *, memory_limit: float,
 
 
 def _add_rate(row: dict, measured: Workload, ms: float, matmul_gflops) -> None:
-  """GFLOP/s of forward+backward of an exact variant, and its fraction of the matmul limit.
-  Dense attention (full, flash, the jax baseline) is counted nominally (attention_flops),
-  the same count for all three; a sparse exact variant by XLA's cost analysis (a lower bound
-  when it loops over products)."""
-  if measured.nominal_flops is not None:
-    counted, source = measured.nominal_flops, "nominal 3.5·4·b·h·n²·d"
-  elif row.get("flops"):
-    counted = row["flops"]
-    source = "cost_analysis" + (" (lower bound: loops)" if row["flops_lower_bound"] else "")
-  else:
+  """GFLOP/s of forward+backward of an exact variant, and its fraction of the matmul limit:
+  FLOPs counted nominally (attention_flops) over the pairs the pattern keeps (n² for dense
+  attention, the engine's block masks for a sparse one: pairs.py), the same convention for all.
+  XLA's cost analysis (`flops`) stays a cross-check column: it counts a loop's body once."""
+  if measured.nominal_flops is None:
     return
+  counted, source = measured.nominal_flops
   gflops = counted / (ms / 1e3) / 1e9
   row.update(rate_flops=counted, flops_source=source, gflops_per_s=gflops,
              fraction_of_matmul=gflops / matmul_gflops if matmul_gflops else None)
@@ -170,7 +170,8 @@ def run(settings: Settings, *, progress: Callable | None = None,
   if settings.mode == "attention" and settings.matmul_size:
     env["matmul_gflops"] = device.matmul_gflops(settings.matmul_size, settings.dtype)
   logging.info("benchmark: %s mode, %s, remat %s, batch %d on %s, jax %s; device memory %.3g GB, "
-               "memory limit %.3g GB, time budget %g s", settings.mode, settings.dtype,
+               "memory limit %.3g GB, time budget %g s for each program's timed calls (warmup + "
+               "repeats; compiling is not counted)", settings.mode, settings.dtype,
                settings.remat, settings.batch_size, env["device"], env["jax_version"],
                device_memory / 1e9, memory_limit / 1e9, settings.time_budget_s)
   lengths = sorted(settings.lengths)
@@ -216,7 +217,10 @@ def finished(rows: list[dict], settings: Settings, env: dict) -> list[dict]:
 
 
 def _summary(row) -> str:
-  parts = []
+  """The row's log line: setup, compile and run times apart (the time budget covers the runs
+  only), the time a step, its temporary memory, the note."""
+  parts = [f"{what} {row[key]:.1f} s" for what, key in (
+      ("setup", "setup_s"), ("compile", "compile_s"), ("run", "run_s")) if key in row]
   if row.get("step_ms") is not None:
     parts.append(f"{row['step_ms']:.1f} ms/step")
   if row.get("temp_bytes") is not None:

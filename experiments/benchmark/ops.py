@@ -5,7 +5,9 @@ At each length: batch 1, 4 heads, K = V = 64, float32, the gradients of Σ o wit
 every input (q, k, v, and g and beta where the op takes them), in one process so that the
 ratios share the machine's state. Each program is compiled first (its temporary memory from
 XLA), then timed by programs.time_calls (median of --repeats calls after --warmup) under
---time_budget_s. Writes benchmark_ops.csv and .md.
+--time_budget_s. Each chunk op's FLOP rate counts the matmuls of its chunk form nominally
+(chunk_flops) against the matmul limit measured in the same run (--matmul_size). Writes
+benchmark_ops.csv and .md.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo import ops
+from attention_zoo.ops.engine import DEFAULT_CHUNK_SIZE
+from experiments.benchmark.attention import attention_flops
 from experiments.benchmark.outputs import output_paths, run_environment, table_row, write_csv
 from experiments.benchmark.programs import OverBudget, time_calls
 from experiments.benchmark.settings import Status, length_label, lengths_text
-from experiments.common import dry_run
+from experiments.common import device, dry_run
 from experiments.common.command_line import integers
 from experiments.common.records import write_text
 
@@ -47,8 +51,47 @@ OPS |= {f"chunk_{family}{STRONG_GATES}": (getattr(ops, f"chunk_{family}"), tuple
     "g_channel_strong" if name == "g_channel" else name for name in FAMILIES[family]))
     for family in ("gla", "kda")}
 COLUMNS = ("op", "length", "status", "note", "fwd_bwd_ms", "speedup_vs_full",
-           "speedup_vs_recurrent", "first_call_ms", "temp_bytes", "device", "jax_version",
-           "xla_flags", "date")
+           "speedup_vs_recurrent", "first_call_ms", "temp_bytes", "nominal_flops", "gflops_per_s",
+           "fraction_of_matmul", "matmul_gflops", "device", "jax_version", "xla_flags", "date")
+# What each chunk op's state update is (attention_zoo/ops/engine.py): additive, the delta rule
+# (WY form), or DPLR; Gated DeltaProduct runs the delta rule over NUM_HOUSEHOLDER steps a token.
+UPDATE = {"simple_gla": "additive", "gla": "additive", "delta_rule": "delta",
+          "gated_delta_rule": "delta", "kda": "delta", "gated_delta_product": "delta",
+          "dplr_delta_rule": "dplr"}
+
+
+def chunk_forward_flops(update: str, steps: int, chunk: int, key_dim: int, value_dim: int) -> float:
+  """The FLOPs of the matmuls of one head's chunk form over `steps` steps in chunks of `chunk`
+  (the last padded), 2·m·n·k a product, as engine.chunk_recurrence / chunk_dplr_recurrence
+  compute them; the triangular inverse (I + A)^{-1} counted as C³/3, its minimal cost."""
+  C, K, V = chunk, key_dim, value_dim
+  pairs, read_and_write = 2 * C * C, 2 * C * K * V   # a [C, C] product per d; a state product
+  inverse = C ** 3 / 3
+  per_chunk = {
+      # P = QKᵀ, P V; the write Kᵀ V, the read Q S
+      "additive": pairs * (K + V) + 2 * read_and_write,
+      # P = QKᵀ, A = KKᵀ, W = T·βK, U = T·βV, P U'; W S and Kᵀ U' in the scan, the read Q S
+      "delta": pairs * (3 * K + 2 * V) + inverse + 3 * read_and_write,
+      # P_qk, P_qb, A_ab, A_ak; W = T·a; U = T·(A_ak V); P_qk V, P_qb u; the write Kᵀ V, W S,
+      # Bᵀ u in the scan, the read Q S
+      "dplr": pairs * (5 * K + 4 * V) + inverse + 4 * read_and_write,
+  }[update]
+  return per_chunk * -(-steps // C)
+
+
+def chunk_flops(name: str, length: int) -> float | None:
+  """Forward+backward FLOPs of op `name` at `length` as this mode runs it (BATCH x HEADS,
+  K = V = HEAD_DIM, chunks of DEFAULT_CHUNK_SIZE steps): 3 x the forward's matmuls (each
+  product's two gradients; the backward's recomputation of the chunk states not counted);
+  causal attention's 3.5 x 4·b·h·n²·d / 2 for the baseline; None for a token-by-token form."""
+  if name == BASELINE:
+    return attention_flops(BATCH, HEADS, length, HEAD_DIM, causal=True, backward=True)
+  if not name.startswith("chunk_"):
+    return None
+  family = name.removeprefix("chunk_").removesuffix(STRONG_GATES)
+  steps = length * (NUM_HOUSEHOLDER if family == "gated_delta_product" else 1)
+  chunk = min(DEFAULT_CHUNK_SIZE, -(-steps // 8) * 8)   # engine._chunk_layout: short, one chunk
+  return 3 * BATCH * HEADS * chunk_forward_flops(UPDATE[family], steps, chunk, HEAD_DIM, HEAD_DIM)
 
 
 def inputs(length: int) -> dict[str, jax.Array]:
@@ -99,10 +142,14 @@ def measure_one(name: str, length: int, *, warmup: int, repeats: int, budget_s: 
   return row
 
 
-def run(lengths, *, warmup: int, repeats: int, budget_s: float, progress=None) -> list[dict]:
+def run(lengths, *, warmup: int, repeats: int, budget_s: float, progress=None,
+        matmul_size: int = 0) -> list[dict]:
   """Every op (and the baseline) at every length, with speed-ups against full attention and
-  against the op's own token-by-token form at the same length."""
+  against the op's own token-by-token form at the same length, and the FLOP rate of the chunk
+  forms and the baseline (against an n x n matmul's, n = matmul_size, measured first; 0: none)."""
   env = run_environment()
+  if matmul_size:
+    env["matmul_gflops"] = device.matmul_gflops(matmul_size, "float32")
   rows = []
   for length in sorted(lengths):
     for name in (BASELINE, *OPS):
@@ -117,6 +164,11 @@ def run(lengths, *, warmup: int, repeats: int, budget_s: float, progress=None) -
                      if row["op"].startswith("chunk_") else None)
     for key, base in (("speedup_vs_full", BASELINE), ("speedup_vs_recurrent", own_recurrent)):
       row[key] = same[base] / mine if mine and same.get(base) else None
+    row["nominal_flops"] = chunk_flops(row["op"], row["length"])
+    if mine and row["nominal_flops"]:
+      row["gflops_per_s"] = row["nominal_flops"] / (mine / 1e3) / 1e9
+      limit = env.get("matmul_gflops")
+      row["fraction_of_matmul"] = row["gflops_per_s"] / limit if limit else None
   return rows
 
 
@@ -143,12 +195,39 @@ def markdown(rows: list[dict], *, command: str, warmup: int, repeats: int) -> st
       f"{length_label(n)} {by_key[(f'chunk_{family}', n)]['speedup_vs_recurrent']:.2f}x"
       for n in lengths if by_key[(f"chunk_{family}", n)].get("speedup_vs_recurrent"))
       for family in FAMILIES]
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + rate_lines(rows, names, lengths)) + "\n"
+
+
+def rate_lines(rows: list[dict], names: list[str], lengths: list[int]) -> list[str]:
+  """The FLOP rate table: GFLOP/s and the share of the matmul limit of every op counted."""
+  by_key = {(r["op"], r["length"]): r for r in rows}
+  rated = [name for name in names if chunk_flops(name, lengths[0]) is not None]
+  limit = rows[0].get("matmul_gflops")
+  lines = ["", "## FLOP rate", "",
+           "Nominal FLOPs of each chunk form's matmuls (chunk_flops in experiments/benchmark/"
+           "ops.py: the products of attention_zoo/ops/engine.py, 2·m·n·k each, the triangular "
+           "inverse as C³/3, in chunks of 64; forward+backward = 3 x the forward), the "
+           "baseline's 3.5 x 4·b·h·n²·d / 2 (causal)" + (
+               f"; against the matmul limit, {limit:.4g} GFLOP/s (a square matmul, float32, "
+               "measured in the same run)." if limit else "."), ""]
+  header = ["op"] + [f"GFLOP/s {length_label(n)}" for n in lengths] + (
+      [f"of limit {length_label(n)}" for n in lengths] if limit else [])
+  lines += [table_row(header), table_row(["---"] * len(header))]
+  for name in rated:
+    measured = [by_key[(name, n)] for n in lengths]
+    cells = [f"{r['gflops_per_s']:.3g}" if r.get("gflops_per_s") else r["status"].label
+             for r in measured]
+    if limit:
+      cells += [f"{100 * r['fraction_of_matmul']:.0f}%" if r.get("fraction_of_matmul") else ""
+                for r in measured]
+    lines.append(table_row([name] + cells))
+  return lines
 
 
 def run_and_write(lengths, out: str, *, warmup: int, repeats: int, budget_s: float,
-                  command: str, progress=None) -> list[dict]:
-  rows = run(lengths, warmup=warmup, repeats=repeats, budget_s=budget_s, progress=progress)
+                  command: str, progress=None, matmul_size: int = 0) -> list[dict]:
+  rows = run(lengths, warmup=warmup, repeats=repeats, budget_s=budget_s, progress=progress,
+             matmul_size=matmul_size)
   paths = output_paths(out, "ops")
   write_csv(rows, paths["csv"], COLUMNS)
   write_text(paths["markdown"], markdown(rows, command=command, warmup=warmup, repeats=repeats))
@@ -163,7 +242,7 @@ def run_mode(values, command: str) -> int:
                + [f"then {values.out}/benchmark_ops.csv and .md (budget "
                   f"{values.time_budget_s:g} s each)"])
   run_and_write(lengths, values.out, warmup=values.warmup, repeats=values.repeats,
-                budget_s=values.time_budget_s, command=command,
+                budget_s=values.time_budget_s, command=command, matmul_size=values.matmul_size,
                 progress=lambda row: logging.info("%-27s %6d %s %s ms", row["op"], row["length"],
                                                   row["status"].value, row.get("fwd_bwd_ms")))
   return 0

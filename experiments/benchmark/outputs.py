@@ -18,7 +18,7 @@ from configs.lra.paper_tables import TABLE2 as PAPER_TABLE2
 from configs.lra.paper_tables import TABLE2_LENGTHS as PAPER_TABLE2_LENGTHS
 from configs.lra.paper_tables import TABLE2_SPEEDUPS as PAPER_TABLE2_SPEEDUPS
 from experiments.benchmark.settings import BASELINE, JAX_BASELINE, Settings, Status, length_label
-from experiments.common import records
+from experiments.common import provenance, records
 from experiments.common.plots import legend_beside, pyplot, save_figure
 from lra.fileio import atomic_write
 
@@ -31,8 +31,8 @@ CSV_COLUMNS = (
     "temp_bytes", "temp_bytes_fwd", "compiled_total_bytes", "resident_bytes",
     "flops", "flops_fwd", "flops_lower_bound", "rate_flops", "flops_source", "gflops_per_s",
     "fraction_of_matmul", "matmul_gflops",
-    "device_peak_bytes", "device_peak_set_here", "time_exponent", "memory_exponent", "compile_s",
-    "mode", "dtype", "remat", "batch_size", "options", *ENVIRONMENT)
+    "device_peak_bytes", "device_peak_set_here", "time_exponent", "memory_exponent", "setup_s",
+    "compile_s", "run_s", "mode", "dtype", "remat", "batch_size", "options", *ENVIRONMENT)
 
 
 def output_paths(out_dir: str, mode: str) -> dict[str, str]:
@@ -63,9 +63,9 @@ def write_outputs(rows: list[dict], settings: Settings, out_dir: str, *, command
 
 
 def run_environment() -> dict:
-  """records.environment()'s facts a benchmark row carries, with jax's backend and version and
+  """provenance.environment()'s facts a benchmark row carries, with jax's backend and version and
   the XLA flags in use."""
-  env = records.environment()
+  env = provenance.environment()
   env.update(backend=jax.default_backend(), jax_version=jax.__version__,
              xla_flags=os.environ.get("XLA_FLAGS", ""))
   return {key: env[key] for key in ENVIRONMENT}
@@ -211,12 +211,15 @@ def _attention_tables(rows, env) -> list[str]:
     lines += ["", "## FLOP rate of the exact variants", "",
               (f"Matmul limit: {limit:.4g} GFLOP/s (experiments/common/device.py matmul_gflops, a "
                "square matmul in this dtype). " if limit else "")
-              + "Dense attention (full, flash, the jax baseline) is counted nominally, "
-              "3.5 x 4·b·h·n²·d for forward+backward (the FlashAttention papers' count, the "
-              "same for all three); a sparse exact variant by XLA's cost analysis.", ""]
+              + "Every exact variant is counted nominally over the (query, key) pairs it keeps, "
+              "3.5 x 4·d FLOPs a pair for forward+backward (the FlashAttention papers' count): "
+              "n² pairs a head for dense attention (full, flash, the jax baseline), the pairs "
+              "of the engine's block masks for a sparse one (experiments/benchmark/pairs.py). "
+              "XLA / nominal: XLA's cost analysis over that count, a cross-check only (it counts "
+              "a loop's body once, so the blockwise variants show far below 1).", ""]
     rate_header = ["variant", "FLOPs counted by"]
     for n in lengths:
-      rate_header += [f"GFLOP/s {length_label(n)}", "of matmul limit"]
+      rate_header += [f"GFLOP/s {length_label(n)}", "of matmul limit", "XLA / nominal"]
     lines += [table_row(rate_header), table_row(["---"] * len(rate_header))]
     for name in rated:
       measured = [by_key.get((name, n), {}) for n in lengths]
@@ -224,8 +227,10 @@ def _attention_tables(rows, env) -> list[str]:
       cells = [name, source]
       for row in measured:
         fraction = row.get("fraction_of_matmul")
+        cross_check = row.get("flops") and row.get("rate_flops") and \
+            row["flops"] / row["rate_flops"]
         cells += [_fmt(row.get("gflops_per_s"), ".3g"),
-                  f"{100 * fraction:.1f}%" if fraction else ""]
+                  f"{100 * fraction:.1f}%" if fraction else "", _fmt(cross_check, ".2g")]
       lines.append(table_row(cells))
   return lines
 

@@ -38,8 +38,9 @@ class Workload:
   step: Callable                 # (program name, compiled, inputs) -> (result, next inputs)
   options: dict                  # the variant's attention options as built
   exact: bool                    # computes exact attention (a FLOP rate is meaningful)
-  nominal_flops: float | None    # attention mode, dense exact attention: forward+backward's
-                                 # FLOPs as attention_flops counts them
+  # attention mode, an exact variant: (forward+backward's FLOPs as attention_flops counts them,
+  # over the pairs the pattern keeps; how they were counted)
+  nominal_flops: tuple[float, str] | None
 
   @property
   def main(self) -> str:

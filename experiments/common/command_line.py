@@ -13,6 +13,7 @@ from pathlib import Path
 from absl import app, flags
 from absl import logging as absl_logging
 
+import attention_zoo as az
 import lra
 from experiments.common import dry_run, xla_flags
 from experiments.common.errors import HarnessError, Interrupted, did_you_mean, fail, first_line
@@ -96,8 +97,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if not dry_run.requested():   # its probe starts JAX in a child; a dry run executes nothing
       xla_flags.avoid_cpu_scheduler_deadlock()
     if plugins:
-      import attention_zoo as az   # starts JAX: only once the flags are known to be good
-
       az.load_plugins(split_names(plugins))
       if config is not None:
         check_attention(config.model.attention)

@@ -1,66 +1,22 @@
-"""What a run records: where its results came from (the code's git commit, the software, the
-device, the date), and its files, each written atomically (the old file or the new one, never a
-torn one).
+"""The files a run writes, each atomically (the old file or the new one, never a torn one). It
+imports no JAX, so that a command can write and read records without starting JAX (where
+the results came from, the commit and the device: experiments.common.provenance).
 
-    environment() -> {"git_commit": ..., "versions": ..., "device": ..., ...}
     write_text(path, text); write_json(path, value)
     with atomic_write(path, "wb") as f: ...   # the same for any writer (lra.fileio)
     rotate([path, ...])       # an earlier run's files kept as <name>.1 (older: .2, ...)
+    read_metrics(workdir)     # the events of a run's metrics.jsonl
 """
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import os
-import platform
-import subprocess
 from pathlib import Path
 
-import jax
+from absl import logging
 
 from lra.fileio import atomic_write
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
-
-
-def git_commit() -> str | None:
-  """The checkout's HEAD commit, with "+dirty" when tracked files differ from it; None outside
-  a git checkout."""
-  def git(*args):
-    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
-                          timeout=30)
-  try:
-    head = git("rev-parse", "HEAD")
-    if head.returncode:
-      return None
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return head.stdout.strip() + ("+dirty" if dirty else "")
-
-
-def _version(package: str) -> str | None:
-  try:
-    return importlib.metadata.version(package)
-  except importlib.metadata.PackageNotFoundError:
-    return None
-
-
-def environment() -> dict:
-  device = jax.devices()[0]
-  return {
-      "git_commit": git_commit(),
-      "versions": {p: _version(p) for p in PACKAGES},
-      "python": platform.python_version(),
-      "device": f"{jax.device_count()} x {getattr(device, 'device_kind', '') or device.platform}"
-                f" ({device.platform})",
-      "process_count": jax.process_count(),
-      "device_count": jax.device_count(),
-      "host": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-      "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-  }
+METRICS = "metrics.jsonl"   # a run's events, one JSON object a line (experiments.train.metrics)
 
 
 def write_text(path, text: str) -> None:
@@ -87,3 +43,22 @@ def rotate(paths: list[Path]) -> str:
     if path.exists():
       path.rename(path.with_name(f"{path.name}.1"))
   return ", ".join(f"{p.name}.1" for p in paths if p.with_name(f"{p.name}.1").exists())
+
+
+def read_metrics(workdir) -> list[dict]:
+  """The events of metrics.jsonl. A last line that is not JSON is the torn end of a write that
+  was cut off: it is skipped with a warning. A bad line before it is an error."""
+  path = Path(workdir) / METRICS
+  if not path.exists():
+    return []
+  lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+  events = []
+  for number, line in enumerate(lines, start=1):
+    try:
+      events.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number < len(lines):
+        raise ValueError(f"{path}: line {number} is not JSON ({e})") from None
+      logging.warning("%s: skipping its last line, cut off in the middle of a write: %r", path,
+                      line[:80])
+  return events

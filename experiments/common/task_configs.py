@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib
 
 import lra
+import synthetic
 from configs.task_values import TaskValues
+from experiments.common import tasks
 from experiments.common.errors import HarnessError, did_you_mean
 from experiments.common.overrides import set_field
 
@@ -15,13 +17,13 @@ TASK_CONFIGS = "configs/lra/<task>.py"
 
 def task_module(task: str):
   """The config file of a task: configs/lra/<task>.py, configs/mad/<task>.py for a MAD task,
-  or configs/<task>.py for another diagnostic."""
-  tasks = lra.available_tasks() + lra.diagnostic_tasks()
-  if task not in tasks:
-    raise HarnessError(f"unknown task {task!r}{did_you_mean(task, tasks)}; tasks: "
-                       f"{', '.join(tasks)}")
+  or configs/<task>.py for another synthetic task."""
+  known = tasks.available_tasks()
+  if task not in known:
+    raise HarnessError(f"unknown task {task!r}{did_you_mean(task, known)}; tasks: "
+                       f"{', '.join(known)}")
   package = ("configs.lra" if task in lra.available_tasks() else
-             "configs.mad" if task in lra.mad_tasks() else "configs")
+             "configs.mad" if task in synthetic.family_tasks("mad") else "configs")
   return importlib.import_module(f"{package}.{task}")
 
 

@@ -20,10 +20,10 @@ import ml_collections
 from flax import nnx
 
 import attention_zoo as az
-import lra
 from attention_zoo.models import (BottleneckLM, Classifier, DecoderLM, DualEncoderClassifier,
                                   TransformerConfig)
 from configs.lra import common
+from experiments.common import tasks
 from experiments.common.errors import HarnessError, did_you_mean
 from experiments.common.task_configs import task_config, task_values
 from experiments.common.variant_names import check_attention
@@ -107,7 +107,7 @@ def _options(config, values: dict, spec, model) -> dict:
   (taken as they are; a name the variant does not have -> HarnessError)."""
   options = {field[len(OPTIONS):]: value for field, value in values.items()
              if field.startswith(OPTIONS)}
-  options = scale_length_options(options, model.max_len / lra.task_spec(config.task).max_len)
+  options = scale_length_options(options, model.max_len / tasks.task_spec(config.task).max_len)
   head_dim = (model.qkv_dim or model.emb_dim) // model.num_heads
   computed = {common.SQRT_HEAD_DIM: math.sqrt(head_dim), common.INVERSE_HEAD_DIM: 1 / head_dim}
   if options.get("scale") in computed:
@@ -167,10 +167,10 @@ def model_config(config) -> TransformerConfig:
 
 
 def model_class(task: str) -> type:
-  """A causal DecoderLM for a token task (the diagnostics; a BottleneckLM when the task reads
-  every position from the last one, MAD's compression), else a classifier (a dual encoder for
-  Retrieval)."""
-  spec = lra.task_spec(task)
+  """A causal DecoderLM for a token task (the synthetic tasks; a BottleneckLM when the task
+  reads every position from the last one, MAD's compression), else a classifier (a dual encoder
+  for Retrieval)."""
+  spec = tasks.task_spec(task)
   if spec.objective == "next_token":
     return BottleneckLM if spec.readout == "last_position" else DecoderLM
   return DualEncoderClassifier if spec.dual else Classifier

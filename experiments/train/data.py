@@ -16,10 +16,10 @@ from absl import logging
 
 import lra
 from configs.lra import common
+from experiments.common import tasks
 from experiments.common.errors import HarnessError
 from experiments.train.checkpoints import barrier
-from lra.diagnostics import IGNORED
-from lra.loader import resolve_options
+from lra.spec import IGNORED
 
 GENERATED_TASKS = ("listops", "pathfinder", "pathx")
 
@@ -73,18 +73,18 @@ def describe(config) -> str | None:
 
 
 def check_options(config) -> None:
-  """The checks `lra.load` makes of the run's load options before it reads anything (max_len,
-  a generated task's settings, Pathfinder's resolution and difficulty): HarnessError naming
-  the bad one, as the run would."""
+  """The checks the task's load makes of the run's load options before it reads anything
+  (max_len, a synthetic task's settings, Pathfinder's resolution and difficulty): HarnessError
+  naming the bad one, as the run would."""
   try:
-    resolve_options(config.task, config.model.max_len, **config.data)
+    tasks.resolve_options(config.task, config.model.max_len, **config.data)
   except (TypeError, ValueError) as e:
     raise HarnessError(f"cannot load {config.task}: {e}") from None
 
 
 def _load(config, split: str) -> lra.Dataset:
   try:
-    return lra.load(config.task, split, data_dir=config.data_dir or None,
+    return tasks.load(config.task, split, data_dir=config.data_dir or None,
                     max_len=config.model.max_len, **config.data)
   except (ImportError, ValueError) as e:  # bad options, malformed files, missing TFDS
     raise HarnessError(f"cannot load {config.task}/{split}: {e}") from None
@@ -129,9 +129,9 @@ def check_splits(config, datasets: dict[str, lra.Dataset]) -> dict[str, dict]:
 
 
 def provenance(config) -> dict:
-  """Where the run's data came from (lra.provenance): official files, generated (with the
-  generator's settings) or TFDS, and a fingerprint of the files read."""
-  return lra.provenance(config.task, config.data_dir or None, max_len=config.model.max_len,
+  """Where the run's data came from (lra.provenance, synthetic.provenance): official files,
+  generated (with the generator's settings) or TFDS, and a fingerprint of the files read."""
+  return tasks.provenance(config.task, config.data_dir or None, max_len=config.model.max_len,
                         **config.data)
 
 

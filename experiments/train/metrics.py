@@ -16,11 +16,9 @@ import uuid
 from pathlib import Path
 
 import jax
-from absl import logging
 
-from experiments.common.records import rotate, write_text
+from experiments.common.records import METRICS, read_metrics, rotate, write_text
 
-METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 RESULTS = "results.json"
 
@@ -88,22 +86,3 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tensorboard is not None:
       self._tensorboard.close()
-
-
-def read_metrics(workdir) -> list[dict]:
-  """The events of metrics.jsonl. A last line that is not JSON is the torn end of a write that
-  was cut off: it is skipped with a warning. A bad line before it is an error."""
-  path = Path(workdir) / METRICS
-  if not path.exists():
-    return []
-  lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-  events = []
-  for number, line in enumerate(lines, start=1):
-    try:
-      events.append(json.loads(line))
-    except json.JSONDecodeError as e:
-      if number < len(lines):
-        raise ValueError(f"{path}: line {number} is not JSON ({e})") from None
-      logging.warning("%s: skipping its last line, cut off in the middle of a write: %r", path,
-                      line[:80])
-  return events

@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 
 from experiments.train import optimizer
-from lra.diagnostics import IGNORED
+from lra.spec import IGNORED
 
 
 @flax.struct.dataclass

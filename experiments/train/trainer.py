@@ -1,4 +1,4 @@
-"""One trainer for every task (the LRA tasks and the diagnostics) and every registered attention.
+"""One trainer for every task (the LRA tasks and the synthetic ones) and every registered attention.
 
     results = Trainer(config, workdir).run()     # config: configs/lra/<task>.py get_config(...)
 
@@ -49,10 +49,9 @@ from absl import logging
 from flax import nnx
 from tqdm import tqdm
 
-import lra
 from attention_zoo import registry
 from attention_zoo.models import Classifier, TransformerConfig, num_params
-from experiments.common import device, dry_run, records
+from experiments.common import device, dry_run, provenance, records, tasks
 from experiments.common.errors import CtrlC, HarnessError, Interrupted
 from experiments.train import build
 from experiments.train import checkpoints as checkpoints_lib
@@ -301,7 +300,7 @@ class Trainer:
     self.config, self.workdir, self.restart = config, Path(workdir), restart
     self.steps_done: int | None = None   # the step training has reached (None: not started)
     self.ctrl_c = CtrlC()   # taken between steps and evaluation batches
-    self.task = lra.task_spec(config.task)
+    self.task = tasks.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
     self.layout = mesh_lib.Layout(mesh_lib.check(config, jax.device_count()))
     with jax.set_mesh(self.layout.mesh):   # the ops read the mesh when they are traced
@@ -514,6 +513,9 @@ class Trainer:
         "test_accuracy_final": final["accuracy"], "test_loss_final": final["loss"],
         "test_accuracy_best_validation": best["accuracy"],
         "test_loss_best_validation": best["loss"],
+        # (accuracy - chance) / (1 - chance) where the task's protocol reports it
+        **tasks.scaled_accuracies(config.task, test_accuracy_final=final["accuracy"],
+                                  test_accuracy_best_validation=best["accuracy"]),
         # The validation accuracy of each tested model (what tuning chooses on): the final
         # step always evaluates, so the last evaluation is the final model's.
         "validation_accuracy_final": record["last_eval_accuracy"],
@@ -525,7 +527,7 @@ class Trainer:
         "test_examples": final["examples"],   # fewer than the split's under test_drop_last
         "data": data_lib.provenance(config),
         "data_checks": self.data_checks,
-        "environment": records.environment(),
+        "environment": provenance.environment(),
         "model": build.describe(self.model_config),
         "overrides": self.overrides,
         "config": config.to_dict(),

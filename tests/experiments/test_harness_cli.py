@@ -290,6 +290,13 @@ def test_reproduce_runs_the_grid_then_skips_finished_runs(listops_dir, tmp_path,
       "majority_accuracy": 0.17}))
   code, stdout, stderr = finish(start(args))
   assert code == 0, stderr
+  phases = ["2 run(s) in 1 grid(s): importing JAX and the trainer",
+            "checking the 2 configs of the grid", "[1/2] listops / full / seed 0",
+            "[2/2] listops / full / seed 1", "the runs are done: the report in",
+            "report: reading the runs under", "report: 2 run(s) read",   # not the earlier one
+            "report: plots 1/1: listops (tiny)"]
+  said = [stderr.find(phase) for phase in phases]
+  assert -1 not in said and said == sorted(said), list(zip(phases, said))
   assert "| Model | listops |" in stdout and "*majority class*" in stdout
   assert "performer" not in stdout   # only the asked comparison is reported
   row = next(line for line in stdout.splitlines() if line.startswith("| full |"))

@@ -18,6 +18,7 @@ from flax import nnx
 
 import attention_zoo as az
 import lra
+import synthetic
 from attention_zoo.models import TransformerConfig
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
@@ -26,7 +27,7 @@ from experiments import report, reproduce, sweep
 from experiments.benchmark import capacity, outputs
 from experiments.benchmark.outputs import ENVIRONMENT
 from experiments.benchmark.settings import Status
-from experiments.common import command_line, overrides, plots, task_configs, variant_names
+from experiments.common import command_line, overrides, plots, task_configs, tasks, variant_names
 from experiments.common.errors import HarnessError
 from experiments.train import build, optimizer
 from experiments.train import data as data_lib
@@ -47,7 +48,7 @@ def resolved(task, arg):
 # ------------------------------------------------------------------------------------ configs
 
 # The light presets are the Nyströmformer paper's ListOps protocol (tests/test_light_preset.py).
-TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.PRESETS
+TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.LRA_PRESETS
                 if task == "listops" or preset not in common.LIGHT_PRESETS]
 
 
@@ -225,7 +226,7 @@ def test_every_task_config_file_declares_its_values():
   """configs/task_values.py's protocol: each task's config file declares VALUES, the TaskValues
   of that task, which the build step reads (an LRA task's released values, a diagnostic's
   attention settings)."""
-  for task in TASKS + lra.diagnostic_tasks():
+  for task in TASKS + synthetic.available_tasks():
     values = task_configs.task_values(task)
     assert isinstance(values, TaskValues) and values.task == task, task
     assert values.is_lra == (task in TASKS), task
@@ -334,8 +335,8 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
                                "unknown attention 'nope'"),
       "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
       "preset flag": (["experiments.reproduce", "--preset=tnyi", "--tasks=listops"],
-                      "--preset=tnyi: not one of paper, fair, tiny, light, light_fair "
-                      "(did you mean 'tiny'?)"),
+                      "--preset=tnyi: not one of paper, fair, tiny, light, light_fair, "
+                      "grazzi (did you mean 'tiny'?)"),
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
@@ -360,7 +361,7 @@ def test_misspelt_tasks_and_config_files_get_a_did_you_mean(monkeypatch):
   with pytest.raises(HarnessError, match=r"unknown task 'mda' \(did you mean 'mad'\?\)"):
     reproduce.check_names(["mda"], ["full"])
   with pytest.raises(ValueError, match=r"unknown task 'mqr' \(did you mean 'mqar'\?\)"):
-    lra.task_spec("mqr")
+    tasks.task_spec("mqr")
   monkeypatch.chdir(REPO)   # config paths are relative to where a command runs
   assert "not found (did you mean 'configs/lra/listops.py'?)" in command_line._explain_config_error(
       ["--config=configs/lra/listop.py:full,tiny"])

@@ -5,6 +5,8 @@ import builtins
 import contextlib
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,23 @@ def test_a_fresh_start_renames_the_earlier_runs_files(tmp_path):
     lines = (tmp_path / f"metrics.jsonl{suffix}").read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{"step": 1, "train_loss": float(run)}]
     assert len(list((tmp_path / f"tensorboard{suffix}").glob("events.out.tfevents.*"))) == 1
+
+
+def test_writing_records_and_reports_starts_no_jax():
+  """tuning and report read and write records only: importing them (at the top of the commands)
+  must not start JAX before the flags are checked."""
+  loaded = subprocess.run(
+      [sys.executable, "-c", "import sys, experiments.tuning, experiments.report, "
+       "experiments.common.records; print(sorted({'jax', 'flax'} & set(sys.modules)))"],
+      capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], check=True)
+  assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+def test_the_report_says_each_phase(tmp_path, caplog):
+  """Reading the runs, writing the tables and each task's plots are logged as they start."""
+  with caplog.at_level("INFO"):
+    _write_report(tmp_path / "report", 0.5)
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("report: ")]
+  assert said == [f"report: reading the runs under {tmp_path / 'runs0.5'}",
+                  f"report: 1 run(s) read; writing the tables into {tmp_path / 'report'}",
+                  "report: plots 1/1: listops (tiny), its bars and training curves"]

@@ -135,9 +135,13 @@ ASKED = {"preset": ["tiny"], "task": ["listops", "mqar"], "attention": ["full", 
 TUNE = {LR: [1e-4, 1e-3, 1e-2]}
 
 
-def test_the_choice_follows_validation_not_test(planted):
-  records = {(r["task"], r["attention"]): r
-             for r in tuning.records(planted, TUNE, ASKED, tuning.TESTED)}
+def test_the_choice_follows_validation_not_test(planted, caplog):
+  with caplog.at_level("INFO"):
+    records = {(r["task"], r["attention"]): r
+               for r in tuning.records(planted, TUNE, ASKED, tuning.TESTED)}
+  assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("tuning: ")] == [
+      f"tuning: reading the runs of point {i}/3 ({LR}={value})"
+      for i, value in enumerate(LRS.values(), start=1)]
   full = records["listops", "full"]
   assert full["chosen"] == {LR: 1e-3}   # best validation (0.62), worst test
   assert [p["mean"] for p in full["validation"]] == pytest.approx([51.0, 62.0, 56.0])

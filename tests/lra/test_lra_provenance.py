@@ -140,5 +140,5 @@ def test_provenance_of_tfds_and_missing_files(tmp_path, monkeypatch):
   assert len(record["fingerprint"]) == 64
   with pytest.raises(FileNotFoundError, match="basic_train.tsv"):
     lra.provenance("listops", tmp_path)
-  with pytest.raises(ValueError, match="unknown task"):
+  with pytest.raises(ValueError, match="unknown LRA task .cifar."):
     lra.provenance("cifar", tmp_path)

@@ -42,7 +42,7 @@ def test_tasks_and_specs():
 def test_unknown_task_and_split(tmp_path):
   with pytest.raises(ValueError, match="listops, text, retrieval, image, pathfinder, pathx"):
     lra.task_spec("cifar")
-  with pytest.raises(ValueError, match="unknown task 'cifar'"):
+  with pytest.raises(ValueError, match="unknown LRA task 'cifar'"):
     lra.load("cifar", "train", data_dir=tmp_path)
   with pytest.raises(ValueError, match="train, validation, test"):
     lra.load("listops", "val", data_dir=tmp_path)

@@ -339,3 +339,19 @@ def test_flops_are_flagged_as_a_lower_bound_only_when_a_loop_runs_products():
   flagged = {fn: device.loops_over_products(jax.jit(fn).lower(x).compile())
              for fn in (scan_products, scan_adds, one_product)}
   assert flagged == {scan_products: True, scan_adds: False, one_product: False}
+
+
+def test_the_log_says_what_the_budget_covers_and_prints_compile_and_run_apart(caplog):
+  settings = tiny_settings(attentions=("sliding_window",), lengths=(40,),
+                           attention_options={"sliding_window": {"window": "3"}})
+  with caplog.at_level("INFO"):
+    rows = measuring.run(settings)
+  assert "timed calls (warmup + repeats; compiling is not counted)" in caplog.text
+  row = by(rows, "sliding_window")[0]
+  line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("sliding_window"))
+  assert (f"setup {row['setup_s']:.1f} s, compile {row['compile_s']:.1f} s, "
+          f"run {row['run_s']:.1f} s, ") in line
+  # the rate counts the pairs the window keeps, not n², nor XLA's once-per-loop count
+  kept = sum(min(i + 3, 39) - max(i - 3, 0) + 1 for i in range(40))
+  assert row["rate_flops"] == 3.5 * 4 * 2 * kept * 16   # batch 1 x 2 heads of 16
+  assert row["flops_source"].startswith("nominal") and row["gflops_per_s"] > 0

@@ -1,18 +1,18 @@
-"""The state-tracking generator (lra.diagnostics.state_tracking): its targets against the running
+"""The state-tracking generator (synthetic.state_tracking): its targets against the running
 product computed here from the permutations themselves, its splits and its determinism."""
 import itertools
 
 import numpy as np
 import pytest
 
-import lra
-from lra.diagnostics import IGNORED
+import synthetic
+from synthetic import IGNORED
 
 SMALL = dict(min_train_len=2, max_train_len=6, num_train=60, num_validation=8, num_test=8)
 
 
 def load(task, split, max_len=12, **options):
-  return lra.load(task, split, max_len=max_len, **{**SMALL, **options})
+  return synthetic.load(task, split, max_len=max_len, **{**SMALL, **options})
 
 
 def running_products(task, tokens):
@@ -68,7 +68,7 @@ def test_deterministic_per_seed_and_split():
   np.testing.assert_array_equal(a.targets, b.targets)
   assert not np.array_equal(load("s5", "test").inputs, load("s5", "validation").inputs)
   assert not np.array_equal(load("s5", "train", seed=1).inputs, a.inputs)
-  assert lra.provenance("parity", max_len=12, **SMALL)["generator"]["rules_version"] == 1
+  assert synthetic.provenance("parity", max_len=12, **SMALL)["generator"]["rules_version"] == 1
 
 
 def test_bad_settings_name_what_is_wrong():

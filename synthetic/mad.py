@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from lra.diagnostics.mqar import IGNORED, SPLIT_SEEDS, check_integer_fields
+from synthetic.base import IGNORED, SPLIT_SEEDS, check_integer_fields, register_task
 
 RULES_VERSION = 1   # bump when a generator's output for given settings changes
 _MAY_BE_ZERO = ("seed", "map_seed", "noise_vocab_size")
@@ -312,5 +312,10 @@ class Memorization(_Settings):
     return tokens, targets
 
 
-SETTINGS = {cls.task: cls for cls in (Compression, FuzzyInContextRecall, InContextRecall,
-                                      Memorization, NoisyInContextRecall, SelectiveCopying)}
+# The MAD suite in the column order of its published table; lengths are MAD's baseline settings.
+register_task(Compression, family="mad", max_len=32, readout="last_position")
+register_task(FuzzyInContextRecall, family="mad", max_len=128)
+register_task(InContextRecall, family="mad", max_len=128)
+register_task(Memorization, family="mad", max_len=32)
+register_task(NoisyInContextRecall, family="mad", max_len=128)
+register_task(SelectiveCopying, family="mad", max_len=256)

@@ -1,4 +1,4 @@
-"""The six MAD generators (lra.mad), each checked for its defining property on its own output
+"""The six MAD generators (synthetic.mad), each checked for its defining property on its own output
 by an independent walk over the sequence, the bottleneck model of compression, the configs and
 the MAD table."""
 import jax
@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import lra
+import synthetic
 from attention_zoo.models import BottleneckLM, TransformerConfig
 from helpers import tiny_run_overrides
-from lra.diagnostics import IGNORED
+from synthetic import IGNORED, mad
 
 SIZES = dict(num_train=40, num_validation=8, num_test=40)
 
 
 def load(task, split="test", max_len=32, **options):
-  return lra.load(task, split, max_len=max_len, **{**SIZES, **options})
+  return synthetic.load(task, split, max_len=max_len, **{**SIZES, **options})
 
 
 def asked(targets):
@@ -26,7 +26,7 @@ def asked(targets):
 @pytest.mark.parametrize("task", ["in_context_recall", "noisy_in_context_recall"])
 def test_recall_asks_exactly_the_values_of_keys_seen_before(task):
   ds = load(task)
-  settings = lra.diagnostics.SETTINGS[task]()
+  settings = synthetic.TASKS[task].settings()
   num_keys = settings.num_keys
   noise_from = settings.vocab_size - settings.noise_vocab_size
   for tokens, targets in zip(ds.inputs, ds.targets):
@@ -56,7 +56,7 @@ def test_noisy_recall_replaces_about_a_fifth_of_the_pairs_with_noise():
 
 
 def test_fuzzy_recall_keys_and_values_are_runs_of_their_own_ids():
-  settings = lra.diagnostics.mad.FuzzyInContextRecall()
+  settings = mad.FuzzyInContextRecall()
   pad, num_keys = settings.vocab_size - 1, settings.num_keys
   for split in ("train", "test"):
     ds = load("fuzzy_in_context_recall", split, max_len=64)
@@ -120,7 +120,7 @@ def test_memorization_map_is_one_fixed_bijection_in_every_split_and_seed():
   assert any(mapping[k] != v for k, v in zip(other.inputs[:, 0], other.targets[:, 1]))
 
 
-@pytest.mark.parametrize("task", lra.mad_tasks())
+@pytest.mark.parametrize("task", synthetic.family_tasks("mad"))
 def test_deterministic_per_seed_and_split(task):
   options = {"num_tokens_to_copy": 4} if task == "selective_copying" else {}
   load = lambda *args, **more: globals()["load"](task, *args, **options, **more)   # noqa: E731
@@ -135,7 +135,7 @@ def test_deterministic_per_seed_and_split(task):
 def test_bad_settings_name_what_is_wrong():
   with pytest.raises(ValueError, match="selective_copying: unknown option.*num_pairs.*"
                                        "num_tokens_to_copy"):
-    lra.load("selective_copying", "train", num_pairs=3)
+    synthetic.load("selective_copying", "train", num_pairs=3)
   with pytest.raises(ValueError, match="max_len=20 must exceed 2 \\* num_tokens_to_copy \\+ 1"):
     load("selective_copying", max_len=20, num_tokens_to_copy=10)
   with pytest.raises(ValueError, match="max_len must be even"):
@@ -143,7 +143,7 @@ def test_bad_settings_name_what_is_wrong():
   with pytest.raises(ValueError, match="frac_noise must be in \\[0, 1\\)"):
     load("noisy_in_context_recall", frac_noise=1.5)
   with pytest.raises(ValueError, match="num_train must be an integer >= 1"):
-    lra.load("compression", "train", num_train=0)
+    synthetic.load("compression", "train", num_train=0)
 
 
 def test_bottleneck_reads_every_position_from_the_last_real_one():
@@ -177,10 +177,10 @@ def test_configs_build_for_both_presets_and_refuse_fair():
   from experiments.common import task_configs
   from experiments.train import build
 
-  for task in lra.mad_tasks():
+  for task in synthetic.family_tasks("mad"):
     for preset in ("tiny", "paper"):
       config = task_configs.task_module(task).get_config(f"linear_transformer,{preset}")
-      ds = lra.load(task, "validation", max_len=config.model.max_len,
+      ds = synthetic.load(task, "validation", max_len=config.model.max_len,
                     **{**config.data, "num_validation": 2})
       assert config.model.vocab_size == ds.spec.vocab_size
       model_config = build.model_config(config)
@@ -195,7 +195,8 @@ def test_mad_group_expands_and_unknown_tasks_list_the_names():
   from experiments import reproduce
   from experiments.common.errors import HarnessError
 
-  assert reproduce.expand_tasks(["mqar", "mad", "compression"]) == ["mqar", *lra.mad_tasks()]
+  mad_tasks = synthetic.family_tasks("mad")
+  assert reproduce.expand_tasks(["mqar", "mad", "compression"]) == ["mqar", *mad_tasks]
   with pytest.raises(HarnessError, match="unknown task 'copying'; tasks: .*selective_copying"
                                              ".*groups: mad \\(compression, "):
     reproduce.check_names(["copying"], ["full"])
@@ -205,7 +206,7 @@ def test_the_mad_table_has_a_column_per_task_an_average_and_n_a_rows():
   from experiments import report
 
   runs = []
-  for task, base in zip(lra.mad_tasks(), (10, 20, 30, 40, 50, 60)):
+  for task, base in zip(synthetic.family_tasks("mad"), (10, 20, 30, 40, 50, 60)):
     for seed, shift in ((0, 0.0), (1, 0.02)):
       runs.append({"task": task, "attention": "full", "preset": "tiny", "seed": seed,
                    "test_accuracy_final": base / 100 + shift,
@@ -214,7 +215,7 @@ def test_the_mad_table_has_a_column_per_task_an_average_and_n_a_rows():
                  "not_applicable": "linformer cannot be causal: why"})
   text = report.markdown(report.summarize(runs))
   assert "### MAD, preset `tiny`, final step" in text and "Diagnostics" not in text
-  assert ("| Model | " + " | ".join(lra.mad_tasks()) + " | Avg |") in text
+  assert ("| Model | " + " | ".join(synthetic.family_tasks("mad")) + " | Avg |") in text
   # Seeds 0 and 1: mean base + 1, std of (base, base + 2) = sqrt(2); the average of the means.
   assert "| full | 11.00 ± 1.41 | 21.00 ± 1.41 |" in text and "| 61.00 ± 1.41 | 36.00 |" in text
   assert "| linformer | " + " | ".join(["n/a"] * 7) + " |" in text
@@ -231,10 +232,10 @@ def test_every_mad_task_trains_through_the_harness_and_reports(tmp_path):
   assert failures == []
   runs = report.read_runs(tmp_path / "runs")
   trained = {r["task"]: r for r in runs if r["attention"] == "full"}
-  assert set(trained) == set(lra.mad_tasks())
+  assert set(trained) == set(synthetic.family_tasks("mad"))
   for task, run in trained.items():
     assert 0 <= run["test_accuracy_final"] <= 1 and run["steps"] == 2
-    assert run["data"]["generator"]["generator"] == "lra.diagnostics.mad"
+    assert run["data"]["generator"]["generator"] == "synthetic.mad"
   assert trained["compression"]["model"]["max_len"] == 32
   text = report.write_report(tmp_path / "runs", tmp_path)
   assert "### MAD, preset `tiny`, final step" in text and "| linformer | n/a |" in text
@@ -248,8 +249,8 @@ def test_every_mad_task_trains_through_the_harness_and_reports(tmp_path):
 def test_the_worked_examples_in_the_docs_are_the_generators_output(task, max_len, options):
   from pathlib import Path
 
-  docs = (Path(__file__).resolve().parents[3] / "docs" / "mad.md").read_text(encoding="utf-8")
-  ds = lra.load(task, "test", max_len=max_len, num_train=2, num_validation=2, num_test=2,
+  docs = (Path(__file__).resolve().parents[2] / "docs" / "mad.md").read_text(encoding="utf-8")
+  ds = synthetic.load(task, "test", max_len=max_len, num_train=2, num_validation=2, num_test=2,
                 **options)
   assert "tokens : " + " ".join(f"{t:>2}" for t in ds.inputs[0]) in docs
   assert "targets: " + " ".join(" ." if t < 0 else f"{t:>2}" for t in ds.targets[0]) in docs

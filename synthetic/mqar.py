@@ -24,20 +24,9 @@ import dataclasses
 
 import numpy as np
 
-IGNORED = -1
+from synthetic.base import IGNORED, SPLIT_SEEDS, register_task
+
 RULES_VERSION = 1   # bump when the generator's output for given settings changes
-SPLIT_SEEDS = {"train": 0, "validation": 1, "test": 2}
-
-
-def check_integer_fields(settings, may_be_zero=("seed",)) -> None:
-  """ValueError naming the first `int` field of a diagnostic's settings (a dataclass) that is
-  not an integer >= 1 (>= 0 for those in may_be_zero)."""
-  for field in dataclasses.fields(settings):
-    value, least = getattr(settings, field.name), 0 if field.name in may_be_zero else 1
-    if field.type == "int" and (isinstance(value, bool) or
-                                not isinstance(value, (int, np.integer)) or value < least):
-      raise ValueError(f"{settings.task}: {field.name} must be an integer >= {least}, got "
-                       f"{value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +42,7 @@ class Settings:
   num_test: int = 1_000
   seed: int = 0
 
-  task = "mqar"   # not a field: what every diagnostic's settings name (lra.diagnostics)
+  task = "mqar"   # not a field: every task's settings name it (synthetic/base.py)
 
   def check(self, seq_len: int) -> None:
     queries = self.queries
@@ -86,7 +75,7 @@ class Settings:
             "test": self.num_test}[split]
 
   def generate(self, seq_len: int, split: str) -> dict[str, np.ndarray]:
-    """`generate(self, seq_len, split)`, as every diagnostic's settings generate a split."""
+    """`generate(self, seq_len, split)`, as every task's settings generate a split."""
     return generate(self, seq_len, split)
 
 
@@ -118,3 +107,6 @@ def generate(settings: Settings, seq_len: int, split: str) -> dict[str, np.ndarr
   targets[rows, positions] = values[rows, asked]
   return {"tokens": tokens.astype(np.uint16), "lengths": np.full(n, seq_len, np.int32),
           "targets": targets.astype(np.int32)}
+
+
+register_task(Settings, family="diagnostics", max_len=64)

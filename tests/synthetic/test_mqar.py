@@ -1,4 +1,5 @@
-"""The associative-recall generator (lra.mqar) and the token-level objective that trains on it."""
+"""The associative-recall generator (synthetic.mqar) and the token-level objective that trains on
+it."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,17 +8,18 @@ import pytest
 from flax import nnx
 
 import lra
+import synthetic
 from attention_zoo.models import DecoderLM, TransformerConfig
 from experiments.train import steps
 from helpers import tiny_run_overrides
-from lra.diagnostics import mqar
+from synthetic import IGNORED
 
 SMALL = dict(vocab_size=64, num_pairs=4, min_gap=6, num_train=200, num_validation=20,
              num_test=20)
 
 
 def load(split="train", max_len=32, **options):
-  return lra.load("mqar", split, max_len=max_len, **{**SMALL, **options})
+  return synthetic.load("mqar", split, max_len=max_len, **{**SMALL, **options})
 
 
 def test_pairs_then_queries_with_values_only_as_targets():
@@ -27,7 +29,7 @@ def test_pairs_then_queries_with_values_only_as_targets():
   keys, values = tokens[:, 0:2 * pairs:2], tokens[:, 1:2 * pairs:2]
   assert ((keys >= 1) & (keys < half)).all() and ((values >= half) & (values < 64)).all()
   assert all(len(set(row)) == pairs for row in keys)           # distinct keys per sequence
-  asked = targets != mqar.IGNORED
+  asked = targets != IGNORED
   assert (asked.sum(1) == pairs).all()                          # every key queried once
   assert not asked[:, :2 * pairs + SMALL["min_gap"]].any()      # queries only after the gap
   for row in range(len(ds)):
@@ -50,7 +52,7 @@ def test_deterministic_per_seed_and_split():
 
 def test_power_law_puts_queries_soon_after_the_pairs():
   first = 2 * SMALL["num_pairs"] + SMALL["min_gap"]
-  mean_offset = lambda ds: np.mean(np.nonzero(ds.targets != mqar.IGNORED)[1]) - first
+  mean_offset = lambda ds: np.mean(np.nonzero(ds.targets != IGNORED)[1]) - first
   uniform, skewed = load(max_len=128), load(max_len=128, power_a=0.01)
   assert mean_offset(skewed) < 0.5 * mean_offset(uniform)
 
@@ -59,14 +61,16 @@ def test_bad_settings_name_what_is_wrong():
   with pytest.raises(ValueError, match="fewer than the 4 queries; use a longer max_len"):
     load(max_len=12)
   with pytest.raises(ValueError, match="unknown option.*pairs.*num_pairs"):
-    lra.load("mqar", "train", pairs=3)
+    synthetic.load("mqar", "train", pairs=3)
   with pytest.raises(ValueError, match="num_queries must be in \\[1, num_pairs=4\\]"):
     load(num_queries=5)
   with pytest.raises(ValueError, match="key ids .* fewer than num_pairs"):
     load(vocab_size=8)
-  with pytest.raises(ValueError, match="'listops' takes no option"):
-    lra.load("listops", "train", data_dir="x", num_pairs=3)
-  provenance = lra.provenance("mqar", max_len=32, **SMALL)
+  with pytest.raises(ValueError, match="unknown synthetic task 'listops'; synthetic tasks: .*mqar"):
+    synthetic.load("listops", "train", num_pairs=3)
+  with pytest.raises(ValueError, match="unknown LRA task 'mqar'.*load with synthetic.load"):
+    lra.load("mqar", "train")
+  provenance = synthetic.provenance("mqar", max_len=32, **SMALL)
   assert provenance["kind"] == "generated"
   assert provenance["generator"]["parameters"]["num_pairs"] == 4
 

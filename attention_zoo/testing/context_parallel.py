@@ -1,0 +1,313 @@
+"""The context-parallel check: a registered variant or mixer whose spec says
+`supports_context_parallel` gives, on a mesh whose `context` axis splits the sequence, the
+outputs and gradients (of its inputs and of every parameter) it gives on one device, f32, within
+`TOL` relative to the largest value.
+
+Simulated CPU devices must be asked for before JAX starts
+(`--xla_force_host_platform_device_count`), so the check runs in a child process:
+`run_in_child(names)` starts `python -m attention_zoo.testing.context_parallel NAME ...` with
+DEVICES devices and returns one `CaseResult` per (name, case). The cases together cover what
+context parallelism must get right:
+
+  context4_causal_packed   4 shards of several chunks each, causal, padded rows, packed
+                           sequences whose segments cross shard boundaries
+  context2_partial_chunk   2 shards that each end in a partial chunk, not causal (causal where
+                           the module is causal only), padded rows
+  data2_context2           the batch over `data` and the sequence over `context` at once, causal
+
+A case that the module cannot run (packed sequences without `supports_segment_ids`, a variant
+that cannot be causal) is run without that part, and the result says so.
+
+Equality alone cannot show that a module splits its work (XLA's partitioner would gather a
+sharded input and compute the whole sequence on every device, correctly): `profile(name, ...)`
+reads a compiled forward+backward (never run) for its per-device memory against one device's
+and the collectives it contains, the shapes they move included; `check_in_child` runs the cases
+and the profiles in one child.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from attention_zoo import registry
+from attention_zoo.ops.context import CONTEXT_AXIS, DATA_AXIS
+from attention_zoo.testing import conformance
+
+TOL = 1e-5
+DEVICES = 8
+BATCH = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  data: int            # mesh sizes
+  context: int
+  length: int
+  causal: bool
+  padded: bool
+  packed: bool
+
+
+CASES = (
+    Case("context4_causal_packed", data=1, context=4, length=64, causal=True, padded=True,
+         packed=True),
+    Case("context2_partial_chunk", data=1, context=2, length=36, causal=False, padded=True,
+         packed=False),
+    Case("data2_context2", data=2, context=2, length=32, causal=True, padded=False,
+         packed=False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+  name: str
+  case: str
+  error: float | None     # the largest relative difference of outputs and gradients
+  note: str = ""          # what the case ran without, or the error message of a failure
+
+  @property
+  def passed(self) -> bool:
+    return self.error is not None and self.error <= TOL
+
+
+def _segment_ids(length: int) -> np.ndarray:
+  """Row 0: three segments whose edges fall inside shards; row 1: two, split off-centre."""
+  cuts = ((0, length * 3 // 8 + 1, length * 5 // 8 + 3, length), (0, length // 2 - 3, length))
+  return np.stack([np.repeat(np.arange(len(c) - 1) + 7 * row, np.diff(c))
+                   for row, c in enumerate(cuts)]).astype(np.int32)
+
+
+def _padding_mask(length: int) -> np.ndarray:
+  mask = np.ones((BATCH, length), bool)
+  mask[1, length - 5:] = False
+  mask[1, 2] = False
+  return mask
+
+
+def _build(name: str, causal: bool, length: int):
+  spec = registry.spec(name)
+  if spec.kind == "mixer":
+    return conformance.build_mixer(name, causal=causal)
+  # a variant sized by its longest sequence (linformer) is built for the case's length
+  return conformance.build(name, causal=causal, max_len=max(length, conformance.MAX_LEN))
+
+
+def _inputs(name: str, case: Case, packed: bool) -> dict:
+  """The call's array arguments, by keyword."""
+  keys = jax.random.split(jax.random.key(case.length), 3)
+  if registry.spec(name).kind == "mixer":
+    args = {"x": jax.random.normal(keys[0], (BATCH, case.length, conformance.EMB_DIM))}
+  else:
+    q_shape = (BATCH, case.length, conformance.NUM_HEADS, conformance.HEAD_DIM)
+    kv_shape = (BATCH, case.length, conformance.NUM_KV_HEADS, conformance.HEAD_DIM)
+    args = {"q": jax.random.normal(keys[0], q_shape), "k": jax.random.normal(keys[1], kv_shape),
+            "v": jax.random.normal(keys[2], kv_shape)}
+  if case.padded:
+    mask = jnp.asarray(_padding_mask(case.length))
+    args.update({"mask": mask} if "x" in args else {"q_mask": mask, "kv_mask": mask})
+  if packed:
+    segment_ids = jnp.asarray(_segment_ids(case.length))
+    args.update({"segment_ids": segment_ids} if "x" in args
+                else {"q_segment_ids": segment_ids, "kv_segment_ids": segment_ids})
+  return args
+
+
+def _call(graphdef, params, rest, arrays: dict):
+  module = nnx.merge(graphdef, params, rest)
+  if "x" in arrays:
+    arrays = dict(arrays)
+    return module(arrays.pop("x"), **arrays)
+  arrays = dict(arrays)
+  return module(arrays.pop("q"), arrays.pop("k"), arrays.pop("v"), **arrays)
+
+
+def _outputs_and_grads(module, arrays: dict, cotangent):
+  """(output, gradient of <output, cotangent> by the floating inputs and every parameter)."""
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  floating = {k: v for k, v in arrays.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+  fixed = {k: v for k, v in arrays.items() if k not in floating}
+
+  def loss(params, floating):
+    out = _call(graphdef, params, rest, {**floating, **fixed})
+    return jnp.sum(out * cotangent), out
+
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+      params, floating)
+  return out, grads
+
+
+def _relative_error(a, b) -> float:
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  worst = 0.0
+  for x, y in zip(leaves_a, leaves_b, strict=True):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    worst = max(worst, float(np.max(np.abs(x - y)) / max(1.0, float(np.max(np.abs(y))))))
+  return worst
+
+
+def _shard(arrays: dict, mesh) -> dict:
+  """Each [batch, length, ...] array split: the batch over `data`, the sequence over `context`."""
+  return {k: jax.device_put(v, NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS)))
+          for k, v in arrays.items()}
+
+
+def run_case(name: str, case: Case) -> CaseResult:
+  """One case: the module on one device, then on the case's mesh, compared."""
+  spec = registry.spec(name)
+  notes = []
+  causal = case.causal
+  if causal and not spec.supports_causal:
+    causal = False
+    notes.append("not causal (the variant cannot be)")
+  packed = case.packed and spec.supports_segment_ids
+  if case.packed and not packed:
+    notes.append("not packed (no segment ids)")
+  module = _build(name, causal, case.length)
+  arrays = _inputs(name, case, packed)
+  out = jax.eval_shape(lambda a: _call(*nnx.split(module, nnx.Param, ...), a), arrays)
+  cotangent = jax.random.normal(jax.random.key(1), out.shape)
+  reference = _outputs_and_grads(module, arrays, cotangent)
+  mesh = jax.make_mesh((case.data, case.context), (DATA_AXIS, CONTEXT_AXIS),
+                       axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:case.data * case.context])
+  with jax.set_mesh(mesh):
+    sharded = _outputs_and_grads(module, _shard(arrays, mesh), cotangent)
+  return CaseResult(name, case.name, _relative_error(sharded, reference), "; ".join(notes))
+
+
+def _lowered_step(name: str, *, length: int, context: int, causal: bool):
+  """One device's forward+backward of `name` (batch 1, the suite's heads) at `length` on a
+  mesh of `context` devices splitting the sequence (1: one device, no mesh), lowered."""
+  module = _build(name, causal, length)
+  case = Case("memory", data=1, context=context, length=length, causal=causal, padded=False,
+              packed=False)
+  arrays = jax.eval_shape(lambda: _inputs(name, case, packed=False))
+  arrays = {k: jax.ShapeDtypeStruct((1, *v.shape[1:]), v.dtype) for k, v in arrays.items()}
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+  def loss(params, arrays):
+    return jnp.sum(_call(graphdef, params, rest, arrays))
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  if context == 1:
+    return step.lower(params, arrays)
+  mesh = jax.make_mesh((1, context), (DATA_AXIS, CONTEXT_AXIS), axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:context])
+  with jax.set_mesh(mesh):
+    sharding = NamedSharding(mesh, P(DATA_AXIS, CONTEXT_AXIS))
+    arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
+              for k, v in arrays.items()}
+    return step.lower(params, arrays)
+
+
+def temp_bytes_per_device(name: str, *, length: int, context: int, causal: bool = True) -> int:
+  """XLA's temp memory of one device's compiled forward+backward of `name` (batch 1, the
+  suite's heads) at `length` on a mesh of `context` devices splitting the sequence (1: one
+  device, no mesh). Compiled only, never run. Equality alone cannot show that a module splits
+  its work (XLA's partitioner would gather a sharded input and compute the whole sequence on
+  every device, correctly): this memory can."""
+  lowered = _lowered_step(name, length=length, context=context, causal=causal)
+  return lowered.compile().memory_analysis().temp_size_in_bytes
+
+
+# A collective in compiled HLO: its result shape(s), then its opcode (async ones as -start).
+_COLLECTIVE = re.compile(r"= \(?((?:[a-z0-9]+\[[0-9,]*\][^ ]*(?:, )?)+)\)? "
+                         r"(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)"
+                         r"(?:-start)?\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """What one compiled forward+backward of `name` at `length` needs on a `context` mesh."""
+  name: str
+  length: int
+  context: int
+  one_device_bytes: int      # temp memory on one device, no mesh
+  bytes: int                 # temp memory per device on the mesh
+  collectives: list          # [opcode, [shape of each result]] of the mesh's program
+  manual_regions: int        # shard_map regions in the program: an op's own context form ran
+
+
+def profile(name: str, *, length: int, context: int) -> Profile:
+  """Memory and collectives of `name`'s compiled step (causal where it can be), never run."""
+  step = partial(_lowered_step, name, length=length, causal=registry.spec(name).supports_causal)
+  lowered = step(context=context)
+  sharded = lowered.compile()
+  found = [[opcode, [[int(n) for n in dims.split(",") if n]
+                     for dims in re.findall(r"\[([0-9,]*)\]", shapes)]]
+           for shapes, opcode in _COLLECTIVE.findall(sharded.as_text())]
+  return Profile(name, length, context,
+                 step(context=1).compile().memory_analysis().temp_size_in_bytes,
+                 sharded.memory_analysis().temp_size_in_bytes, found,
+                 lowered.as_text().count("sdy.manual_computation"))
+
+
+def run(names) -> list[CaseResult]:
+  results = []
+  for name in names:
+    for case in CASES:
+      try:
+        results.append(run_case(name, case))
+      except Exception as e:   # reported per case, so one failure does not hide the others
+        results.append(CaseResult(name, case.name, None, f"{type(e).__name__}: {e}"))
+  return results
+
+
+def run_in_child(names, devices: int = DEVICES, timeout: float = 900) -> list[CaseResult]:
+  """`run(names)` in a child process with `devices` simulated CPU devices."""
+  return check_in_child(names, devices=devices, timeout=timeout)[0]
+
+
+def check_in_child(names, *, profile_lengths=(), profile_context: int = 4, devices: int = DEVICES,
+                   timeout: float = 900) -> tuple[list[CaseResult], list[Profile]]:
+  """In one child process with `devices` simulated CPU devices: `run(names)`, then each name's
+  `profile` at each of `profile_lengths` on a mesh of `profile_context` devices."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} "
+                      f"--xla_force_host_platform_device_count={devices}").strip()
+  lengths = ",".join(map(str, profile_lengths))
+  flags = [f"--profile={lengths}@{profile_context}"] if lengths else []
+  child = subprocess.run([sys.executable, "-m", __name__, *flags, *names], env=env,
+                         capture_output=True, text=True, timeout=timeout)
+  if child.returncode != 0:
+    raise RuntimeError(f"the context-parallel check of {', '.join(names)} exited "
+                       f"{child.returncode}:\n{child.stderr[-4000:]}")
+  lines = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+  return ([CaseResult(**line["case"]) for line in lines if "case" in line],
+          [Profile(**line["profile"]) for line in lines if "profile" in line])
+
+
+def main(argv) -> int:
+  """`NAME ...`: each name's cases; `--profile=LENGTH,...@CONTEXT NAME ...`: then its profiles."""
+  if len(jax.devices()) < DEVICES:
+    print(f"needs {DEVICES} devices, has {len(jax.devices())}: run with XLA_FLAGS="
+          f"--xla_force_host_platform_device_count={DEVICES}", file=sys.stderr)
+    return 2
+  flags = [arg for arg in argv if arg.startswith("--profile=")]
+  names = [arg for arg in argv if arg not in flags]
+  for result in run(names):
+    print(json.dumps({"case": dataclasses.asdict(result)}), flush=True)
+  for flag in flags:
+    lengths, context = flag.removeprefix("--profile=").split("@")
+    for name in names:
+      for length in lengths.split(","):
+        found = profile(name, length=int(length), context=int(context))
+        print(json.dumps({"profile": dataclasses.asdict(found)}), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
