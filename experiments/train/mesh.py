@@ -33,6 +33,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 import attention_zoo as az
 from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, DATA_AXIS, FSDP_AXIS
 from experiments.common.dry_run import count
+from experiments.common import tasks
 from experiments.common.errors import HarnessError
 
 AXES = (DATA_AXIS, FSDP_AXIS, CONTEXT_AXIS)   # config.mesh's fields, in the mesh's order
@@ -89,12 +90,6 @@ def check(config, device_count: int) -> dict[str, int]:
   context = mesh[CONTEXT_AXIS]
   if context == 1:
     return mesh
-  length = config.model.max_len
-  if length % context:
-    raise HarnessError(
-        f"model.max_len={length} is not divisible by mesh.context={context}, which splits the "
-        f"sequence into equal shards; use a max_len that is a multiple of {context}, or a "
-        f"mesh.context dividing {length}: {', '.join(map(str, divisors(length)[:12]))}")
   attention = config.model.attention
   if not az.spec(attention).supports_context_parallel:
     able = az.registry.accepting("supports_context_parallel")
@@ -102,6 +97,20 @@ def check(config, device_count: int) -> dict[str, int]:
         f"mesh.context={context} splits the sequence, which {attention} cannot (its spec has no "
         f"supports_context_parallel); variants that can: {', '.join(able) or 'none registered'}"
         "; or mesh.context=1 (mesh.fsdp shards the parameters and the batch instead)")
+  length = config.model.max_len
+  # A classifier pooling its CLS token prepends it: the layers see one position more.
+  cls = int(tasks.task_spec(config.task).objective != "next_token"
+            and config.model.pooling == "cls")
+  if (length + cls) % context:
+    fits = [n for n in (length - (length + cls) % context,
+                        length + context - (length + cls) % context) if n > 0]
+    what = (f"model.max_len={length} and the CLS token (model.pooling=cls) make {length + 1} "
+            "positions, which are" if cls else f"model.max_len={length} is")
+    raise HarnessError(
+        f"{what} not divisible by mesh.context={context}, which splits the sequence into equal "
+        f"shards; use model.max_len={' or '.join(map(str, fits))}"
+        + (", or model.pooling=mean" if cls else "") + ", or a mesh.context dividing "
+        f"{length + cls}: {', '.join(map(str, divisors(length + cls)[:12]))}")
   if config.length_bucket:
     raise HarnessError(f"length_bucket={config.length_bucket} cuts the sequence to lengths "
                        f"that mesh.context={context} need not divide; use 0")

@@ -223,7 +223,7 @@ def sharding_lines(config) -> list[str]:
   _, params, _ = nnx.split(abstract, nnx.Param, ...)
   tx, _ = optimizer.from_config(resolved)
   rows = (resolved.batch_size // resolved.grad_accum_steps, resolved.model.max_len)
-  targets = rows if lra.task_spec(resolved.task).objective == "next_token" else rows[:1]
+  targets = rows if tasks.task_spec(resolved.task).objective == "next_token" else rows[:1]
   batch = {"inputs": jax.ShapeDtypeStruct(rows, jnp.int32),
            "masks": jax.ShapeDtypeStruct(rows, jnp.bool_),
            "targets": jax.ShapeDtypeStruct(targets, jnp.int32)}

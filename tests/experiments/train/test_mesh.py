@@ -30,9 +30,9 @@ SMALL = {"model.num_layers": 1, "model.emb_dim": 16, "model.num_heads": 2, "mode
          "schedule.steps_per_cycle": 100}
 
 
-def resolved(**values):
+def resolved(attention="full", **values):
   return build.resolve(task_configs.task_config(
-      "listops", "full", "tiny", 0, [f"{k}={v}" for k, v in {**SMALL, **values}.items()]))
+      "listops", attention, "tiny", 0, [f"{k}={v}" for k, v in {**SMALL, **values}.items()]))
 
 
 def mesh_config(**sizes):
@@ -74,12 +74,19 @@ def test_a_batch_or_length_the_mesh_does_not_divide_is_refused():
   with pytest.raises(HarnessError, match=r"eval_batch_size = 6 .* 4 devices"):
     mesh.check(resolved(eval_batch_size=6, **{"mesh.fsdp": 2}), 4)
   with pytest.raises(HarnessError, match=r"model.max_len=30 is not divisible by mesh.context=4.*"
-                     r"a mesh.context dividing 30: 1, 2, 3, 5, 6, 10, 15, 30"):
-    mesh.check(resolved(**{"model.max_len": 30, "mesh.context": 4}), 4)
+                     r"use model.max_len=28 or 32, or a mesh.context dividing 30: 1, 2, 3, 5, "
+                     r"6, 10, 15, 30"):
+    mesh.check(resolved("performer", **{"model.max_len": 30, "mesh.context": 4,
+                                        "model.pooling": "mean"}), 4)
+  # A classifier's CLS token is one more position for the layers to split.
+  with pytest.raises(HarnessError, match=r"model.max_len=32 and the CLS token \(model.pooling=cls\)"
+                     r" make 33 positions, .* mesh.context=2.* use model.max_len=31 or 33, or "
+                     r"model.pooling=mean"):
+    mesh.check(resolved("performer", **{"mesh.context": 2, "model.pooling": "cls"}), 2)
 
 
 def test_context_parallelism_asked_of_a_variant_without_it_names_the_variants_with_it():
-  config = resolved(**{"mesh.context": 2})
+  config = resolved(**{"mesh.context": 2, "model.pooling": "mean"})
   with scoped_registry():
     az.register("mesh_test_ring", exact=True, supports_causal=True, supports_cross=True,
                 complexity="O(n^2)", paper="-", supports_context_parallel=True)(
@@ -275,7 +282,8 @@ class SplitByXLA(FullAttention):
 @pytest.mark.slow
 def test_a_run_with_the_sequence_split_over_context_equals_one_device(listops_dir, tmp_path):
   (tmp_path / "mesh_test_context.py").write_text(CONTEXT_PLUGIN)
-  settings = {**SMALL, "num_train_steps": 3, "eval_every": 3, "data_dir": listops_dir}
+  settings = {**SMALL, "num_train_steps": 3, "eval_every": 3, "data_dir": listops_dir,
+              "model.max_len": 31}   # and the CLS token: 32 positions, 16 a device
   process = start(["experiments.train",
                    "--config=configs/lra/listops.py:mesh_test_context,tiny",
                    f"--workdir={tmp_path / 'split'}", "--plugins=mesh_test_context",
