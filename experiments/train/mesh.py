@@ -98,19 +98,17 @@ def check(config, device_count: int) -> dict[str, int]:
         f"supports_context_parallel); variants that can: {', '.join(able) or 'none registered'}"
         "; or mesh.context=1 (mesh.fsdp shards the parameters and the batch instead)")
   length = config.model.max_len
-  # A classifier pooling its CLS token prepends it: the layers see one position more.
-  cls = int(tasks.task_spec(config.task).objective != "next_token"
-            and config.model.pooling == "cls")
-  if (length + cls) % context:
-    fits = [n for n in (length - (length + cls) % context,
-                        length + context - (length + cls) % context) if n > 0]
-    what = (f"model.max_len={length} and the CLS token (model.pooling=cls) make {length + 1} "
-            "positions, which are" if cls else f"model.max_len={length} is")
+  if length % context:
+    fits = [n for n in (length - length % context, length + context - length % context) if n]
     raise HarnessError(
-        f"{what} not divisible by mesh.context={context}, which splits the sequence into equal "
-        f"shards; use model.max_len={' or '.join(map(str, fits))}"
-        + (", or model.pooling=mean" if cls else "") + ", or a mesh.context dividing "
-        f"{length + cls}: {', '.join(map(str, divisors(length + cls)[:12]))}")
+        f"model.max_len={length} is not divisible by mesh.context={context}, which splits the "
+        f"sequence into equal shards; use model.max_len={' or '.join(map(str, fits))}, or a "
+        f"mesh.context dividing {length}: {', '.join(map(str, divisors(length)[:12]))}")
+  if tasks.task_spec(config.task).objective != "next_token" and config.model.pooling == "cls":
+    raise HarnessError(
+        f"model.pooling=cls prepends a token, so the layers see max_len + 1 = {length + 1} "
+        f"positions, which mesh.context={context} cannot split as it splits the "
+        f"{length} of the batch; use model.pooling=mean (or padded_mean), or mesh.context=1")
   if config.length_bucket:
     raise HarnessError(f"length_bucket={config.length_bucket} cuts the sequence to lengths "
                        f"that mesh.context={context} need not divide; use 0")

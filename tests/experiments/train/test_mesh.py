@@ -1,7 +1,8 @@
-"""The harness on a device mesh (experiments/train/mesh.py): config.mesh's checks, FSDP's train
-step against the replicated one, and a sharded checkpoint of two processes resumed on 4, 2 and 1
-devices. A device count is fixed when JAX starts, so every run on simulated devices is a child
-process with --xla_force_host_platform_device_count."""
+"""The harness on a device mesh (experiments/train/mesh.py): config.mesh's checks, FSDP's train step
+against the replicated one, performer's context-parallel form trained as one device, and a
+sharded checkpoint of two processes (fsdp 2 × context 2) resumed on 4, 2 and 1 devices. A device
+count is fixed when JAX starts, so every run on simulated devices is a child process with
+--xla_force_host_platform_device_count."""
 import json
 import os
 import re
@@ -79,9 +80,9 @@ def test_a_batch_or_length_the_mesh_does_not_divide_is_refused():
     mesh.check(resolved("performer", **{"model.max_len": 30, "mesh.context": 4,
                                         "model.pooling": "mean"}), 4)
   # A classifier's CLS token is one more position for the layers to split.
-  with pytest.raises(HarnessError, match=r"model.max_len=32 and the CLS token \(model.pooling=cls\)"
-                     r" make 33 positions, .* mesh.context=2.* use model.max_len=31 or 33, or "
-                     r"model.pooling=mean"):
+  with pytest.raises(HarnessError, match=r"model.pooling=cls prepends a token, so the layers see "
+                     r"max_len \+ 1 = 33 positions, which mesh.context=2 cannot split as it "
+                     r"splits the 32 of the batch; use model.pooling=mean"):
     mesh.check(resolved("performer", **{"mesh.context": 2, "model.pooling": "cls"}), 2)
 
 
@@ -109,13 +110,12 @@ def test_context_parallelism_asked_of_a_variant_without_it_names_the_variants_wi
 COLLECTIVE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
 
 
-def start(args, *, devices, env=None, code=None, plugin_dir=None):
+def start(args, *, devices, env=None, code=None):
   """`python -m args...` (or `python -c code`) on `devices` simulated CPU devices."""
   env = {**os.environ, **(env or {}),
          "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
                       f"--xla_force_host_platform_device_count={devices} {COLLECTIVE_TIMEOUT}",
-         "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir or ""), str(REPO),
-                                                     os.environ.get("PYTHONPATH")]))}
+         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
   command = ["-c", code] if code is not None else ["-m", *args]
   return subprocess.Popen([sys.executable, *command], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -222,15 +222,18 @@ def listops_dir(tmp_path_factory):
 @pytest.mark.slow
 def test_two_processes_checkpoint_resumes_on_4_2_and_1_devices_with_the_same_losses(
     listops_dir, tmp_path):
-  """Two processes of 2 simulated devices each (gloo over the loopback address) train with
-  data 2 × fsdp 2 and save sharded checkpoints; the step-2 one resumes on one process of 4
-  devices (fsdp 4), of 2 (fsdp 2), and in this process on 1, each giving the same losses."""
-  settings = {**SMALL, "num_train_steps": 4, "eval_every": 2, "data_dir": listops_dir}
+  """Two processes of 2 simulated devices each (gloo over the loopback address) train performer
+  with fsdp 2 × context 2 (its context-parallel form; parameters split too) and save sharded
+  checkpoints; the step-2 one resumes on one process of 4 devices (fsdp 4), of 2 (context 2),
+  and in this process on 1, each giving the same losses."""
+  settings = {**SMALL, "num_train_steps": 4, "eval_every": 2, "data_dir": listops_dir,
+              "model.pooling": "mean"}   # a CLS token would make 33 positions
   flags = [f"--config.{k}={v}" for k, v in settings.items()]
-  run = ["experiments.train", "--config=configs/lra/listops.py:full,tiny",
+  run = ["experiments.train", "--config=configs/lra/listops.py:performer,tiny",
          f"--workdir={tmp_path}", *flags]
   address = f"127.0.0.1:{free_port()}"
-  processes = [start([*run, "--config.mesh.fsdp=2"], devices=2,
+  processes = [start([*run, "--config.mesh.data=1", "--config.mesh.fsdp=2",
+                      "--config.mesh.context=2"], devices=2,
                      env={"JAX_COORDINATOR_ADDRESS": address, "JAX_NUM_PROCESSES": "2",
                           "JAX_PROCESS_ID": str(i)}) for i in range(2)]
   for process in processes:
@@ -248,49 +251,31 @@ def test_two_processes_checkpoint_resumes_on_4_2_and_1_devices_with_the_same_los
     shutil.rmtree(tmp_path / "checkpoints" / "4")
     (tmp_path / "results.json").unlink()
 
-  for devices, fsdp in ((4, 4), (2, 2)):
+  for devices, mesh_flag in ((4, "--config.mesh.fsdp=4"), (2, "--config.mesh.context=2")):
     from_step_2()
-    finish(start([*run, f"--config.mesh.fsdp={fsdp}"], devices=devices))
+    finish(start([*run, mesh_flag], devices=devices))
     resumed = json.loads((tmp_path / "results.json").read_text())
     assert resumed["environment"]["device_count"] == devices
     assert losses() == pytest.approx(trained, rel=1e-5)
     assert resumed["test_loss_final"] == pytest.approx(two["test_loss_final"], rel=1e-5)
   from_step_2()
-  config = task_configs.task_config("listops", "full", "tiny", 0,
+  config = task_configs.task_config("listops", "performer", "tiny", 0,
                                     [f"{k}={v}" for k, v in settings.items()])
   resumed = trainer.Trainer(config, tmp_path).run()
   assert losses() == pytest.approx(trained, rel=1e-5)
   assert resumed["test_loss_final"] == pytest.approx(two["test_loss_final"], rel=1e-5)
 
 
-# Full attention declaring context parallelism: XLA's partitioner computes it on a sequence
-# split over `context` (gathering the keys and values), which is enough to test the harness's
-# side, the batch split over data and its positions over context, until the variants' own
-# context-parallel forms are in.
-CONTEXT_PLUGIN = '''
-import attention_zoo as az
-from attention_zoo.variants.full import FullAttention
-
-@az.register("mesh_test_context", exact=True, supports_causal=True, supports_cross=True,
-             complexity="O(n^2)", paper="full attention, split by XLA",
-             supports_context_parallel=True)
-class SplitByXLA(FullAttention):
-  pass
-'''
-
-
 @pytest.mark.slow
 def test_a_run_with_the_sequence_split_over_context_equals_one_device(listops_dir, tmp_path):
-  (tmp_path / "mesh_test_context.py").write_text(CONTEXT_PLUGIN)
+  """performer's context-parallel form on data 2 × context 2 trains as one device does."""
   settings = {**SMALL, "num_train_steps": 3, "eval_every": 3, "data_dir": listops_dir,
-              "model.max_len": 31}   # and the CLS token: 32 positions, 16 a device
-  process = start(["experiments.train",
-                   "--config=configs/lra/listops.py:mesh_test_context,tiny",
-                   f"--workdir={tmp_path / 'split'}", "--plugins=mesh_test_context",
-                   "--config.mesh.context=2", *(f"--config.{k}={v}" for k, v in settings.items())],
-                  devices=4, plugin_dir=tmp_path)
+              "model.pooling": "mean"}
+  process = start(["experiments.train", "--config=configs/lra/listops.py:performer,tiny",
+                   f"--workdir={tmp_path / 'split'}", "--config.mesh.context=2",
+                   *(f"--config.{k}={v}" for k, v in settings.items())], devices=4)
   one = trainer.Trainer(task_configs.task_config(
-      "listops", "full", "tiny", 0, [f"{k}={v}" for k, v in settings.items()]),
+      "listops", "performer", "tiny", 0, [f"{k}={v}" for k, v in settings.items()]),
       tmp_path / "one").run()
   finish(process)
   split = json.loads((tmp_path / "split" / "results.json").read_text())
