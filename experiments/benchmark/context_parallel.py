@@ -38,7 +38,7 @@ from experiments.benchmark.capacity import LengthSearch, candidates, time_step
 from experiments.benchmark.outputs import table_row, write_csv
 from experiments.benchmark.settings import Settings, length_label
 from experiments.benchmark.train_step import train_workload
-from experiments.common import device, dry_run, records
+from experiments.common import device, dry_run, provenance, records
 from experiments.common.command_line import integers
 from experiments.common.errors import HarnessError
 from experiments.common.variant_names import check_attention
@@ -169,7 +169,7 @@ def markdown(rows: list[Row], facts: dict, *, command: str = "") -> str:
       "# Context parallelism: the longest LRA Text train step per device count", "",
       f"- Device: {facts['device']}; jax {facts['jax_version']}; {facts['date']}.",
       f"- Model: the trainer's train step of the LRA Text model (configs/lra/text.py, fair "
-      f"preset: {facts['model']}, AdamW), lengths {length_label(lengths[0])}–"
+      f"preset: {facts['model']}, mean pooling, AdamW), lengths {length_label(lengths[0])}–"
       f"{length_label(lengths[-1])} (powers of two).",
       f"- Longest: the longest length whose compiled step fits {_gb(facts['budget_bytes'])} per "
       "device (`memory_analysis()` per device: arguments + outputs - aliased + temporaries), "
@@ -219,9 +219,11 @@ def run_mode(values, command: str) -> int:
     check_attention(name)
   try:
     lengths = candidates(values.min_length, values.max_length)
+    # Mean pooling on every device count: a CLS token would add a position to the
+    # sequence that the context shards could not split.
     base = Settings(attentions=names, lengths=lengths, num_layers=values.num_layers,
                     emb_dim=values.emb_dim, num_heads=values.num_heads, mlp_dim=values.mlp_dim,
-                    dtype=values.dtype, remat=values.remat, seed=values.seed)
+                    dtype=values.dtype, remat=values.remat, seed=values.seed, pooling="mean")
   except ValueError as e:
     raise HarnessError(str(e)) from None
   timed = integers(values.lengths, "lengths")[0] if values.time_steps else None
@@ -237,7 +239,7 @@ def run_mode(values, command: str) -> int:
             else device.device_memory_bytes() / (jax.local_device_count()
                                                  if jax.default_backend() == "cpu" else 1))
   model = base.config(names[0], lengths[0]).model
-  env = records.environment()
+  env = provenance.environment()
   facts = {"model": f"{dry_run.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
                     f"{dry_run.count(model.num_heads, 'head')}, MLP {model.mlp_dim}",
            "device": env["device"], "jax_version": env["versions"]["jax"], "lengths": lengths,
