@@ -23,8 +23,8 @@ import importlib.util
 # Public name -> the module that defines it.
 _DEFINED_IN = {
     **dict.fromkeys(("Attention", "Mixer", "register", "register_mixer"), "contract"),
-    **dict.fromkeys(("AttentionSpec", "available", "create", "scoped_registry", "spec",
-                     "state_size"), "registry"),
+    **dict.fromkeys(("AttentionSpec", "MixerSpec", "Spec", "available", "create",
+                     "scoped_registry", "spec", "state_size"), "registry"),
     "create_mixer": "layers",
     **dict.fromkeys(("Bool", "Choice", "Float", "Int"), "options"),
     **dict.fromkeys(("PluginError", "load_plugins"), "plugins"),

@@ -7,8 +7,8 @@ convolution and norm. Both declare their options in `OPTIONS` (typed: `attention
 and the conformance suite's small-shape settings in `TEST_OPTIONS`, and both go through one set
 of checks (`Registered`): construction (registered, heads, max_len, every option's name and
 value), masks, and what decoding needs. `register` and `register_mixer` are two spellings of
-one registration path (`_register`): it checks the class, builds its `AttentionSpec` and enters
-it in the table.
+one registration path (`_register`): it checks the class, builds its spec (`AttentionSpec`,
+`MixerSpec`) and enters it in the table.
 
 An attention variant subclasses `Attention`, implements `attend` (and `pattern`, when
 registered exact); the base class validates every call (shapes, GQA, masks), turns missing
@@ -23,8 +23,10 @@ from flax import nnx
 
 from attention_zoo import options as options_lib
 from attention_zoo.ops import softmax
+from attention_zoo.ops.context import context_size
 from attention_zoo.options import Bool, Float, Int
-from attention_zoo.registry import AttentionSpec, accepting, accepting_alibi, add, get
+from attention_zoo.registry import (AttentionSpec, MixerSpec, accepting, accepting_alibi, add,
+                                    get)
 
 _MAX_LEN = Int(None, minimum=1, optional=True)
 # Tanh soft-capping of the scores (Gemma 2), s -> softcap · tanh(s / softcap), on the scaled dot
@@ -45,7 +47,7 @@ class Registered(nnx.Module):
   # checked against the declared options at registration. Production code never reads it.
   TEST_OPTIONS: ClassVar[dict] = {}
   DECORATOR: ClassVar[str]    # the decorator that registers the kind (for error messages)
-  spec: ClassVar  # AttentionSpec, set by the decorator
+  spec: ClassVar  # AttentionSpec or MixerSpec, set by the decorator
 
   @classmethod
   def registered_spec(cls):
@@ -85,6 +87,16 @@ class Registered(nnx.Module):
     """The error for a rule a class checks itself (e.g. one relating two options), in the same
     shape as a value its declaration rejects: `raise self.option_error(name, expected)`."""
     return options_lib.invalid(self.spec.name, name, self.options[name], expected)
+
+  def _require_context_parallel(self):
+    """Every call: ValueError when the active mesh splits the sequence (ops/context.py) and the
+    class has no context-parallel form (spec.supports_context_parallel)."""
+    size = context_size()
+    if size > 1 and not self.spec.supports_context_parallel:
+      able = ", ".join(accepting("supports_context_parallel")) or "none"
+      raise ValueError(f"{self.spec.name} cannot run with the sequence split over the mesh's "
+                       f"context axis (context={size}); use a mesh with context=1 for it, or one "
+                       f"of the variants and mixers that can: {able}")
 
   def _require_decode(self):
     if not self.spec.can_decode:
@@ -159,6 +171,7 @@ class Attention(Registered):
   def __call__(self, q, k, v, *, q_mask=None, kv_mask=None, deterministic: bool = True,
                alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     name = self.spec.name
+    self._require_context_parallel()
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
       raise ValueError(f"{name}: q, k, v must be [batch, len, heads, head_dim], got shapes "
                        f"{q.shape}, {k.shape}, {v.shape}")
@@ -346,6 +359,7 @@ class Mixer(Registered):
   def __call__(self, x, *, mask=None, deterministic: bool = True, decode: bool = False,
                segment_ids=None):
     name = self.spec.name
+    self._require_context_parallel()
     if x.ndim != 3 or x.shape[-1] != self.emb_dim:
       raise ValueError(f"{name}: x must be [batch, len, {self.emb_dim}], got {x.shape}")
     b, n, _ = x.shape
@@ -405,7 +419,8 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
   `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for
   TEST_OPTIONS its options do not allow, or a name already taken by another class.
   """
-  return _register(name, Attention, {"softcap": SOFTCAP_OPTION} if supports_softcap else {},
+  return _register(name, Attention, AttentionSpec,
+                   {"softcap": SOFTCAP_OPTION} if supports_softcap else {},
                    exact=exact, supports_causal=supports_causal, supports_cross=supports_cross,
                    complexity=complexity, paper=paper, can_decode=can_decode,
                    supports_alibi=supports_alibi, shared_qk=shared_qk,
@@ -421,14 +436,15 @@ def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool =
   inexact, self-only, without ALiBi or attention dropout. supports_segment_ids: its forward
   takes segment_ids (packed sequences). Errors as `register`'s.
   """
-  return _register(name, Mixer, {}, exact=False, supports_causal=True, supports_cross=False,
+  return _register(name, Mixer, MixerSpec, {}, exact=False, supports_causal=True,
+                   supports_cross=False,
                    complexity=complexity, paper=paper, can_decode=can_decode,
                    supports_dropout=False, supports_segment_ids=supports_segment_ids,
-                   supports_context_parallel=supports_context_parallel, kind="mixer")
+                   supports_context_parallel=supports_context_parallel)
 
 
-def _register(name: str, base: type, added_options: dict, **facts):
-  """The decorator that checks a subclass of `base`, builds its AttentionSpec from `facts` and
+def _register(name: str, base: type, spec_type: type, added_options: dict, **facts):
+  """The decorator that checks a subclass of `base`, builds its spec_type from `facts` and
   its declared options (plus `added_options`), and enters it in the registry."""
   def wrap(cls):
     if not (isinstance(cls, type) and issubclass(cls, base)):
@@ -448,7 +464,7 @@ def _register(name: str, base: type, added_options: dict, **facts):
                       f"pattern(q_len, kv_len): the pattern its softmax runs over is what the "
                       f"exactness is checked against")
     options_lib.validate(f"{name} (TEST_OPTIONS)", declared, cls.TEST_OPTIONS)
-    spec = AttentionSpec(
+    spec = spec_type(
         name=name, options={k: option.default for k, option in declared.items()},
         option_specs=declared, **facts)
     add(name, cls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo.ops.segments import segment_runs, segment_starts
+from attention_zoo.ops.segments import segment_starts
 
 
 class ShortConv(nnx.Module):
@@ -48,10 +48,16 @@ class ShortConv(nnx.Module):
     # Tap i reads x_{t-i}: the slice of the left-padded window that ends i positions early.
     taps = [window[:, k - 1 - i:k - 1 - i + n] for i in range(k)]                # [b, n, emb]
     if segment_ids is not None:
-      runs = segment_runs(segment_ids)                                           # [b, n]
-      run_window = jnp.pad(runs, ((0, 0), (k - 1, 0)), constant_values=-1)
-      taps = [jnp.where((run_window[:, k - 1 - i:k - 1 - i + n] == runs)[..., None], tap, 0)
-              for i, tap in enumerate(taps)]
+      # tap i stays in the token's run when none of x_{t-i+1..t} starts one: local shifts (a
+      # running count of runs would be a cumulative sum along the row, which a sequence split
+      # over devices would gather)
+      start_window = jnp.pad(segment_starts(segment_ids), ((0, 0), (k - 1, 0)))   # [b, k-1+n]
+      crossed = jnp.zeros((x.shape[0], n), bool)
+      kept = []
+      for i, tap in enumerate(taps):
+        kept.append(jnp.where(crossed[..., None], 0, tap))
+        crossed = crossed | start_window[:, k - 1 - i:k - 1 - i + n]
+      taps = kept
     return sum(w * tap for w, tap in zip(weight, taps)) + self.bias[...].astype(self.dtype)
 
 

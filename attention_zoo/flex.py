@@ -1,38 +1,22 @@
-"""The block-sparse engine for variant authors: attention_zoo.ops.flex's functions (the engine
-itself: `create_block_mask`, `block_mask_from_states`, `flex_attention`, the mask and score
-functions, `dense_mask`), and `attend`, a variant's whole `attend()` over a mask function:
+"""The block-sparse engine under its public path, for users and plug-ins: attention_zoo.ops.flex
+(`create_block_mask`, `block_mask_from_states`, `flex_attention`, `pattern_attention`, the mask
+and score functions, `dense_mask`), and for a variant over a mask function its base class
+`MaskAttention` and `attend` (`masked_attention`: the engine with the variant's scale,
+soft-capping and dropout), from attention_zoo.variants.masked. docs/adding_an_attention.md
+(section 2) writes a variant this way.
 
-    def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
-               segment_ids=None):
-      return flex.attend(self, q, k, v, self.mask_mod(q.shape[1], k.shape[1]), kv_mask=kv_mask,
-                         deterministic=deterministic, alibi_slopes=alibi_slopes,
-                         segment_ids=segment_ids)
-
-docs/adding_an_attention.md (section 2) writes a variant this way.
+A face only: no module of the library imports it (they import attention_zoo.ops.flex and
+attention_zoo.variants.masked; tests/test_lint.py checks it).
 """
-from __future__ import annotations
-
-from typing import Callable
-
 from attention_zoo.ops.flex import (DEFAULT_BLOCK, EMPTY, FULL, PARTIAL, BlockMask, alibi,
                                     aligned_positions, block_mask_from_states, causal_mask,
                                     create_block_mask, dense_mask, flex_attention,
                                     full_block_mask, kernel_lists, pattern_attention,
                                     score_function, softcap, with_segments)
+from attention_zoo.variants.masked import MaskAttention
+from attention_zoo.variants.masked import masked_attention as attend
 
-__all__ = ["DEFAULT_BLOCK", "EMPTY", "FULL", "PARTIAL", "BlockMask", "alibi", "aligned_positions",
-           "attend", "block_mask_from_states", "causal_mask", "create_block_mask", "dense_mask",
-           "flex_attention", "full_block_mask", "kernel_lists", "pattern_attention",
-           "score_function", "softcap", "with_segments"]
-
-
-def attend(variant, q, k, v, mask_mod: Callable, *, kv_mask, deterministic: bool, alibi_slopes,
-           segment_ids=None, **engine):
-  """An exact variant's `attend` on the engine: `pattern_attention` over mask_mod with the
-  variant's scale, soft-capping (variant.softcap) and attention dropout. `engine`: heads,
-  block_q, block_k, sequence_lengths, query_positions, key_positions (see pattern_attention)."""
-  return pattern_attention(q, k, v, mask_mod, kv_mask=kv_mask, scale=variant.scale,
-                           softcap=variant.softcap, alibi_slopes=alibi_slopes,
-                           dropout_rate=variant.dropout_rate,
-                           dropout_rng=variant.dropout_rng(deterministic),
-                           segment_ids=segment_ids, **engine)
+__all__ = ["DEFAULT_BLOCK", "EMPTY", "FULL", "PARTIAL", "BlockMask", "MaskAttention", "alibi",
+           "aligned_positions", "attend", "block_mask_from_states", "causal_mask",
+           "create_block_mask", "dense_mask", "flex_attention", "full_block_mask", "kernel_lists",
+           "pattern_attention", "score_function", "softcap", "with_segments"]

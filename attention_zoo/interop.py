@@ -57,7 +57,7 @@ def attention_fn(name: str, *, causal: bool = False, max_len: int | None = None,
   passes, which Flax does only in training with dropout_rate > 0. `dropout_rate` in options
   overrides the layer's rate.
   """
-  spec = registry.spec(name)
+  spec = registry.spec(name, "attention")
   # A small probe validates the options and the causal request before any call (with a
   # stand-in max_len, so that a variant with parameters hears about swap_attention first).
   probe_len = 8 if max_len is None and spec.needs_max_len else max_len
@@ -273,7 +273,7 @@ def swap_attention(model, name: str, *, causal: bool = False, max_len: int | Non
   `dropout_rate` defaults to each layer's. Returns the model; ValueError when it has no layer
   to swap.
   """
-  spec = registry.spec(name)
+  spec = registry.spec(name, "attention")
   rngs = nnx.Rngs(0) if rngs is None else rngs
   found = [(path, layer) for path, layer in nnx.iter_graph(model)
            if isinstance(layer, nnx.MultiHeadAttention) and (where is None or where(path, layer))]
@@ -308,7 +308,7 @@ def swap_attention(model, name: str, *, causal: bool = False, max_len: int | Non
 
 def _probe(name: str):
   """The variant at its defaults and a small size."""
-  spec = registry.spec(name)
+  spec = registry.spec(name, "attention")
   return registry.create(name, num_heads=1, head_dim=8,
                          max_len=8 if spec.needs_max_len else None, rngs=nnx.Rngs(0))
 

@@ -79,7 +79,7 @@ class TransformerConfig:
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
-    if registry.spec(self.cross_attention).kind != "attention":
+    if registry.spec(self.cross_attention, "attention").kind != "attention":
       raise ValueError(f"cross_attention={self.cross_attention!r} is a sequence mixer; "
                        f"cross-attention needs an attention variant: "
                        f"{', '.join(registry.available('attention'))}")
@@ -186,10 +186,29 @@ class Stack(nnx.Module):
     self.blocks = nnx.List([Block(config, causal=causal, cross=cross, max_len=max_len, rngs=rngs)
                             for _ in range(config.num_layers)])
     if config.share_attention_across_layers:
-      share_attention_parameters(config, [block.self_attention for block in self.blocks])
+      self.share_attention_parameters()
     self.final_norm = (nnx.LayerNorm(config.emb_dim, epsilon=config.layer_norm_epsilon,
                                      dtype=dtype, rngs=rngs) if config.pre_ln else None)
     self.decode_position = nnx.data(None)   # set by init_cache
+
+  def share_attention_parameters(self) -> None:
+    """Points every block's attention variant at the first block's own parameters (the
+    variant's nnx.Param attributes, e.g. Linformer's E; the q/k/v/out projections stay per
+    block). NNX keeps one copy of a shared parameter, and its gradient sums every block's use."""
+    config = self.config
+    if registry.spec(config.attention).kind == "mixer":
+      raise ValueError(f"share_attention_across_layers shares an attention variant's own "
+                       f"parameters; {config.attention!r} is a sequence mixer")
+    layers = [block.self_attention for block in self.blocks]
+    first = layers[0].attention
+    names = [name for name, value in vars(first).items() if isinstance(value, nnx.Param)]
+    if not names:
+      raise ValueError(f"share_attention_across_layers: {config.attention!r} has no parameters "
+                       "of its own to share (only its q/k/v/out projections, which stay per "
+                       "layer)")
+    for layer in layers[1:]:
+      for name in names:
+        setattr(layer.attention, name, getattr(first, name))
 
   def __call__(self, tokens, mask=None, *, context=None, context_mask=None, deterministic=True,
                segment_ids=None):
@@ -252,23 +271,6 @@ class Stack(nnx.Module):
 
   def _finish(self, x):
     return x if self.final_norm is None else self.final_norm(x)
-
-
-def share_attention_parameters(config: TransformerConfig, layers: list) -> None:
-  """Points every layer's attention variant at the first layer's own parameters (the variant's
-  nnx.Param attributes, e.g. Linformer's E; the layer's q/k/v/out projections stay per layer).
-  NNX keeps one copy of a shared parameter, and its gradient sums every layer's use."""
-  if registry.spec(config.attention).kind == "mixer":
-    raise ValueError(f"share_attention_across_layers shares an attention variant's own "
-                     f"parameters; {config.attention!r} is a sequence mixer")
-  first = layers[0].attention
-  names = [name for name, value in vars(first).items() if isinstance(value, nnx.Param)]
-  if not names:
-    raise ValueError(f"share_attention_across_layers: {config.attention!r} has no parameters of "
-                     "its own to share (only its q/k/v/out projections, which stay per layer)")
-  for layer in layers[1:]:
-    for name in names:
-      setattr(layer.attention, name, getattr(first, name))
 
 
 def _rematerialised(block: Block, policy, x, mask, context, context_mask, packing=None, *,

@@ -4,7 +4,8 @@ the plain dense path, and `masked_softmax`, `group_heads`, `causal_allowed`, `ca
 `alibi_bias`, `dropout`, `MASK_VALUE`).
 
 The two jobs live in two ops modules, attention_zoo.ops.oracle and attention_zoo.ops.softmax;
-this module shows them together under their public path.
+this module shows them together under their public path. A face only: no module of the library
+imports it (tests/test_lint.py checks it).
 """
 from attention_zoo.ops.oracle import dense_attention
 from attention_zoo.ops.softmax import (MASK_VALUE, alibi_bias, causal_allowed, causal_pattern,

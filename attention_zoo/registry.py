@@ -5,9 +5,10 @@ Two kinds of class share one namespace. An attention variant (a subclass of
 `attention_zoo.Attention`, `@register`) maps q, k, v to an output; a sequence mixer (a subclass
 of `attention_zoo.Mixer`, `@register_mixer`) maps a block's input x to its output and owns its
 projections, gates, convolution and norm. Each is registered under a name with the facts a
-caller needs before building it (its `AttentionSpec`): whether it is exact, causal,
-cross-capable, its cost, its paper, and its options (the class attribute `OPTIONS`, merged with
-the options every class of its kind has), each with its default and its type.
+caller needs before building it (its spec: an `AttentionSpec` or a `MixerSpec`, the one `Spec`
+with its kind): whether it is exact, causal, cross-capable, its cost, its paper, and its options
+(the class attribute `OPTIONS`, merged with the options every class of its kind has), each with
+its default and its type.
 
 This module imports no variant and no contract: the decorators (attention_zoo.contract) enter
 classes here, and whoever needs the built-in variants (the package's face, the layers that
@@ -20,7 +21,7 @@ import contextlib
 import dataclasses
 import difflib
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 from attention_zoo import options as options_lib
 
@@ -28,8 +29,10 @@ _REGISTRY: dict[str, type] = {}
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionSpec:
-  """What a registered variant is and can do."""
+class Spec:
+  """What a registered class is and can do; `AttentionSpec` for a variant, `MixerSpec` for a
+  mixer (the same fields, so code that asks a capability of any name reads it from either)."""
+  kind: ClassVar[str]         # "attention" (q, k, v -> out) or "mixer" (x -> out)
   name: str
   exact: bool                 # softmax over a fixed pattern: equals reference.dense_attention
                               # (as built: longformer's learned global maps start as the identity)
@@ -49,12 +52,28 @@ class AttentionSpec:
   supports_dropout: bool = True  # forms attention weights that dropout_rate can drop
   # runs with its sequence split over a mesh's `context` axis (ops/context.py), equal to one device
   supports_context_parallel: bool = False
-  kind: str = "attention"     # "attention" (q, k, v -> out) or "mixer" (x -> out)
 
   @property
   def option_types(self) -> dict[str, type]:
     """Each option's value type (int, float, bool or str), also for those whose default is None."""
     return {name: spec.python_type for name, spec in self.option_specs.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec(Spec):
+  """What a registered attention variant (q, k, v -> out) is and can do."""
+  kind: ClassVar[str] = "attention"
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerSpec(Spec):
+  """What a registered sequence mixer (x -> out) is and can do: causal, inexact, self-only."""
+  kind: ClassVar[str] = "mixer"
+
+
+SPEC_TYPES = {spec_type.kind: spec_type for spec_type in (AttentionSpec, MixerSpec)}
+# the words an unknown-name message uses for what was asked for
+_KIND_WORDS = {"attention": "attention", "mixer": "mixer", None: "attention or mixer"}
 
 
 def add(name: str, cls: type) -> None:
@@ -65,7 +84,7 @@ def add(name: str, cls: type) -> None:
   _REGISTRY[name] = cls
 
 
-KINDS = ("attention", "mixer")
+KINDS = tuple(SPEC_TYPES)
 
 
 def available(kind: str | None = None) -> tuple[str, ...]:
@@ -86,19 +105,24 @@ def accepting_alibi() -> tuple[str, ...]:
   return accepting("supports_alibi")
 
 
-def get(name: str) -> type:
-  """The class registered under `name`; ValueError listing the choices if there is none."""
-  try:
+def get(name: str, kind: str | None = None) -> type:
+  """The class registered under `name`; ValueError listing the choices if there is none. kind
+  ("attention" | "mixer" | None: either) is what the caller asked for: the error names it and
+  lists those names (a close match of either kind is suggested under its own kind)."""
+  if name in _REGISTRY:
     return _REGISTRY[name]
-  except KeyError:
-    close = difflib.get_close_matches(name, available(), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown attention {name!r}{hint}; available: {', '.join(available())}"
-                     ) from None
+  close = difflib.get_close_matches(name, available(kind), n=1)
+  noun = _KIND_WORDS[_REGISTRY[close[0]].spec.kind if close else kind]
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  listed = (", ".join(available(kind)) if kind is not None else
+            "; ".join(f"{plural}: {', '.join(available(k))}"
+                      for k, plural in (("attention", "attention variants"), ("mixer", "mixers"))))
+  raise ValueError(f"unknown {noun} {name!r}{hint}; available: {listed}")
 
 
-def spec(name: str) -> AttentionSpec:
-  return get(name).spec
+def spec(name: str, kind: str | None = None) -> Spec:
+  """The spec of `name`: an AttentionSpec or a MixerSpec (kind: as for `get`)."""
+  return get(name, kind).spec
 
 
 def create(name: str, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
@@ -107,7 +131,7 @@ def create(name: str, *, num_heads: int, head_dim: int, num_kv_heads: int | None
   ValueError.
 
   A mixer name is refused: a mixer takes x, not q, k, v (build it with `create_mixer`)."""
-  cls = get(name)
+  cls = get(name, "attention")
   if cls.spec.kind != "attention":
     raise ValueError(f"{name!r} is a sequence mixer (it takes x, not q, k, v); build it with "
                      f"create_mixer({name!r}, emb_dim=..., num_heads=..., ...)")

@@ -17,7 +17,7 @@ which draws both the data and the initialisation):
 The table's rows (ROWS): the Transformer, Mamba and DeltaNet, each with eigenvalues in [0, 1]
 and [-1, 1]; mLSTM and sLSTM are not in the zoo.
 """
-from configs import mqar
+from configs import mqar, presets
 from configs.lra import common
 from configs.task_values import TaskValues
 
@@ -119,17 +119,16 @@ def values(task: str) -> TaskValues:
   and the variants' settings."""
   vocab = TASK[task]["model.vocab_size"]
   return TaskValues(task, fields={**SHARED, **TASK[task], "model.num_classes": vocab},
-                    attention_settings={**mqar.ATTENTION_SETTINGS, **VARIANT_SETTINGS})
+                    attention_settings={**mqar.ATTENTION_SETTINGS, **VARIANT_SETTINGS},
+                    length=SHARED["model.max_len"])
 
 
 def task_config(values: TaskValues, arg=None):
-  """The config of the formal-language task whose file declares `values`, for
-  "<attention>[,grazzi]" (its one preset, also when none is named)."""
-  attention, _, preset = (arg or "full").partition(",")
-  preset = preset.strip() or "grazzi"
-  if preset != "grazzi":
-    raise ValueError(f"{values.task} has one preset, grazzi (the released configs), not "
-                     f"{preset!r}")
-  config = common.base_config(values.task, attention.strip(), preset)
-  common.set_fields(config, values.fields)
-  return config
+  """The whole config of the formal-language task whose file declares `values`, for
+  "<attention>[,grazzi]" (its one preset, also when none is named): the grazzi preset's values,
+  then the variant's settings (configs/presets.py)."""
+  attention, preset = presets.parse_arg(values.task, arg, ("grazzi",))
+  config = common.base_config(values.task, attention, preset)
+  layers = [("preset grazzi", values.fields),
+            ("variant settings", values.attention_settings.get(attention, {}))]
+  return presets.apply(config, layers, task_len=values.max_len)

@@ -14,6 +14,7 @@ decoder needs far more steps to form the induction circuit (full attention: 12% 
 steps on this preset). Larger settings are
 overrides of these fields (data.*, model.*). Variants that cannot be causal are not applicable.
 """
+from configs import presets
 from configs.lra import common
 from configs.task_values import TaskValues
 
@@ -59,14 +60,20 @@ TINY = {
     "schedule.factors": common.COSINE, "schedule.base_learning_rate": 3e-3,
     "schedule.warmup_steps": 100,
 }
-VALUES = TaskValues("mqar", tiny=TINY, attention_settings=ATTENTION_SETTINGS)
+VALUES = TaskValues("mqar", tiny=TINY, attention_settings=ATTENTION_SETTINGS, length=64)
 
 
 def get_config(arg=None):
-  attention, preset = common.parse_arg(arg or "full,tiny")
-  if preset != "tiny":
-    raise ValueError(f"mqar has one preset, tiny (CPU scale), not {preset!r}; for larger runs "
-                     "override its fields (data.num_pairs, model.max_len, model.emb_dim, ...)")
-  config = common.base_config("mqar", attention, preset)
-  common.set_fields(config, VALUES.tiny)
-  return config
+  """"<attention>[,tiny]": tiny, the one preset, when none is named. Larger runs override its
+  fields (data.num_pairs, model.max_len, model.emb_dim, ...)."""
+  return diagnostic_config(VALUES, arg)
+
+
+def diagnostic_config(values: TaskValues, arg=None):
+  """The whole config of a diagnostic with one preset, tiny: its values, then the variant's
+  attention settings (configs/presets.py)."""
+  attention, preset = presets.parse_arg(values.task, arg, ("tiny",))
+  config = common.base_config(values.task, attention, preset)
+  layers = [("preset tiny", values.tiny),
+            ("variant settings", values.attention_settings.get(attention, {}))]
+  return presets.apply(config, layers, task_len=values.max_len)

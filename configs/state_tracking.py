@@ -42,16 +42,11 @@ def values(task: str, vocab_size: int) -> TaskValues:
   windows and blocks of the local variants are MQAR's 8 tokens, far shorter than the test."""
   return TaskValues(task, tiny={**TINY, "model.vocab_size": vocab_size,
                                 "model.num_classes": vocab_size},
-                    attention_settings=mqar.ATTENTION_SETTINGS)
+                    attention_settings=mqar.ATTENTION_SETTINGS, length=TINY["model.max_len"])
 
 
 def task_config(values: TaskValues, arg=None):
   """The config of the state-tracking task whose file declares `values`, for
-  "<attention>[,<preset>]" (tiny, its one preset)."""
-  attention, preset = common.parse_arg(arg or "full,tiny")
-  if preset != "tiny":
-    raise ValueError(f"{values.task} has one preset, tiny (CPU scale), not {preset!r}; for "
-                     "larger runs override its fields (data.max_train_len, model.max_len, ...)")
-  config = common.base_config(values.task, attention, preset)
-  common.set_fields(config, values.tiny)
-  return config
+  "<attention>[,tiny]" (tiny, its one preset, when none is named); larger runs override its
+  fields (data.max_train_len, model.max_len, ...)."""
+  return mqar.diagnostic_config(values, arg)

@@ -6,10 +6,10 @@ provides two names:
     VALUES = TaskValues(...)   # its values, declared once (below)
     def get_config(arg=None)   # its ConfigDict for "<attention>[,<preset>]" (ml_collections)
 
-`get_config` sets every value that does not depend on the attention variant and leaves None
-those that do; experiments/train/build.py fills them in from VALUES for the variant a run finally
-names (and experiments/fidelity.py tabulates them). Like every file under configs/, this one
-imports nothing from the project.
+`get_config` returns the whole run: the task's values, the preset's and the variant's settings,
+applied by configs/presets.py (which keeps each field's source); the harness only checks it and
+builds from it (experiments/train/build.py), and experiments/fidelity.py tabulates VALUES. Like
+every file under configs/, this one imports nothing from the project outside configs/.
 """
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ class TaskValues:
       "<variant>": {...}}, each {field: (value, where the released light code sets it)}.
   light_fixes: what the light_fair preset fixes, {"shared" | "<variant>": {field: (value, the
       quirk fixed)}}.
+  length: the task's own sequence length (lra.task_spec's max_len), to which the token-counted
+      attention options of the variants' settings refer; an LRA task's is its released
+      model.max_len.
   attention_settings: a diagnostic's attention settings per variant, {"<variant>": {field:
       value}}, in every preset. An LRA task takes its variants' settings from the presets'
       tables (configs/lra/common.py) and from `released`.
@@ -45,6 +48,7 @@ class TaskValues:
   light: dict | None = None
   light_fixes: dict = dataclasses.field(default_factory=dict)
   attention_settings: dict = dataclasses.field(default_factory=dict)
+  length: int = 0
 
   def __post_init__(self):
     if self.released is not None and "shared" not in self.released:
@@ -52,6 +56,15 @@ class TaskValues:
     if self.released is not None and self.attention_settings:
       raise ValueError(f"{self.task}: an LRA task (with released values) takes its attention "
                        "settings from the presets' tables, not attention_settings")
+
+  @property
+  def max_len(self) -> int:
+    """The task's own length (see `length`)."""
+    if self.is_lra:
+      return self.released["shared"]["model.max_len"]
+    if not self.length:
+      raise ValueError(f"{self.task}: a diagnostic declares its length (TaskValues.length)")
+    return self.length
 
   @property
   def is_lra(self) -> bool:

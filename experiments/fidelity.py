@@ -11,12 +11,14 @@ has a reason.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from absl import flags
 
 import attention_zoo as az
 import lra
+from configs import presets
 from configs.lra import common
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
@@ -188,19 +190,23 @@ LIGHT_NOT_CONFIG_VALUES = (
 
 
 def _preset(task: str, variant: str, preset: str, fields: set[str]) -> dict:
-  """The preset's values of `fields` for (task, variant), resolved as the trainer builds them."""
-  config = build.resolve(task_config(task, variant, preset))
-  options = {**az.spec(variant).options, **config.model.attention_options}
+  """The preset's values of `fields` for (task, variant) as the trainer builds them: the model's
+  as the built model has them, the rest as the checked config does."""
+  config, _ = build.check(task_config(task, variant, preset))
+  model = dataclasses.asdict(build.model_config(config))
+  options = {**az.spec(variant).options, **model["attention_options"]}
   values = {}
   for field in fields:
     if field.startswith(build.OPTIONS):
       name = field[len(build.OPTIONS):]
       if name == "dropout_rate" and name not in config.model.attention_options:
-        values[field] = config.model.attention_dropout_rate   # the model's rate reaches it
+        values[field] = model["attention_dropout_rate"]   # the model's rate reaches it
       else:
         values[field] = options.get(name, "—")
+    elif field.startswith("model."):
+      values[field] = model[field[len("model."):]]
     else:
-      node, name = common.parent_and_name(config, field)
+      node, name = presets.parent_and_name(config, field)
       values[field] = node[name]
   return values
 
@@ -219,10 +225,11 @@ def rows(task: str) -> list[dict]:
   paper_changes = task_values(task).paper_changes
   table = []
   for variant in common.LRA_VARIANTS:
-    shipped = build.released_values(task, variant)
+    shipped = common.released_values(task_values(task), variant)
     fields = set(shipped)
-    fields |= set(build.preset_values(task, variant, "paper"))
-    fields |= set(build.preset_values(task, variant, "fair"))
+    fields |= {field for preset in ("paper", "fair")
+               for _, layer in common.task_layers(task_values(task), variant, preset)[1:]
+               for field in layer if preset == "paper" or field.startswith(build.OPTIONS)}
     paper, fair = (_preset(task, variant, p, fields) for p in ("paper", "fair"))
     for field in sorted(fields):
       row = {"variant": variant, "field": field, "released": shipped.get(field, "—"),

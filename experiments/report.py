@@ -33,7 +33,7 @@ from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from experiments.common import command_line, dry_run
 from experiments.common.errors import HarnessError
 from experiments.common.plots import legend_beside, pyplot, save_figure
-from experiments.common.records import read_metrics, rotate, write_text
+from experiments.common.records import PROVENANCE, provenance, read_metrics, rotate, write_text
 from lra.fileio import atomic_write
 
 FLAGS = flags.FLAGS
@@ -105,7 +105,7 @@ def kinds() -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 
 def summarize(runs: list[dict]) -> dict:
-  """{(preset, policy, kind): {"tasks", "attentions", "cells": {(attention, task): stats},
+  """{(preset, policy, kind): {"tasks", "attentions", "cells": {(attention, task): _stats},
   "majority", "not_applicable": {(attention, task): reason}}} for each preset, each policy in
   POLICIES and each kind of task (see `kinds`)."""
   by_preset = defaultdict(list)
@@ -122,13 +122,14 @@ def summarize(runs: list[dict]) -> dict:
       tasks = [t for t in known if t in majority]
       not_applicable = {(variant(run), run["task"]): run["not_applicable"]
                         for run in runs_here if "not_applicable" in run}
+      cell_runs = defaultdict(list)
+      for run in finished:
+        cell_runs[variant(run), run["task"]].append(run)
       for policy in POLICIES if tasks else ():
-        accuracies = defaultdict(list)
-        for run in finished:
-          accuracies[variant(run), run["task"]].append(100 * run[policy])
         tables[preset, policy, kind] = {
-            "tasks": tasks, "cells": {key: _stats(values) for key, values in accuracies.items()},
-            "attentions": _order({a for a, _ in accuracies} | {a for a, _ in not_applicable},
+            "tasks": tasks,
+            "cells": {key: _stats(found, policy) for key, found in cell_runs.items()},
+            "attentions": _order({a for a, _ in cell_runs} | {a for a, _ in not_applicable},
                                  preset),
             "majority": {t: statistics.mean(v) for t, v in majority.items()},
             "not_applicable": not_applicable,
@@ -136,9 +137,12 @@ def summarize(runs: list[dict]) -> dict:
   return tables
 
 
-def _stats(values: list[float]) -> dict:
+def _stats(runs: list[dict], policy: str) -> dict:
+  """Mean, std and count of the runs' test accuracy `policy` (%), and where they ran."""
+  values = [100 * run[policy] for run in runs]
   return {"mean": statistics.mean(values), "num_seeds": len(values),
-          "std": statistics.stdev(values) if len(values) > 1 else None}
+          "std": statistics.stdev(values) if len(values) > 1 else None,
+          "provenance": provenance(runs)}
 
 
 def _average(table: dict, attention: str, preset: str):
@@ -268,7 +272,7 @@ def write_csv(tables: dict, path: Path) -> None:
 def write_published_csvs(tables: dict, out: Path) -> list[Path]:
   """For a preset with its own published table (light): <preset>_<task>.csv per task, a row per
   variant: variant, seeds, test_mean, test_std (the model its authors tested), published,
-  source (%)."""
+  source (%), and where the runs ran (records.PROVENANCE)."""
   written = []
   for (preset, policy, kind), table in tables.items():
     if preset not in PUBLISHED or policy != PUBLISHED_TESTED or kind != "lra":
@@ -277,7 +281,8 @@ def write_published_csvs(tables: dict, out: Path) -> list[Path]:
       path = out / f"{preset}_{task}.csv"
       with atomic_write(path, "w", newline="", encoding="utf-8") as f:
         rows = csv.writer(f, lineterminator="\n")
-        rows.writerow(["variant", "seeds", "test_mean", "test_std", "published", "source"])
+        rows.writerow(["variant", "seeds", "test_mean", "test_std", "published", "source",
+                       *PROVENANCE])
         for attention in table["attentions"]:
           cell = table["cells"].get((attention, task))
           if cell is None:
@@ -286,7 +291,8 @@ def write_published_csvs(tables: dict, out: Path) -> list[Path]:
           rows.writerow([attention, cell["num_seeds"], f"{cell['mean']:.2f}",
                          "" if cell["std"] is None else f"{cell['std']:.2f}",
                          "" if published is None else f"{published:.2f}",
-                         "" if published is None else PUBLISHED_SOURCE])
+                         "" if published is None else PUBLISHED_SOURCE,
+                         *(cell["provenance"][column] for column in PROVENANCE)])
       written.append(path)
   return written
 
@@ -298,15 +304,15 @@ STATE_TRACKING_TESTED = "test_accuracy_best_validation"
 def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
   """state_tracking_<preset>.csv per preset with state-tracking runs: a row per task, variant and
   allow_neg_eigval (True / False, "n/a" for a variant without the option): seeds, test_mean,
-  test_std (% of the asked positions, STATE_TRACKING_TESTED)."""
+  test_std (% of the asked positions, STATE_TRACKING_TESTED), and where the runs ran
+  (records.PROVENANCE)."""
   groups = defaultdict(list)
   for run in runs:
     if run["task"] in synthetic.family_tasks("state_tracking") and "not_applicable" not in run:
       options = run.get("model", {}).get("attention_options", {})
       has_option = NEG_EIGVAL in az.spec(run["attention"]).options
       negative = str(bool(options.get(NEG_EIGVAL))) if has_option else "n/a"
-      groups[run["preset"], run["task"], run["attention"], negative].append(
-          100 * run[STATE_TRACKING_TESTED])
+      groups[run["preset"], run["task"], run["attention"], negative].append(run)
   written = []
   for preset in sorted({preset for preset, *_ in groups}):
     here = {key[1:]: values for key, values in groups.items() if key[0] == preset}
@@ -314,12 +320,14 @@ def write_state_tracking_csvs(runs: list[dict], out: Path) -> list[Path]:
     path = out / f"state_tracking_{preset}.csv"
     with atomic_write(path, "w", newline="", encoding="utf-8") as f:
       rows = csv.writer(f, lineterminator="\n")
-      rows.writerow(["task", "variant", NEG_EIGVAL, "seeds", "test_mean", "test_std"])
+      rows.writerow(["task", "variant", NEG_EIGVAL, "seeds", "test_mean", "test_std",
+                     *PROVENANCE])
       for task, attention, negative in sorted(here, key=lambda key: (
           synthetic.family_tasks("state_tracking").index(key[0]), order.index(key[1]), key[2])):
-        cell = _stats(here[task, attention, negative])
+        cell = _stats(here[task, attention, negative], STATE_TRACKING_TESTED)
         rows.writerow([task, attention, negative, cell["num_seeds"], f"{cell['mean']:.2f}",
-                       "" if cell["std"] is None else f"{cell['std']:.2f}"])
+                       "" if cell["std"] is None else f"{cell['std']:.2f}",
+                       *(cell["provenance"][column] for column in PROVENANCE)])
     written.append(path)
   return written
 

@@ -24,7 +24,9 @@ mixers). Swept over the width, each variant traces its own curve:
 sweep at every point of the grid, in OUT/<field>=<value>/tune/<point>/, and each cell is the
 test accuracy of the final model at the point of best mean validation accuracy of those same
 models, for that variant and value; sweep.md names the chosen values, OUT/tuning.json has every
-point's validation accuracy. Zoology's learning rates (log-spaced from 1e-3 to 10^-1.5):
+point's validation accuracy, OUT/tuning.csv a row per variant and value (tuning.csv_text:
+the chosen values, the state size, where the chosen runs ran). Zoology's learning rates
+(log-spaced from 1e-3 to 10^-1.5):
 
     python -m experiments.sweep --task=mqar --field=model.emb_dim --values=64,128 \
         --attentions=full,gated_deltanet --x=state_size --out=results/frontier_tuned \
@@ -192,7 +194,7 @@ def main(argv):
                        FLAGS.field: "it is the swept field (--field)"})
   then = f"then {FLAGS.out}/sweep.md, sweep.csv and sweep.png (x: {FLAGS.x})"
   dry_run.plan(lambda: [*plan_lines(tune=tune, **sweep),
-                    then + (", the chosen values in tuning.json" if tune else "")])
+                    then + (", the chosen values in tuning.json and tuning.csv" if tune else "")])
   failures = run(tune=tune, **sweep)
   if tune:
     asked = {"preset": [FLAGS.preset], "task": [FLAGS.task], "attention": attentions,
@@ -200,10 +202,12 @@ def main(argv):
     table, states, chosen, records = collect_tuned(FLAGS.out, FLAGS.field, FLAGS.values, tune,
                                                    asked)
     tuning.write_records(records, FLAGS.out)
+    write_text(Path(FLAGS.out) / "tuning.csv", tuning.csv_text(records, tune, states))
   else:
     (table, states), chosen = collect(FLAGS.out, FLAGS.field, FLAGS.values), {}
   print(write(table, states, FLAGS.out, FLAGS.field, FLAGS.values, FLAGS.task, FLAGS.x, chosen))
-  print(f"wrote {FLAGS.out}/sweep.md, sweep.csv, sweep.png{', tuning.json' if tune else ''}; "
+  print(f"wrote {FLAGS.out}/sweep.md, sweep.csv, sweep.png"
+        f"{', tuning.json, tuning.csv' if tune else ''}; "
         f"wall time {time.time() - started:.0f} s")
   if failures:
     raise HarnessError(f"{len(failures)} run(s) failed: " + "; ".join(failures))
@@ -211,7 +215,8 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_string("task", "mqar", "The task to sweep.")
-  flags.DEFINE_enum("preset", "tiny", PRESETS, "The task config's preset.")
+  # A string: the task's get_config refuses a misspelt one, as experiments.train does.
+  flags.DEFINE_string("preset", "tiny", f"The task config's preset ({', '.join(PRESETS)}).")
   flags.DEFINE_string("field", "data.num_pairs", "The config field to sweep (dotted).")
   flags.DEFINE_list("values", ["4", "8", "16", "32"], "Its values.")
   flags.DEFINE_list("attentions", ["full", "sliding_window", "linear_transformer"],

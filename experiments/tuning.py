@@ -16,14 +16,17 @@ A point missing a seed's run (it failed, e.g. diverged) is left out of the choic
                     ["swept": {field: value},] "tested", "chosen": {field: value}, "validation":
                     [{"values": {field: value}, "mean"}, ...] (every point, in grid order;
                     "mean": null and "missing_seeds" for a point left out), "test_mean",
-                    "test_std" (at the chosen point, over the seeds), "seeds"}; accuracies in %.
+                    "test_std" (at the chosen point, over the seeds), "seeds", "provenance":
+                    the device, commit, jax and date of the chosen runs (records.provenance)};
+                    accuracies in %.
                     A variant that cannot run the task: {"task", "attention", "not_applicable"}.
   OUT/tuning.md     (reproduce) the table: per task and variant the test accuracy at the chosen
                     point, its validation accuracy and the chosen values; then the same runs
                     in the layout of experiments.report (a task per column, MAD's average);
                     then every point's mean validation / test accuracy.
-  OUT/tuning.csv    (reproduce) the same, a row per task and variant: variant, task, the chosen
-                    value of each tuned field, seeds, test_mean, test_std (%).
+  OUT/tuning.csv    the same, a row per task and variant (and swept value): variant, task, (the
+                    swept field and the state size,) the chosen value of each tuned field, seeds,
+                    test_mean, test_std (%), device, commit, jax, date (records.PROVENANCE).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from experiments import report
 from experiments.report import POLICIES, rounded
 from experiments.common.errors import HarnessError
 from experiments.common.overrides import field_value
-from experiments.common.records import write_json, write_text
+from experiments.common.records import PROVENANCE, provenance, write_json, write_text
 
 HELP = ("FIELD=V1,V2,...: train every value of a config field (parsed as its type) and report, "
         "per task and variant, the value of best mean validation accuracy; several --tune flags "
@@ -156,7 +159,8 @@ def choose(task: str, attention: str, candidates: list[tuple[dict, list[dict]]],
   test = [100 * run[tested] for run in best[2]] if best else []
   return {**record, "tested": tested, "chosen": best[1] if best else None,
           "validation": validation, "test_mean": statistics.mean(test) if test else None,
-          "test_std": statistics.stdev(test) if len(test) > 1 else None, "seeds": list(seeds)}
+          "test_std": statistics.stdev(test) if len(test) > 1 else None, "seeds": list(seeds),
+          **({"provenance": provenance(best[2])} if best else {})}
 
 
 def records(out, tune: dict[str, list], asked: dict, tested: str,
@@ -235,19 +239,25 @@ def write_records(records: list[dict], out) -> None:
   write_json(Path(out) / "tuning.json", records)
 
 
-def csv_text(records: list[dict], tune: dict[str, list]) -> str:
-  """A row per task and variant tuned: variant, task, each field's chosen value, seeds (the
-  count), test_mean, test_std (% at the chosen point); n/a and untrained ones are left out."""
+def csv_text(records: list[dict], tune: dict[str, list], states: dict | None = None) -> str:
+  """A row per task and variant (and swept value) tuned: variant, task, the swept value and its
+  state size (`states`, {attention: {value: floats}}, of a sweep), each field's chosen value,
+  seeds (the count), test_mean, test_std (% at the chosen point), where the chosen runs ran
+  (records.PROVENANCE); n/a and untrained ones are left out."""
   buffer = io.StringIO()
   out = csv.writer(buffer, lineterminator="\n")
-  out.writerow(["variant", "task", *tune, "seeds", "test_mean", "test_std"])
+  swept = list(records[0].get("swept", {})) if records else []
+  out.writerow(["variant", "task", *swept, *(["state_size"] if states else []), *tune, "seeds",
+                "test_mean", "test_std", *PROVENANCE])
   for record in records:
     if not record.get("chosen"):
       continue
-    std = record["test_std"]
-    out.writerow([record["attention"], record["task"],
+    std, values = record["test_std"], [record["swept"][field] for field in swept]
+    out.writerow([record["attention"], record["task"], *values,
+                  *([states[record["attention"]][values[0]]] if states else []),
                   *(value_text(record["chosen"][field]) for field in tune), len(record["seeds"]),
-                  f"{record['test_mean']:.2f}", "" if std is None else f"{std:.2f}"])
+                  f"{record['test_mean']:.2f}", "" if std is None else f"{std:.2f}",
+                  *(record["provenance"][column] for column in PROVENANCE)])
   return buffer.getvalue()
 
 

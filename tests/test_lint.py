@@ -60,6 +60,9 @@ def test_outside_a_git_checkout_the_project_folders_are_linted(tmp_path, monkeyp
 # -- the layers -----------------------------------------------------------------------------
 
 PACKAGES = ("attention_zoo", "configs", "experiments", "lra", "synthetic")
+# Public paths users import that re-export modules under ops/, variants/ and testing/: the
+# library itself imports the real modules, never these.
+PUBLIC_FACES = ("attention_zoo.flex", "attention_zoo.reference", "attention_zoo.conformance")
 # The library's layers, lowest first: a module imports only from its own layer and those below.
 # Each entry names modules and packages (a package stands for everything in it); the face,
 # attention_zoo/__init__.py, is the top: it imports every public name, on first use.
@@ -67,13 +70,14 @@ LAYERS = [
     ("ops", ["attention_zoo.ops"]),
     ("name table", ["attention_zoo.options", "attention_zoo.registry", "attention_zoo.plugins"]),
     ("contract", ["attention_zoo.contract"]),
-    ("parts", ["attention_zoo.flex", "attention_zoo.reference", "attention_zoo.positions",
-               "attention_zoo.convolution", "attention_zoo.norms", "attention_zoo.dropout"]),
+    ("parts", ["attention_zoo.positions", "attention_zoo.convolution", "attention_zoo.norms",
+               "attention_zoo.dropout"]),
     ("variants and mixers", ["attention_zoo.variants", "attention_zoo.mixers"]),
     ("layers", ["attention_zoo.layers"]),
     ("models", ["attention_zoo.models"]),
     ("interop", ["attention_zoo.interop"]),
-    ("testing", ["attention_zoo.testing", "attention_zoo.conformance"]),
+    ("testing", ["attention_zoo.testing"]),
+    ("public faces", list(PUBLIC_FACES)),
     ("face", ["attention_zoo"]),
 ]
 HARNESS = {"configs", "experiments", "lra", "synthetic", "ml_collections"}
@@ -338,3 +342,51 @@ def test_only_the_command_and_tests_import_the_conformance_suite():
                      if any(n.startswith("attention_zoo.testing") for n in imported_names(m, path))
                      and not m.startswith("attention_zoo.testing"))
   assert importers == ["attention_zoo.conformance"], importers
+
+
+def test_no_library_module_imports_a_public_face():
+  """attention_zoo.flex, .reference and .conformance are re-exports for users: every module of
+  the library imports the module under ops/, variants/ or testing/ they show, function-level
+  imports included, so each thing has one name inside the library."""
+  modules = project_modules()
+  assert all(face in modules for face in PUBLIC_FACES), PUBLIC_FACES
+  found = {m: sorted(n for n in imported_names(m, path)
+                     if any(n == face or n.startswith(face + ".") for face in PUBLIC_FACES))
+           for m, path in modules.items() if m.split(".")[0] == "attention_zoo"}
+  assert not any(found.values()), {m: names for m, names in found.items() if names}
+
+
+def attributes_set_on_arguments(path: Path) -> list[str]:
+  """"file:line function: name.attr" for each attribute a function sets (`x.a = ...`,
+  `x.a += ...`, `setattr(x, ...)`) on one of its arguments x other than self and cls."""
+  found = []
+  for function in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    arguments = function.args
+    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+    names -= {"self", "cls"}
+    for node in ast.walk(function):
+      if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        target = node.value
+      elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr" and node.args):
+        target = node.args[0]
+      else:
+        continue
+      if isinstance(target, ast.Name) and target.id in names:
+        found.append(f"{path.name}:{node.lineno} {function.name}: {target.id}")
+  return found
+
+
+def test_no_library_function_sets_attributes_on_a_module_passed_to_it(tmp_path):
+  """A module builds its own submodules (a mixer its projections, gates and norm, in its own
+  __init__); the shared parts return modules and set nothing on their caller."""
+  (tmp_path / "m.py").write_text("def add(mixer, rngs):\n  mixer.qkv = 1\n"
+                                 "def put(layer):\n  setattr(layer, 'a', 1)\n"
+                                 "class A:\n  def __init__(self):\n    self.b = 1\n")
+  assert attributes_set_on_arguments(tmp_path / "m.py") == ["m.py:2 add: mixer",
+                                                           "m.py:4 put: layer"]
+  found = [line for path in sorted((REPO / "attention_zoo").rglob("*.py"))
+           for line in attributes_set_on_arguments(path)]
+  assert not found, found

@@ -148,7 +148,7 @@ def test_mean_pooling_of_bf16_activations_is_exact_in_f32():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("attention", "nope", "unknown attention 'nope'"),
+    ("attention", "nope", "unknown attention or mixer 'nope'"),
     ("pooling", "max", "pooling='max'; choose one of cls, mean, padded_mean"),
     ("positions", "relative", "unknown position kind"),
     ("remat", "all", "remat='all'; choose one of none, block, dots"),

@@ -19,7 +19,7 @@ BasedLinearAttention): q, k [d, h·f] and v [d, h·d_v] projections without bias
 map above, causal normalised sums with ε = 1e-12, the output projection; no output norm or
 gate. The window: softmax attention over the current token and the w before it (the zoo's
 `sliding_window` convention; the authors' 64), its own q, k, v projections, RoPE on q and k,
-blockwise on `attention_zoo.flex` (O(n·w), no n x n matrix); decoding keeps the last w keys
+blockwise on `attention_zoo.ops.flex` (O(n·w), no n x n matrix); decoding keeps the last w keys
 and values in position order (a rolling buffer) with a flag per slot for masked tokens.
 
 Where ours differs: the paper's Based model interleaves separate layers (mostly gated short
@@ -38,7 +38,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import flex, ops, positions
+from attention_zoo import ops, positions
+from attention_zoo.ops import flex
 from attention_zoo.ops import softmax
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts

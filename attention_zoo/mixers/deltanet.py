@@ -21,74 +21,66 @@ num_kv_heads < num_heads shares k, v between query heads (GQA), β stays per que
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from attention_zoo import norms, ops
+from attention_zoo import ops
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
 from attention_zoo.options import Bool, Float, Int
 
+# The options of the delta-rule mixers (gated_deltanet, kda, gated_deltaproduct add to them).
 DELTA_OPTIONS = {"expand_v": Float(1.0, above=0), "use_gate": Bool(False),
                  "use_short_conv": Bool(True), "conv_size": Int(4, minimum=1),
                  "allow_neg_eigval": Bool(False), "chunk_size": Int(64, minimum=1),
                  "norm_eps": Float(1e-5, above=0)}
 
 
-@register_mixer("deltanet", complexity="O(n·C·d + n·d²)",
-                paper="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule "
-                      "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021",
-                supports_segment_ids=True)
-class DeltaNet(Mixer):
-  OPTIONS = {"expand_k": Float(1.0, above=0), **DELTA_OPTIONS}
-  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
-  TEST_OPTIONS = dict(chunk_size=8)
-  # the chunk and token forms of the rule (Gated DeltaNet: the gated rule)
-  CHUNK_OP, STEP_OP = staticmethod(ops.chunk_delta_rule), staticmethod(ops.recurrent_delta_rule)
-  # whether the ops take k, v, β with a step axis [b, n, steps, h, ...] (Gated DeltaProduct)
-  STEP_AXIS = False
-  # the output gate: act(W_g x), act SiLU (KDA: σ of a low-rank projection of rank d_v)
-  GATE_ACTIVATION, LOW_RANK_GATE = "silu", False
-
+class DeltaRuleLayer(Mixer):
+  """What the delta mixers share, unregistered: q, k, v (one projection, the short conv) and β
+  (`parts.delta_rule_inputs`), and the output norm, gate and projection (`parts.gated_output`).
+  Each registered subclass adds its own decay, if any, in its own __init__ and calls its own op
+  in its forward. Constructor arguments (given by the subclass, not options): steps, the (k, v,
+  β) per token (Gated DeltaProduct's n_h); gate_activation, SiLU or sigmoid; low_rank_gate, the
+  output gate as W_up W_down x + b of rank d_v (KDA's) instead of W_g x."""
   state_size = classmethod(parts.key_value_state_size)
 
-  def __init__(self, *, rngs, **kwargs):
+  def __init__(self, *, rngs, steps: int = 1, gate_activation: str = "silu",
+               low_rank_gate: bool = False, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
     self.d_k, self.d_v = parts.checked_dims(self)
-    self.steps = self.options.get("num_householder", 1)    # (k, v, β) per token
-    parts.add_qkv(self, rngs, steps=self.steps)
-    self.beta_proj = parts.linear(self.emb_dim, self.steps * self.num_heads, dtype=self.dtype,
-                                  rngs=rngs)
-    parts.add_gated_output(self, rngs, use_gate=self.options["use_gate"],
-                           gate_rank=self.d_v if self.LOW_RANK_GATE else None,
-                           activation=self.GATE_ACTIVATION)
+    self.steps = steps
+    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
+    emb, dtype = self.emb_dim, self.dtype
+    self.qkv, self.conv = parts.qkv_projection(   # q | k's | v's
+        emb, h * d_k + steps * kvh * (d_k + d_v), self.options, dtype=dtype, rngs=rngs)
+    self.beta_proj = parts.linear(emb, steps * h, dtype=dtype, rngs=rngs)        # w_β per step
+    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
+        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
+        use_gate=self.options["use_gate"], gate_rank=d_v if low_rank_gate else None,
+        activation=gate_activation)
 
-  def log_decay(self, x):
-    """g [b, n, h] float32 for the gated rule (KDA: [b, n, h, d_k]); None: no decay."""
-    return None
-
-  def forward(self, x, mask, state, segment_ids=None):
-    b, n, _ = x.shape
-    h, kvh, d_k, d_v, s = self.num_heads, self.num_kv_heads, self.d_k, self.d_v, self.steps
-    qkv = parts.short_conv(self.conv, self.qkv(x), mask, decode=state is not None,
-                            segment_ids=segment_ids)
-    if self.conv is None:
-      qkv = jax.nn.silu(qkv)                           # fla: SiLU with or without the conv
-    q, k, v = jnp.split(qkv, [h * d_k, h * d_k + s * kvh * d_k], axis=-1)
-    q = norms.l2_normalise(q.reshape(b, n, h, d_k))                              # [b, n, h, dk]
-    k = parts.repeat_kv(norms.l2_normalise(k.reshape(b, n, s, kvh, d_k)), h)     # [b, n, s, h, dk]
-    v = parts.repeat_kv(v.reshape(b, n, s, kvh, d_v), h)                         # [b, n, s, h, dv]
-    beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32)).reshape(b, n, s, h)
-    if self.options["allow_neg_eigval"]:
-      beta = 2 * beta                                  # in (0, 2): eigenvalues 1 - β down to -1
-    if not self.STEP_AXIS:                             # one (k, v, β) per token
-      k, v, beta = k[:, :, 0], v[:, :, 0], beta[:, :, 0]
-    g = self.log_decay(x)
-    gates = () if g is None else (g,)
-    o, state = parts.recurrence(self.CHUNK_OP, self.STEP_OP, q, k, v, *gates, beta, mask=mask,
-                                state=state, chunk_size=self.options["chunk_size"],
-                                segment_ids=segment_ids)
-    return parts.gated_output(self, x, o), state
+  def delta_inputs(self, x, mask, state, segment_ids):
+    """q, k, v, β (`parts.delta_rule_inputs`; with steps > 1 a step axis after n)."""
+    return parts.delta_rule_inputs(self, x, mask, decode=state is not None,
+                                   segment_ids=segment_ids,
+                                   steps=self.steps if self.steps > 1 else None)
 
   def empty_state(self, batch_size, max_len, dtype):
     return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)
+
+
+@register_mixer("deltanet", complexity="O(n·C·d + n·d²)",
+                paper="Yang et al. 2024, Parallelizing Linear Transformers with the Delta Rule "
+                      "over Sequence Length (arXiv:2406.06484); Schlag et al. 2021",
+                supports_segment_ids=True, supports_context_parallel=True)
+class DeltaNet(DeltaRuleLayer):
+  OPTIONS = {"expand_k": Float(1.0, above=0), **DELTA_OPTIONS}
+  # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
+  TEST_OPTIONS = dict(chunk_size=8)
+
+  def forward(self, x, mask, state, segment_ids=None):
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
+    o, state = parts.recurrence(ops.chunk_delta_rule, ops.recurrent_delta_rule, q, k, v, beta,
+                                mask=mask, state=state, chunk_size=self.options["chunk_size"],
+                                segment_ids=segment_ids)
+    return parts.gated_output(self, x, o), state

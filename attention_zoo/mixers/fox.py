@@ -8,7 +8,7 @@ The layer as flash-linear-attention defines it (fla/layers/forgetting_attn.py): 
 projections (no bias), the forget gate f_proj [d, heads] with bias, optionally an RMSNorm per
 head on q and k (qk_norm) and a sigmoid output gate o ⊙ σ(W_g x) (use_output_gate), both off by
 default, and the output projection; no RoPE. Computed by `attention_zoo.ops.forgetting_attention`
-(attention_zoo.flex with the gate as a score_mod: memory linear in n, time quadratic). Decoding
+(attention_zoo.ops.flex with the gate as a score_mod: memory linear in n, time quadratic). Decoding
 keeps a cache of k, v and log f for every token (its state grows with the length), and each
 step attends densely over it (`forgetting_attention_step`).
 
@@ -24,13 +24,15 @@ import jax.numpy as jnp
 from attention_zoo import norms, ops
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
+from attention_zoo.ops import ring
+from attention_zoo.ops.context import context_size
 from attention_zoo.options import Bool, Float, Int
 
 
 @register_mixer("fox", complexity="O(n²) time, O(n) memory",
                 paper="Lin et al. 2025, Forgetting Transformer: Softmax Attention with a Forget "
                       "Gate (arXiv:2503.02130)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class FoX(Mixer):
   OPTIONS = {"qk_norm": Bool(False), "use_output_gate": Bool(False),
              "block_size": Int(None, minimum=1, optional=True), "norm_eps": Float(1e-5, above=0)}
@@ -63,8 +65,9 @@ class FoX(Mixer):
       q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
     log_f = jax.nn.log_sigmoid(self.forget_proj(x).astype(jnp.float32))         # [b, n, h]
     if state is None:
-      o = ops.forgetting_attention(q, k, v, log_f, mask=mask, segment_ids=segment_ids,
-                                   block_size=self.options["block_size"])       # [b, n, h, d]
+      attention = ring.forgetting_attention_ring if context_size() > 1 else ops.forgetting_attention
+      o = attention(q, k, v, log_f, mask=mask, segment_ids=segment_ids,
+                    block_size=self.options["block_size"])                      # [b, n, h, d]
     else:
       o, state = self._decode(q, k, v, log_f, mask, state)
     if self.gate_proj is not None:

@@ -21,26 +21,29 @@ from __future__ import annotations
 
 from attention_zoo import ops
 from attention_zoo.contract import register_mixer
-from attention_zoo.mixers import deltanet
-from attention_zoo.mixers.parts import DecayGate, linear
+from attention_zoo.mixers import parts
+from attention_zoo.mixers.deltanet import DELTA_OPTIONS, DeltaRuleLayer
 from attention_zoo.options import Bool, Float
 
 
 @register_mixer("gated_deltanet", complexity="O(n·C·d + n·d²)",
                 paper="Yang, Kautz, Hatamizadeh 2024, Gated Delta Networks: Improving Mamba2 "
                       "with Delta Rule (arXiv:2412.06464)",
-                supports_segment_ids=True)
-class GatedDeltaNet(deltanet.DeltaNet):
-  OPTIONS = {**deltanet.DELTA_OPTIONS, "expand_v": Float(2.0, above=0), "use_gate": Bool(True)}
+                supports_segment_ids=True, supports_context_parallel=True)
+class GatedDeltaNet(DeltaRuleLayer):
+  OPTIONS = {**DELTA_OPTIONS, "expand_v": Float(2.0, above=0), "use_gate": Bool(True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
-  CHUNK_OP = staticmethod(ops.chunk_gated_delta_rule)
-  STEP_OP = staticmethod(ops.recurrent_gated_delta_rule)
 
   def __init__(self, *, rngs, **kwargs):
-    super().__init__(rngs=rngs, **kwargs)
-    self.decay_proj = linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
-    self.decay = DecayGate(self.num_heads, a_range=(0.0, 16.0), rngs=rngs)
+    super().__init__(rngs=rngs, **kwargs)       # q, k, v, β; the output gate SiLU(W_g x)
+    self.decay_proj = parts.linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
+    self.decay = parts.DecayGate(self.num_heads, a_range=(0.0, 16.0), rngs=rngs)
 
-  def log_decay(self, x):
-    return self.decay(self.decay_proj(x))[1]                                    # [b, n, h]
+  def forward(self, x, mask, state, segment_ids=None):
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
+    _, g = self.decay(self.decay_proj(x))                                        # [b, n, h]
+    o, state = parts.recurrence(ops.chunk_gated_delta_rule, ops.recurrent_gated_delta_rule,
+                                q, k, v, g, beta, mask=mask, state=state,
+                                chunk_size=self.options["chunk_size"], segment_ids=segment_ids)
+    return parts.gated_output(self, x, o), state

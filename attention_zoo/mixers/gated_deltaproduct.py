@@ -21,19 +21,35 @@ from __future__ import annotations
 
 from attention_zoo import ops
 from attention_zoo.contract import register_mixer
-from attention_zoo.mixers import gated_deltanet
+from attention_zoo.mixers import parts
+from attention_zoo.mixers.deltanet import DeltaRuleLayer
+from attention_zoo.mixers.gated_deltanet import GatedDeltaNet
 from attention_zoo.options import Int
 
 
 @register_mixer("gated_deltaproduct", complexity="O(n·n_h·(C·d + d²))",
                 paper="Siems et al. 2025, DeltaProduct: Improving State-Tracking in Linear RNNs "
                       "via Householder Products (arXiv:2502.10297)",
-                supports_segment_ids=True)
-class GatedDeltaProduct(gated_deltanet.GatedDeltaNet):
-  OPTIONS = {"num_householder": Int(2, minimum=1), **gated_deltanet.GatedDeltaNet.OPTIONS}
+                supports_segment_ids=True, supports_context_parallel=True)
+class GatedDeltaProduct(DeltaRuleLayer):
+  OPTIONS = {"num_householder": Int(2, minimum=1), **GatedDeltaNet.OPTIONS}
   # Chunks of 7 steps at the suite's length 20 (40 steps): several, some splitting a token's
   # two steps, and a partial last one.
   TEST_OPTIONS = dict(chunk_size=7)
-  CHUNK_OP = staticmethod(ops.chunk_gated_delta_product)
-  STEP_OP = staticmethod(ops.recurrent_gated_delta_product)
-  STEP_AXIS = True
+
+  def __init__(self, *, rngs, **kwargs):
+    # n_h (k, v, β) per token (the option, validated by the base before it is used); the
+    # output gate SiLU(W_g x)
+    steps = kwargs.get("num_householder", self.OPTIONS["num_householder"].default)
+    super().__init__(rngs=rngs, steps=steps, **kwargs)
+    self.decay_proj = parts.linear(self.emb_dim, self.num_heads, dtype=self.dtype, rngs=rngs)
+    self.decay = parts.DecayGate(self.num_heads, a_range=(0.0, 16.0), rngs=rngs)
+
+  def forward(self, x, mask, state, segment_ids=None):
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)     # k, v, β: n_h steps
+    _, g = self.decay(self.decay_proj(x))                                        # [b, n, h]
+    o, state = parts.recurrence(ops.chunk_gated_delta_product,
+                                ops.recurrent_gated_delta_product, q, k, v, g, beta, mask=mask,
+                                state=state, chunk_size=self.options["chunk_size"],
+                                segment_ids=segment_ids)
+    return parts.gated_output(self, x, o), state

@@ -45,12 +45,16 @@ class GLA(Mixer):
   def __init__(self, *, rngs, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
     self.d_k, self.d_v = parts.checked_dims(self)
-    parts.add_qkv(self, rngs)
-    rank, dtype = self.options["gate_low_rank_dim"], self.dtype
-    self.gate_down = parts.linear(self.emb_dim, rank, dtype=dtype, rngs=rngs)
-    self.gate_up = parts.linear(rank, self.num_kv_heads * self.d_k, dtype=dtype, rngs=rngs,
-                                bias=True)
-    parts.add_gated_output(self, rngs, use_gate=self.options["use_output_gate"])
+    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
+    emb, dtype, rank = self.emb_dim, self.dtype, self.options["gate_low_rank_dim"]
+    self.qkv, self.conv = parts.qkv_projection(emb, h * d_k + kvh * (d_k + d_v), self.options,
+                                               dtype=dtype, rngs=rngs)          # q | k | v
+    # the forget gate's logits: W_up W_down x + b, low-rank
+    self.gate_down = parts.linear(emb, rank, dtype=dtype, rngs=rngs)
+    self.gate_up = parts.linear(rank, kvh * d_k, dtype=dtype, rngs=rngs, bias=True)
+    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
+        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
+        use_gate=self.options["use_output_gate"])                                # W_g: SiLU
 
   def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape

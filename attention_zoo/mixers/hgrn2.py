@@ -36,7 +36,7 @@ from attention_zoo.options import Float, Int
 @register_mixer("hgrn2", complexity="O(n·C·d + n·d²)",
                 paper="Qin et al. 2024, HGRN2: Gated Linear RNNs with State Expansion "
                       "(arXiv:2404.07904)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class HGRN2(Mixer):
   OPTIONS = {"expand_k": Float(1.0, above=0), "lower_bound": Float(0.0, minimum=0, below=1),
              "chunk_size": Int(64, minimum=1), "norm_eps": Float(1e-5, above=0)}

@@ -23,29 +23,35 @@ from __future__ import annotations
 
 from attention_zoo import ops
 from attention_zoo.contract import register_mixer
-from attention_zoo.mixers import deltanet, parts
+from attention_zoo.mixers import parts
+from attention_zoo.mixers.deltanet import DELTA_OPTIONS, DeltaRuleLayer
 from attention_zoo.options import Bool
 
 
 @register_mixer("kda", complexity="O(n·C·d + n·d²)",
                 paper="Kimi Team 2025, Kimi Linear: An Expressive, Efficient Attention "
                       "Architecture (arXiv:2510.26692)",
-                supports_segment_ids=True)
-class KimiDeltaAttention(deltanet.DeltaNet):
-  OPTIONS = {**deltanet.DELTA_OPTIONS, "use_gate": Bool(True)}
+                supports_segment_ids=True, supports_context_parallel=True)
+class KimiDeltaAttention(DeltaRuleLayer):
+  OPTIONS = {**DELTA_OPTIONS, "use_gate": Bool(True)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
-  CHUNK_OP, STEP_OP = staticmethod(ops.chunk_kda), staticmethod(ops.recurrent_kda)
-  GATE_ACTIVATION, LOW_RANK_GATE = "sigmoid", True
 
   def __init__(self, *, rngs, **kwargs):
-    super().__init__(rngs=rngs, **kwargs)
+    # q, k, v, β; the output gate σ(W_up W_down x + b), low-rank of rank d_v
+    super().__init__(rngs=rngs, gate_activation="sigmoid", low_rank_gate=True, **kwargs)
     h, d_k = self.num_heads, self.d_k
+    # the decay per key channel: W_up W_down x (rank d_v), A per head, dt_bias per channel
     self.decay_proj = parts.low_rank(self.emb_dim, self.d_v, h * d_k, dtype=self.dtype,
                                      rngs=rngs)
     self.decay = parts.DecayGate(h, a_range=(1.0, 16.0), key_dim=d_k, rngs=rngs)
 
-  def log_decay(self, x):
+  def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
+    q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
     a = self.decay_proj(x).reshape(b, n, self.num_heads, self.d_k)              # [b, n, h, dk]
-    return self.decay(a)[1]                                                      # [b, n, h, dk]
+    _, g = self.decay(a)                                                         # [b, n, h, dk]
+    o, state = parts.recurrence(ops.chunk_kda, ops.recurrent_kda, q, k, v, g, beta, mask=mask,
+                                state=state, chunk_size=self.options["chunk_size"],
+                                segment_ids=segment_ids)
+    return parts.gated_output(self, x, o), state

@@ -39,7 +39,7 @@ from attention_zoo.options import Float, Int
 @register_mixer("lightning", complexity="O(n·C·d + n·d²)",
                 paper="Qin et al. 2024, Lightning Attention-2 (arXiv:2401.04658); TransNormerLLM "
                       "(arXiv:2307.14995)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class Lightning(Mixer):
   OPTIONS = {"depth": Float(0.0, minimum=0, maximum=1), "chunk_size": Int(64, minimum=1),
              "norm_eps": Float(1e-5, above=0)}

@@ -26,6 +26,13 @@ W_Δ ~ U(±R^{-1/2}) and b_Δ = softplus⁻¹(dt), dt log-uniform in [1e-3, 0.1]
 (`parts.dt_bias_init`); the S4D-real init A_cn = n + 1 and D = 1, both with
 `weight_decay=False` (the authors'). Scale 1.
 
+allow_neg_eigval (Grazzi et al. 2025, "Unlocking State-Tracking in Linear RNNs Through Negative
+Eigenvalues", arXiv:2411.12537, as its authors' modified selective scan does) replaces the
+transition exp(Δ_t A) by 2 exp(Δ_t A) - 1, extending its range from (0, 1] to (-1, 1], so that a
+channel can flip sign from token to token (parity, modular counting); B, C, D and the write
+Δ_t x_t B_t are unchanged. A negative transition is no log-decay: the op carries its sign apart
+(`attention_zoo.ops.with_negative_eigenvalues`), exact in both forms and in decoding.
+
 Where ours differs: d_inner = expand · num_heads · head_dim (expand · emb_dim unless head_dim is
 given); heads play no other part and num_kv_heads none. A masked token enters the conv as zeros
 and leaves h untouched (fla zeroes it before and after the conv).
@@ -42,17 +49,18 @@ from attention_zoo import ops
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.convolution import ShortConv
 from attention_zoo.mixers import parts
-from attention_zoo.options import Int
+from attention_zoo.options import Bool, Int
 
 
 @register_mixer("mamba", complexity="O(n·N·d_inner)",
                 paper="Gu & Dao 2023, Mamba: Linear-Time Sequence Modeling with Selective "
                       "State Spaces (arXiv:2312.00752)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class Mamba(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(16, minimum=1),
              "dt_rank": Int(None, minimum=1, optional=True), "conv_size": Int(4, minimum=1),
-             "chunk_size": Int(None, minimum=1, optional=True)}
+             "chunk_size": Int(None, minimum=1, optional=True),
+             "allow_neg_eigval": Bool(False)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8, d_state=4)
 
@@ -89,8 +97,11 @@ class Mamba(Mixer):
     g = -delta[..., None] * jnp.exp(self.A_log[...])                             # [b, n, E, N]
     per_channel = lambda a: jnp.broadcast_to(a[:, :, None], g.shape)             # [b, n, E, N]
     v = (delta * xs.astype(jnp.float32))[..., None]                              # [b, n, E, 1]
-    y, state = parts.recurrence(ops.chunk_gla, ops.recurrent_gla, per_channel(C), per_channel(B),
-                                v, g, mask=mask, state=state,
+    chunk_op, step_op = ops.chunk_gla, ops.recurrent_gla
+    if self.options["allow_neg_eigval"]:      # transitions 2 exp(Δ A) - 1 in (-1, 1]
+      chunk_op, step_op = map(ops.with_negative_eigenvalues, (chunk_op, step_op))
+    y, state = parts.recurrence(chunk_op, step_op, per_channel(C), per_channel(B), v, g,
+                                mask=mask, state=state,
                                 chunk_size=self.options["chunk_size"], scale=1.0,
                                 segment_ids=segment_ids)
     y = y[..., 0] + self.D[...] * xs.astype(jnp.float32)                         # [b, n, E]

@@ -14,6 +14,11 @@ channels with one scale per channel (the gate before the norm, unlike GLA's), th
 projection. Scale 1.
 Chunkwise by `attention_zoo.ops.chunk_simple_gla` (chunks of 256, the authors').
 
+allow_neg_eigval replaces the transition exp(Δ_t A_h) by 2 exp(Δ_t A_h) - 1 in (-1, 1], the
+modification Grazzi et al. 2025 (arXiv:2411.12537) make to Mamba, applied to the scalar decay
+per head: the op carries the sign apart (`attention_zoo.ops.with_negative_eigenvalues`), exact
+in the chunk and token forms and in decoding.
+
 Where ours differs: the head dimension P = expand · qkv_dim / num_heads follows the model's
 (the authors fix P = 64 and derive the head count); the authors' n_groups is num_kv_heads
 (their default, one group, is num_kv_heads=1; ours defaults to num_heads groups); Δ is not
@@ -28,17 +33,17 @@ from attention_zoo import norms, ops
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.convolution import ShortConv
 from attention_zoo.mixers import parts
-from attention_zoo.options import Float, Int
+from attention_zoo.options import Bool, Float, Int
 
 
 @register_mixer("mamba2", complexity="O(n·C·(N + P) + n·N·P)",
                 paper="Dao & Gu 2024, Transformers are SSMs: Generalized Models and Efficient "
                       "Algorithms Through Structured State Space Duality (arXiv:2405.21060)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class Mamba2(Mixer):
   OPTIONS = {"expand": Int(2, minimum=1), "d_state": Int(128, minimum=1),
              "conv_size": Int(4, minimum=1), "chunk_size": Int(256, minimum=1),
-             "norm_eps": Float(1e-5, above=0)}
+             "norm_eps": Float(1e-5, above=0), "allow_neg_eigval": Bool(False)}
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8, d_state=8)
 
@@ -76,9 +81,12 @@ class Mamba2(Mixer):
     C = parts.repeat_kv(C.reshape(b, n, groups, d_state), h)                     # [b, n, h, N]
     delta, g = self.decay(dt)                                                    # [b, n, h]
     v = xs.astype(jnp.float32) * delta[..., None]                                # [b, n, h, P]
-    y, state = parts.recurrence(ops.chunk_simple_gla, ops.recurrent_simple_gla, C, B, v, g,
-                                mask=mask, state=state, chunk_size=self.options["chunk_size"],
-                                scale=1.0, segment_ids=segment_ids)
+    chunk_op, step_op = ops.chunk_simple_gla, ops.recurrent_simple_gla
+    if self.options["allow_neg_eigval"]:      # transitions 2 exp(Δ A) - 1 in (-1, 1]
+      chunk_op, step_op = map(ops.with_negative_eigenvalues, (chunk_op, step_op))
+    y, state = parts.recurrence(chunk_op, step_op, C, B, v, g, mask=mask, state=state,
+                                chunk_size=self.options["chunk_size"], scale=1.0,
+                                segment_ids=segment_ids)
     y = y + self.D[...][:, None] * xs.astype(jnp.float32)                        # [b, n, h, P]
     y = self.norm(y.reshape(b, n, self.d_inner), z)                              # [b, n, h·P]
     return self.out(y.astype(self.dtype)), state

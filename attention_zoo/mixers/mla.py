@@ -55,7 +55,8 @@ from attention_zoo import positions
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
 from attention_zoo.norms import GatedRMSNorm
-from attention_zoo.ops import flex
+from attention_zoo.ops import flex, ring
+from attention_zoo.ops.context import context_size
 from attention_zoo.ops.flash import chunked
 from attention_zoo.ops.segments import positions_in_segments, segment_runs
 from attention_zoo.options import Float, Int
@@ -87,7 +88,7 @@ _SIZE = Int(None, minimum=1, optional=True)   # None: derived from head_dim
 @register_mixer("mla", complexity="O(n²) time, O(n) memory",
                 paper="DeepSeek-AI 2024, DeepSeek-V2: A Strong, Economical, and Efficient "
                       "Mixture-of-Experts Language Model (arXiv:2405.04434)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class MultiHeadLatentAttention(Mixer):
   OPTIONS = {"kv_lora_rank": _SIZE, "q_lora_rank": Int(0, minimum=0),
              "rope_head_dim": Int(None, minimum=2, optional=True), "nope_head_dim": _SIZE,
@@ -177,6 +178,9 @@ class MultiHeadLatentAttention(Mixer):
     """softmax(q kᵀ · scale) v over kv_mask's keys on the engine (bottom-right causal; with
     segment_ids, within each run)."""
     block = self.options["block_size"]
+    if context_size() > 1:   # the sequence split over the mesh: ring attention (ops/ring.py)
+      return ring.packed_ring_attention(q, k, v, kv_mask=kv_mask, causal=causal, scale=self.scale,
+                                        segment_ids=segment_ids, block_size=block)
     block_mask = chunked.block_mask(q.shape[1], k.shape[1], causal=causal, block_q=block,
                                     block_k=block)
     if segment_ids is not None:

@@ -1,7 +1,10 @@
-"""Pieces the sequence mixers share: projections (full and low-rank), the short convolution on
-masked inputs, the gated output (norms.GatedRMSNorm), Mamba2's decay gate (also Gated
-DeltaNet's, and per key channel KDA's), GQA head repetition, and the choice between an op's
-chunk and token forms."""
+"""Pieces the sequence mixers share: projections (full and low-rank, the output gate's), the
+short convolution on masked inputs, the gated output (norms.GatedRMSNorm), the delta rule's
+q, k, v and β, Mamba2's decay gate (also Gated DeltaNet's, and per key channel KDA's), GQA head
+repetition, and the choice between an op's chunk and token forms.
+
+Each mixer builds its own submodules in its `__init__` (these functions return modules; none
+sets an attribute on the mixer), so a mixer's file lists every parameter it has."""
 from __future__ import annotations
 
 import jax
@@ -9,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_zoo.convolution import ShortConv
-from attention_zoo.norms import GatedRMSNorm
+from attention_zoo.norms import GatedRMSNorm, l2_normalise
 
 
 def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):
@@ -48,35 +51,36 @@ def key_value_state_size(cls, *, num_heads: int, head_dim: int, options: dict, *
   return num_heads * d_k * d_v
 
 
-def add_qkv(mixer, rngs: nnx.Rngs, *, steps: int = 1) -> None:
-  """mixer.qkv: x -> q | k | v ([h·d_k | s·kvh·d_k | s·kvh·d_v] channels, s = steps: the (k, v)
-  pairs per token, Gated DeltaProduct's n_h), and mixer.conv over them when the option
-  use_short_conv is on (the layers of DeltaNet, GLA, RetNet and their kin)."""
-  h, kvh = mixer.num_heads, mixer.num_kv_heads
-  channels = h * mixer.d_k + steps * kvh * (mixer.d_k + mixer.d_v)
-  mixer.qkv = linear(mixer.emb_dim, channels, dtype=mixer.dtype, rngs=rngs)
-  if mixer.options["use_short_conv"]:
-    mixer.conv = ShortConv(channels, mixer.options["conv_size"], dtype=mixer.dtype, rngs=rngs)
+def qkv_projection(emb_dim: int, channels: int, options: dict, *, dtype, rngs: nnx.Rngs):
+  """(qkv, conv): the projection x -> `channels` (q | k | v, as the caller splits them) and a
+  ShortConv over them (kernel: the option conv_size) when the option use_short_conv is on, else
+  None (`short_conv` then passes its input through). The mixer keeps them as self.qkv and
+  self.conv (the name the contract prepares a decode cache for)."""
+  qkv = linear(emb_dim, channels, dtype=dtype, rngs=rngs)
+  if not options["use_short_conv"]:
+    return qkv, None
+  return qkv, ShortConv(channels, options["conv_size"], dtype=dtype, rngs=rngs)
 
 
-def add_gated_output(mixer, rngs: nnx.Rngs, *, use_gate: bool, gate_rank: int | None = None,
-                     activation: str = "silu") -> None:
-  """mixer.gate_proj (x -> the per-head gate's logits, or None: W_g x, or with gate_rank the
-  low-rank W_up W_down x + b, KDA's), mixer.norm (RMSNorm per head over d_v, times
-  activation(gate)) and mixer.out (h·d_v -> emb): the output `gated_output` applies."""
-  h, emb, dtype = mixer.num_heads, mixer.emb_dim, mixer.dtype
+def gated_output_layers(emb_dim: int, num_heads: int, d_v: int, *, eps: float, dtype,
+                        rngs: nnx.Rngs, use_gate: bool, gate_rank: int | None = None,
+                        activation: str = "silu"):
+  """(gate_proj, norm, out) for `gated_output`: gate_proj x -> the per-head gate's logits
+  [h·d_v] (W_g x; with gate_rank the low-rank W_up W_down x + b, KDA's; None without a gate),
+  norm an RMSNorm per head over d_v times activation(gate), out h·d_v -> emb."""
   if not use_gate:
-    mixer.gate_proj = None
+    gate_proj = None
   elif gate_rank is None:
-    mixer.gate_proj = linear(emb, h * mixer.d_v, dtype=dtype, rngs=rngs)
+    gate_proj = linear(emb_dim, num_heads * d_v, dtype=dtype, rngs=rngs)
   else:
-    mixer.gate_proj = low_rank(emb, gate_rank, h * mixer.d_v, dtype=dtype, rngs=rngs, bias=True)
-  mixer.norm = GatedRMSNorm(mixer.d_v, eps=mixer.options["norm_eps"], activation=activation)
-  mixer.out = linear(h * mixer.d_v, emb, dtype=dtype, rngs=rngs)
+    gate_proj = low_rank(emb_dim, gate_rank, num_heads * d_v, dtype=dtype, rngs=rngs, bias=True)
+  return (gate_proj, GatedRMSNorm(d_v, eps=eps, activation=activation),
+          linear(num_heads * d_v, emb_dim, dtype=dtype, rngs=rngs))
 
 
 def gated_output(mixer, x, o):
-  """o [b, n, h, d_v] -> out(RMSNorm(o) ⊙ act(gate_proj x)) [b, n, emb] (no gate: the norm)."""
+  """o [b, n, h, d_v] -> out(norm(o, gate_proj x)) [b, n, emb], by the mixer's gate_proj (None:
+  no gate), norm and out (`gated_output_layers`)."""
   b, n, h, d_v = o.shape
   gate = None if mixer.gate_proj is None else mixer.gate_proj(x).reshape(b, n, h, d_v)
   y = mixer.norm(o, gate)                                                        # [b, n, h, dv]
@@ -91,6 +95,31 @@ def short_conv(conv, x, mask, decode: bool, segment_ids=None):
     return x
   return jax.nn.silu(conv(jnp.where(mask[..., None], x, 0), decode=decode,
                           segment_ids=segment_ids))
+
+
+def delta_rule_inputs(mixer, x, mask, *, decode: bool, segment_ids=None, steps: int | None = None):
+  """The delta rule's inputs from a mixer's qkv, conv and beta_proj, as flash-linear-attention's
+  delta layers make them: q, k, v through the short convolution and SiLU (SiLU alone without
+  it), q and k L2-normalised per head, k and v repeated to the query heads (GQA),
+  β = σ(w_βᵀ x) (with the option allow_neg_eigval 2σ: in (0, 2), so that the eigenvalue 1 - β
+  of I - β k kᵀ reaches down to -1). steps None: one (k, v, β) per token, k [b, n, h, d_k],
+  v [b, n, h, d_v], β float32 [b, n, h]; steps s: s of them, with a step axis after n
+  (Gated DeltaProduct's). q [b, n, h, d_k]."""
+  b, n, _ = x.shape
+  h, kvh, d_k, d_v, s = mixer.num_heads, mixer.num_kv_heads, mixer.d_k, mixer.d_v, steps or 1
+  qkv = short_conv(mixer.conv, mixer.qkv(x), mask, decode=decode, segment_ids=segment_ids)
+  if mixer.conv is None:
+    qkv = jax.nn.silu(qkv)                               # fla: SiLU with or without the conv
+  q, k, v = jnp.split(qkv, [h * d_k, h * d_k + s * kvh * d_k], axis=-1)
+  q = l2_normalise(q.reshape(b, n, h, d_k))                                      # [b, n, h, dk]
+  k = repeat_kv(l2_normalise(k.reshape(b, n, s, kvh, d_k)), h)                  # [b, n, s, h, dk]
+  v = repeat_kv(v.reshape(b, n, s, kvh, d_v), h)                                # [b, n, s, h, dv]
+  beta = jax.nn.sigmoid(mixer.beta_proj(x).astype(jnp.float32)).reshape(b, n, s, h)
+  if mixer.options["allow_neg_eigval"]:
+    beta = 2 * beta                                      # in (0, 2): eigenvalues 1 - β down to -1
+  if steps is None:
+    return q, k[:, :, 0], v[:, :, 0], beta[:, :, 0]
+  return q, k, v, beta
 
 
 def repeat_kv(x, num_heads: int):

@@ -51,8 +51,13 @@ class RetNet(Mixer):
     self.d_k, self.d_v = parts.checked_dims(self)
     if self.d_k % 2:
       raise self.option_error("expand_k", f"a value giving an even d_k for RoPE (got {self.d_k})")
-    parts.add_qkv(self, rngs)
-    parts.add_gated_output(self, rngs, use_gate=self.options["use_output_gate"])
+    h, kvh, d_k, d_v = self.num_heads, self.num_kv_heads, self.d_k, self.d_v
+    emb, dtype = self.emb_dim, self.dtype
+    self.qkv, self.conv = parts.qkv_projection(emb, h * d_k + kvh * (d_k + d_v), self.options,
+                                               dtype=dtype, rngs=rngs)          # q | k | v
+    self.gate_proj, self.norm, self.out = parts.gated_output_layers(
+        emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
+        use_gate=self.options["use_output_gate"])                                # W_g: SiLU
     exponents = self.options["decay_exponent"] + np.arange(self.num_heads)
     self.log_gamma = np.log1p(-2.0 ** -exponents)                                # [h], fixed
 

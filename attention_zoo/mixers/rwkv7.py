@@ -66,7 +66,7 @@ def fla_rank(emb_dim: int, multiplier: float, factor: float = 1.0) -> int:
 @register_mixer("rwkv7", complexity="O(n·C·d + n·d²)",
                 paper="Peng et al. 2025, RWKV-7 \"Goose\" with Expressive Dynamic State "
                       "Evolution (arXiv:2503.14456)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class RWKV7(Mixer):
   OPTIONS = {"decay_low_rank_dim": Int(None, minimum=1, optional=True),
              "a_low_rank_dim": Int(None, minimum=1, optional=True),

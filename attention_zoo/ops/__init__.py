@@ -24,11 +24,12 @@ from attention_zoo.ops.delta_rule import (chunk_delta_rule, chunk_gated_delta_pr
                                           recurrent_gated_delta_rule, recurrent_kda)
 from attention_zoo.ops.dplr import chunk_dplr_delta_rule, recurrent_dplr_delta_rule
 from attention_zoo.ops.forgetting_attention import forgetting_attention, forgetting_attention_step
-from attention_zoo.ops.gla import chunk_gla, chunk_simple_gla, recurrent_gla, recurrent_simple_gla
+from attention_zoo.ops.gla import (chunk_gla, chunk_simple_gla, recurrent_gla, recurrent_simple_gla,
+                                   with_negative_eigenvalues)
 
 __all__ = ["chunk_delta_rule", "chunk_dplr_delta_rule", "chunk_gated_delta_product",
            "chunk_gated_delta_rule", "chunk_gla", "chunk_kda", "chunk_simple_gla",
            "forgetting_attention", "forgetting_attention_step", "recurrent_delta_rule",
            "recurrent_dplr_delta_rule", "recurrent_gated_delta_product",
            "recurrent_gated_delta_rule", "recurrent_gla", "recurrent_kda",
-           "recurrent_simple_gla"]
+           "recurrent_simple_gla", "with_negative_eigenvalues"]

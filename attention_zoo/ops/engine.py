@@ -46,6 +46,10 @@ token *before* each row (G_{r-1}, G_0 = 0: a reads the undecayed state),
 A_ab and A_ak are the inclusive products of the rows a_{r+1} (shifted up one token) moved down
 one row, so they reuse P's code and its numerics.
 
+Under a mesh whose `context` axis splits the sequence, `run` and `run_dplr` run either form on
+each device's shard and correct it by the state the shards before it leave
+(context_recurrence.py): the same algorithm one level up, each device one chunk.
+
 Everything that does not involve S (the products, the triangular solve for W and U, the decayed
 keys) is computed for all chunks at once; only the pseudo-values and S_out run in a `lax.scan`
 over chunks, whose body is under `jax.checkpoint`, so the backward pass keeps the N
@@ -98,6 +102,8 @@ import jax
 import jax.numpy as jnp
 
 from attention_zoo.ops.blocks import ceil_div
+from attention_zoo.ops.context import context_size
+from attention_zoo.ops.context_recurrence import split_over_context
 from attention_zoo.ops.segments import segment_starts
 
 # chunk_gated_delta_rule forward+backward at T = 8192 (B=1, H=4, K=V=64, f32) on a shared
@@ -266,14 +272,16 @@ class Segments(NamedTuple):
 
 
 def _segments(resets, N: int, C: int) -> Segments | None:
-  """resets bool [B, T] (True where a segment starts; never at t = 0) or None."""
+  """resets bool [B, T] (True where a segment starts) or None. A reset at t = 0 (a shard of a
+  context-parallel run whose first token starts a segment) keeps the initial state from every
+  token: the state entering the first chunk belongs to run 0, before any reset."""
   if resets is None:
     return None
   B, T = resets.shape
   runs = jnp.cumsum(resets.astype(jnp.int32), axis=1)        # [B, T], the segment of each token
   runs = jnp.pad(runs, [(0, 0), (0, N * C - T)], mode="edge")  # padding: the last segment
   runs = runs.reshape(B, N, C).transpose(1, 0, 2)[:, :, None, :, None]  # [n, b, 1, C, 1]
-  entering = jnp.concatenate([runs[:1, ..., :1, :], runs[:-1, ..., -1:, :]])  # [n, b, 1, 1, 1]
+  entering = jnp.concatenate([jnp.zeros_like(runs[:1, ..., :1, :]), runs[:-1, ..., -1:, :]])
   last = runs[..., -1:, :]                                   # [n, b, 1, 1, 1]
   return Segments(same=runs == runs.swapaxes(-1, -2), from_entering=runs == entering,
                   to_leaving=runs == last, through=last == entering)
@@ -468,8 +476,7 @@ def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask,
   """Validates op `name`'s inputs (per_token: {argument: (value or None, per_channel)}, the
   argument [B, T, H, K] if per_channel else [B, T, H]) and brings them to the compute dtype,
   masked tokens neutral (a masked token reads nothing and leaves the state as it was).
-  -> (q scaled, k, v, {argument: value}, initial state, mask, resets or None, output
-  dtype)."""
+  -> (q scaled, k, v, {argument: value}, initial state, mask, output dtype)."""
   out_dtype, dtype = v.dtype, jnp.promote_types(v.dtype, jnp.float32)
   if q.ndim != 4 or k.shape != q.shape:
     raise ValueError(f"{name}: q and k must both be [B, T, H, K], got {q.shape} and {k.shape}")
@@ -497,9 +504,18 @@ def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask,
   q, k, v = map(neutral, (q, k, v))
   state = (jnp.zeros((B, H, K, v.shape[-1]), dtype) if initial_state is None
            else initial_state.astype(dtype))
-  resets = None if segment_ids is None else segment_starts(segment_ids)   # [B, T]
   return (q * scale, k, v, {arg: neutral(value) for arg, (value, _) in per_token.items()},
-          state, mask, resets, out_dtype)
+          state, mask, out_dtype)
+
+
+def _run_form(recurrence, v, per_token, state, segment_ids):
+  """recurrence(v, per_token, state, resets) on the whole sequence, or with the sequence split
+  over the active mesh's `context` axis when it has one (context_recurrence.py); a single
+  token (a decode step) has nothing to split."""
+  if context_size() > 1 and v.shape[1] > 1:
+    return split_over_context(recurrence, v, per_token, state, segment_ids)
+  return recurrence(v, per_token, state,
+                    None if segment_ids is None else segment_starts(segment_ids))
 
 
 def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_state, mask,
@@ -509,7 +525,7 @@ def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_s
   None: the additive rule; gated_tokens bool [B, T] or None (all): False where the caller's g
   is 0 by construction. -> (o like v, final state [B, H, K, V] float32, float64 for float64
   inputs)."""
-  q, k, v, x, state, mask, resets, out_dtype = _prepare(
+  q, k, v, x, state, mask, out_dtype = _prepare(
       name, q, k, v, {"g": (g, per_channel_gate), "beta": (beta, False)}, scale=scale,
       initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=chunk_size)
   g = jnp.zeros(q.shape[:3], q.dtype) if x["g"] is None else x["g"]
@@ -519,21 +535,25 @@ def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_s
   for flags in (mask, gated_tokens):
     decaying = decaying if flags is None else decaying & flags
   if chunk_size is None:
-    o, state = token_recurrence(q, k, v, g, x["beta"], state, resets)
+    form = lambda v, xs, state, resets: token_recurrence(*xs[:2], v, *xs[2:4], state, resets)
   else:
-    o, state = chunk_recurrence(q, k, v, g, x["beta"], state, chunk_size, decaying, resets)
+    form = lambda v, xs, state, resets: chunk_recurrence(*xs[:2], v, *xs[2:4], state,
+                                                         chunk_size, xs[4], resets)
+  o, state = _run_form(form, v, (q, k, g, x["beta"], decaying), state, segment_ids)
   return o.astype(out_dtype), state
 
 
 def run_dplr(name: str, q, k, v, a, b, g, *, scale, initial_state, mask, segment_ids,
              chunk_size: int | None):
   """As `run`, for the DPLR recurrence (a, b, g [B, T, H, K])."""
-  q, k, v, x, state, mask, resets, out_dtype = _prepare(
+  q, k, v, x, state, mask, out_dtype = _prepare(
       name, q, k, v, {"a": (a, True), "b": (b, True), "g": (g, True)}, scale=scale,
       initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=chunk_size)
   if chunk_size is None:
-    o, state = token_dplr_recurrence(q, k, v, x["a"], x["b"], x["g"], state, resets)
+    form = lambda v, xs, state, resets: token_dplr_recurrence(*xs[:2], v, *xs[2:5], state,
+                                                              resets)
   else:
-    o, state = chunk_dplr_recurrence(q, k, v, x["a"], x["b"], x["g"], state, chunk_size, mask,
-                                     resets)
+    form = lambda v, xs, state, resets: chunk_dplr_recurrence(*xs[:2], v, *xs[2:5], state,
+                                                              chunk_size, xs[5], resets)
+  o, state = _run_form(form, v, (q, k, x["a"], x["b"], x["g"], mask), state, segment_ids)
   return o.astype(out_dtype), state

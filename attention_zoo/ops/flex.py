@@ -312,7 +312,7 @@ def pattern_attention(q, k, v, mask_mod: Callable, *, kv_mask, scale: float, sof
   None or the cap), ALiBi, attention dropout, and the segment mask of packed sequences
   (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by sequence position, or None). A
   pattern that reorders or repeats queries or keys passes their sequence positions and the
-  sequence's (q_len, kv_len). A variant's `attend()` on it is `attention_zoo.flex.attend`."""
+  sequence's (q_len, kv_len). A variant's `attend()` on it: attention_zoo.variants.masked."""
   q_len, kv_len = q.shape[1], k.shape[1]
   block_mask = create_block_mask(mask_mod, None, heads, q_len, kv_len, block_q=block_q,
                                  block_k=block_k)
@@ -582,14 +582,9 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   scale = head_dim ** -0.5 if scale is None else float(scale)
   bq, bk, group = block_mask.block_q, block_mask.block_k, num_heads // kv_heads
 
-  q = pad_to_multiple(q, bq)
-  k, v = (pad_to_multiple(x, bk) for x in (k, v))
-  kv_valid = jnp.ones((batch, kv_len), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
-  kv_valid = pad_to_multiple(kv_valid, bk, value=False)[:, None, None, :]      # [b, 1, 1, kv]
-  q_blocks = jnp.moveaxis(softmax.group_heads(q, kv_heads), 1, 3)            # [b, kvh, g, q, d']
-  q_blocks = q_blocks.reshape(batch, kv_heads, group, -1, bq, head_dim)
-  q_blocks = jnp.moveaxis(q_blocks, 3, 0).reshape(-1, batch, kv_heads, group * bq, head_dim)
-  k, v = (jnp.swapaxes(x, 1, 2) for x in (k, v))                             # [b, kvh, kv, ·]
+  q_blocks = query_blocks(q, kv_heads, bq)
+  k, v = key_layout(k, bk), key_layout(v, bk)
+  kv_valid = key_validity(kv_mask, batch, kv_len, bk)
 
   # The arrays the functions close over become explicit arguments of the custom VJP.
   index = _tile_indices(bq, bk, group, batch, kv_heads, 0, 0)
@@ -615,9 +610,37 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   else:
     out, lse = _attend(plan, *args)                               # [nq, b, kvh, rows, ·]
 
-  def in_sequence(x):   # [nq, b, kvh, g·bq, c] -> [b, q_len, h, c]
-    x = x.reshape(-1, batch, kv_heads, group, bq, x.shape[-1])
-    x = jnp.moveaxis(x, 0, 3).reshape(batch, kv_heads, group, -1, x.shape[-1])[:, :, :, :q_len]
-    return jnp.moveaxis(x, 3, 1).reshape(batch, q_len, num_heads, -1)
-
+  in_sequence = lambda x: from_query_blocks(x, group, q_len)
   return (in_sequence(out), in_sequence(lse)[..., 0]) if return_lse else in_sequence(out)
+
+
+# -- the engine's layout, shared with the ring (context_parallel/ring.py) --------------------
+
+def query_blocks(q, kv_heads: int, block_q: int):
+  """q [b, q_len, h, d] -> [nq, b, kvh, g·bq, d], padded to whole blocks: the query heads that
+  share a K/V head stacked as rows of one tile (GQA never copies K/V)."""
+  batch, _, num_heads, head_dim = q.shape
+  group = num_heads // kv_heads
+  q = pad_to_multiple(q, block_q)
+  blocks = jnp.moveaxis(softmax.group_heads(q, kv_heads), 1, 3)              # [b, kvh, g, q, d]
+  blocks = blocks.reshape(batch, kv_heads, group, -1, block_q, head_dim)
+  return jnp.moveaxis(blocks, 3, 0).reshape(-1, batch, kv_heads, group * block_q, head_dim)
+
+
+def from_query_blocks(x, group: int, q_len: int):
+  """query_blocks' inverse: [nq, b, kvh, g·bq, c] -> [b, q_len, kvh·g, c] (padding cut)."""
+  _, batch, kv_heads, rows, channels = x.shape
+  x = x.reshape(-1, batch, kv_heads, group, rows // group, channels)
+  x = jnp.moveaxis(x, 0, 3).reshape(batch, kv_heads, group, -1, channels)[:, :, :, :q_len]
+  return jnp.moveaxis(x, 3, 1).reshape(batch, q_len, kv_heads * group, channels)
+
+
+def key_layout(x, block_k: int):
+  """k or v [b, kv_len, kvh, c] -> [b, kvh, kv_len', c], padded to whole key blocks."""
+  return jnp.swapaxes(pad_to_multiple(x, block_k), 1, 2)
+
+
+def key_validity(kv_mask, batch: int, kv_len: int, block_k: int):
+  """kv_mask bool [b, kv_len] or None -> [b, 1, 1, kv_len'] (key padding False)."""
+  valid = jnp.ones((batch, kv_len), bool) if kv_mask is None else jnp.asarray(kv_mask, bool)
+  return pad_to_multiple(valid, block_k, value=False)[:, None, None, :]

@@ -84,16 +84,18 @@ def cumsum_two_float(x, axis: int):
   of every addition (Knuth's TwoSum in a parallel scan), so (hi_i - hi_j) + (lo_i - lo_j) is
   accurate to a few f32 ulps of c_i - c_j itself, at any length.
   """
-  def add(a, b):
-    total = a[0] + b[0]
-    b_part = total - a[0]
-    error = (a[0] - (total - b_part)) + (b[0] - b_part)                   # exact: a + b - total
-    lo = a[1] + b[1] + error
-    hi = total + lo                                                        # renormalise
-    return hi, lo - (hi - total)
-
   x = x.astype(jnp.float32)
-  return jax.lax.associative_scan(add, (x, jnp.zeros_like(x)), axis=axis)
+  return jax.lax.associative_scan(add_two_float, (x, jnp.zeros_like(x)), axis=axis)
+
+
+def add_two_float(a, b):
+  """(hi, lo) + (hi, lo) as a pair, the rounding error of hi + hi kept (Knuth's TwoSum)."""
+  total = a[0] + b[0]
+  b_part = total - a[0]
+  error = (a[0] - (total - b_part)) + (b[0] - b_part)                     # exact: a + b - total
+  lo = a[1] + b[1] + error
+  hi = total + lo                                                          # renormalise
+  return hi, lo - (hi - total)
 
 
 def forgetting_attention(q, k, v, log_f, *, scale: float | None = None, mask=None,
@@ -130,15 +132,23 @@ def _forget_gate_bias(log_f, num_kv_heads: int):
   product (exact at HIGHEST precision), never by a gather of a whole tile. Indices past the
   length (the engine's padding, masked anyway) are clipped.
   """
-  batch, length, num_heads = log_f.shape
-  group = num_heads // num_kv_heads
-  # (hi, lo), each [b, h, t] and [b, kvh, g, t]
+  num_heads = log_f.shape[2]
+  # (hi, lo), each [b, h, t]
   cum = tuple(jnp.moveaxis(c, 1, 2) for c in cumsum_two_float(log_f, axis=1))
 
-  def differences(c, b, h, q, kv):
-    """c [b, h, t] -> cᵢ − cⱼ [B, kvh, rows, bk]."""
-    at_query = c[b, h, jnp.minimum(q, length - 1)]                        # [B, kvh, rows, 1]
-    per_group = c.reshape(batch, num_kv_heads, group, length)
+  def score_mod(score, b, h, q, kv):
+    return score + gate_difference(cum, cum, num_heads // num_kv_heads, b, h, q, kv)
+  return score_mod
+
+
+def gate_difference(query_cum, key_cum, group: int, b, h, q, kv):
+  """cᵢ − cⱼ [B, kvh, rows, bk] of a tile from the pairs (hi, lo) of cumulative log forgets at
+  the queries and at the keys, each [b, h, t] (the same array on one device; the ring's shard
+  and the key block it holds under context parallelism)."""
+  def differences(c_query, c_key):
+    at_query = c_query[b, h, jnp.minimum(q, c_query.shape[2] - 1)]       # [B, kvh, rows, 1]
+    batch, num_heads, length = c_key.shape
+    per_group = c_key.reshape(batch, num_heads // group, group, length)
     at_key = jnp.take(per_group, kv[0, 0, 0], axis=3, mode="clip")          # [b, kvh, g, bk]
     if group > 1:
       # [1, kvh, rows, g]
@@ -147,9 +157,7 @@ def _forget_gate_bias(log_f, num_kv_heads: int):
                           precision=jax.lax.Precision.HIGHEST)             # [b, kvh, rows, bk]
     return at_query - at_key
 
-  def score_mod(score, b, h, q, kv):
-    return score + (differences(cum[0], b, h, q, kv) + differences(cum[1], b, h, q, kv))
-  return score_mod
+  return (differences(query_cum[0], key_cum[0]) + differences(query_cum[1], key_cum[1]))
 
 
 def forgetting_attention_step(q, k_cache, v_cache, log_f_cache, kv_mask, *,

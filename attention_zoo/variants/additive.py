@@ -6,7 +6,7 @@ per head: W_q [d, d_a] for each query head, W_k [d, d_a] for each K/V head (shar
 heads of its group, as K and V are), v [d_a] for each query head; d_a = `attention_dim`
 (default head_dim). No 1/sqrt(d) scale (v learns the temperature); an explicit `scale` option
 multiplies e. The one score in the zoo that is not a dot product: it runs on
-`attention_zoo.flex`'s online softmax with a tile score, so W_q q and W_k k are projected once
+`attention_zoo.ops.flex`'s online softmax with a tile score, so W_q q and W_k k are projected once
 (O(n·d_a)) and tanh(·) is formed one (query block, key block) tile at a time, [rows, block,
 d_a]: memory O(L_q · block · d_a), never O(L_q · L_k · d_a). Causal (bottom-right), cross-
 attention, padding, ALiBi (added to e) and dropout as for every exact variant.
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import flex
+from attention_zoo.ops import flex
 from attention_zoo.contract import Attention, register
 from attention_zoo.options import Int
 

@@ -14,7 +14,7 @@ none already in the window or global. With `seed=None` (the default) the seed is
 construction from the `params` RNG stream, so each layer of a model gets its own table (as in
 the reference encoder) and the model seed reproduces them all; an int seed fixes the table
 (every layer built with it shares it). Causal: window and random blocks only from the past,
-only the first block global, then ∩ { j <= i }. A mask function on `attention_zoo.flex` with
+only the first block global, then ∩ { j <= i }. A mask function (variants/masked.py) with
 tiles of B x B, the random blocks as block-level data (a [heads, N, N] table): every tile is full
 or empty but for causality and padding. The global rows see all N blocks; every other row
 W + 2 + r, so time and memory are O(n·(W + 2 + r)·B) (the engine visits, per query block, the
@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import flex
-from attention_zoo.contract import Attention, register
+from attention_zoo.contract import register
 from attention_zoo.ops import softmax
 from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.options import Int
+from attention_zoo.variants.masked import MaskAttention
 
 
 @functools.lru_cache(maxsize=64)
@@ -66,8 +66,9 @@ def _draw_seed(key) -> int | None:
           complexity="O(n·(w + r + 2)·b)",
           paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences "
                 "(arXiv:2007.14062)",
-          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
-class BigBirdAttention(Attention):
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
+          supports_context_parallel=True)
+class BigBirdAttention(MaskAttention):
   # seed None: drawn from the params stream at construction.
   OPTIONS = {"block_size": Int(64, minimum=1),
              "num_window_blocks": Int(3, minimum=1, where=(
@@ -93,8 +94,11 @@ class BigBirdAttention(Attention):
     return random_blocks(self.seed, ceil_div(length, self.block_size), self.num_heads,
                          self.num_random, self.half_window, self.causal)
 
-  def mask_mod(self, length: int):
-    """(b, h, q, kv) -> whether query q of head h sees key kv (flex's mask function)."""
+  def mask_mod(self, q_len: int, kv_len: int):
+    """(b, h, q, kv) -> whether query q of head h sees key kv (the engine's mask function)."""
+    if q_len != kv_len:
+      raise ValueError(f"bigbird is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
+    length = q_len
     block, last = self.block_size, ceil_div(length, self.block_size) - 1
     table = self.random_table(length)                                          # [h, N, r]
     blocks = np.arange(last + 1)
@@ -108,14 +112,5 @@ class BigBirdAttention(Attention):
       return keep | (kb == last) | (qb == 0) | (qb == last)
     return allowed
 
-  def pattern(self, q_len: int, kv_len: int):
-    if q_len != kv_len:
-      raise ValueError(f"bigbird is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
-    return flex.dense_mask(self.mask_mod(q_len), self.num_heads, q_len, kv_len)
-
-  def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
-             segment_ids=None):
-    return flex.attend(self, q, k, v, self.mask_mod(q.shape[1]), kv_mask=kv_mask,
-                       deterministic=deterministic, alibi_slopes=alibi_slopes,
-                       segment_ids=segment_ids,
-                       heads=self.num_heads, block_q=self.block_size, block_k=self.block_size)
+  def engine_options(self) -> dict:
+    return dict(heads=self.num_heads, block_q=self.block_size, block_k=self.block_size)

@@ -41,6 +41,8 @@ from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
 from attention_zoo.ops.flash import kernel_module
 from attention_zoo.ops.autodiff import autodiff_modes
+from attention_zoo.ops.context import context_size
+from attention_zoo.variants.masked import attend_all
 from attention_zoo.options import Choice, Int
 from attention_zoo.registry import available, get
 
@@ -53,7 +55,7 @@ BLOCK_OPTIONS = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
           paper="Dao et al. 2022, FlashAttention (arXiv:2205.14135); "
                 "Dao 2023, FlashAttention-2 (arXiv:2307.08691)",
           can_decode=True, supports_alibi=True, supports_dropout=False, supports_softcap=True,
-          supports_segment_ids=True)
+          supports_segment_ids=True, supports_context_parallel=True)
 class FlashAttention(Attention):
   # Block sizes None: the backend's default.
   OPTIONS = {"impl": Choice("auto", IMPLS),
@@ -105,6 +107,9 @@ class FlashAttention(Attention):
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
+    if context_size() > 1:   # the sequence split over the mesh: ring attention (ops/ring.py)
+      return attend_all(self, q, k, v, kv_mask=kv_mask, deterministic=deterministic,
+                        alibi_slopes=alibi_slopes, segment_ids=segment_ids)
     del q_mask, deterministic   # the base zeroes masked query rows; no dropout
     if self.impl == "pallas" and "forward" in autodiff_modes():
       raise self.forward_mode_error()

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
 from attention_zoo.ops.autodiff import autodiff_modes
+from attention_zoo.ops.context import context_size
+from attention_zoo.variants.masked import attend_all
 from attention_zoo.options import Choice
 
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -57,7 +59,8 @@ def auto_picks_cudnn(q, k, *, causal: bool, dropout: bool, backend: str, softcap
 
 @register("full", exact=True, supports_causal=True, supports_cross=True, complexity="O(n²)",
           paper="Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)",
-          can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
+          can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
+          supports_context_parallel=True)
 class FullAttention(Attention):
   OPTIONS = {"impl": Choice("auto", ("auto", "xla", "cudnn"))}
 
@@ -72,6 +75,9 @@ class FullAttention(Attention):
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
+    if context_size() > 1:   # the sequence split over the mesh: ring attention (ops/ring.py)
+      return attend_all(self, q, k, v, kv_mask=kv_mask, deterministic=deterministic,
+                        alibi_slopes=alibi_slopes, segment_ids=segment_ids)
     dropout_rng = self.dropout_rng(deterministic)
     impl = self.options["impl"]
     cases = dict(causal=self.causal, dropout=dropout_rng is not None, softcap=self.softcap,

@@ -15,8 +15,8 @@ implementation does. `global_projections=False` leaves the maps out. Hence `exac
 dense attention over `pattern()` while the maps are the identity (at initialisation, or
 without them); trained, the global rows are dense attention of the mapped q, k, v.
 
-Non-global rows take one softmax over [window keys ∪ global keys], a mask function on
-`attention_zoo.flex` over the keys followed by a copy of the global ones (the window part never
+Non-global rows take one softmax over [window keys ∪ global keys], a mask function
+(variants/masked.py) over the keys followed by a copy of the global ones (the window part never
 counts a global key twice); global rows are a separate O(g·n) flex pass. With dilation δ > 1,
 queries and keys are first regrouped by residue mod δ, where the dilated window is a plain band
 (tiles of different residues are empty and skipped), so time and memory are O(n·(w + g)).
@@ -29,17 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_zoo import flex
-from attention_zoo.contract import Attention, register
+from attention_zoo.contract import register
 from attention_zoo.ops import softmax
 from attention_zoo.options import Bool, Int
+from attention_zoo.variants.masked import MaskAttention, masked_attention
 
 
 @register("longformer", exact=True, supports_causal=True, supports_cross=False,
           complexity="O(n·(w + g))",
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150)",
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
-class LongformerAttention(Attention):
+class LongformerAttention(MaskAttention):
   OPTIONS = {"window": Int(256, minimum=0), "dilation": Int(1, minimum=1),
              "num_global_tokens": Int(1, minimum=0), "global_projections": Bool(True)}
   TEST_OPTIONS = dict(window=2, dilation=2, num_global_tokens=2)
@@ -56,15 +56,18 @@ class LongformerAttention(Attention):
     self.global_key = identity(self.num_kv_heads)      # W_kg [kvh, d, d]
     self.global_value = identity(self.num_kv_heads)    # W_vg [kvh, d, d]
 
-  def pattern(self, q_len: int, kv_len: int):
+  def mask_mod(self, q_len: int, kv_len: int):
+    """(b, h, q, kv) -> whether query q sees key kv: the dilated window and the global tokens
+    (the pattern; `attend` runs it as a window pass and a pass of the global rows)."""
     if q_len != kv_len:
       raise ValueError(f"longformer is self-attention only: q_len ({q_len}) != kv_len ({kv_len})")
-    i, j = flex.aligned_positions(q_len, kv_len)
-    window = (np.abs(i - j) <= self.window * self.dilation) & ((i - j) % self.dilation == 0)
-    allowed = window | (j < self.num_global) | (i < self.num_global)
-    if self.causal:
-      allowed &= softmax.causal_allowed(i, j, 0, 0)
-    return allowed[None]
+    reach, dilation, num_global = self.window * self.dilation, self.dilation, self.num_global
+
+    def allowed(b, h, i, j):
+      keep = (((abs(i - j) <= reach) & ((i - j) % dilation == 0)) | (j < num_global)
+              | (i < num_global))
+      return keep & softmax.causal_allowed(i, j, 0, 0) if self.causal else keep
+    return allowed
 
   def global_inputs(self, q_rows, k, v):
     """The global rows' queries q_rows [b, g, h, d] and all k, v through W_qg, W_kg, W_vg."""
@@ -90,10 +93,11 @@ class LongformerAttention(Attention):
       keep = in_window | (kv >= n)
       return keep & softmax.causal_allowed(i, j, n, n) if self.causal else keep
 
-    out = flex.attend(self, regroup(q), with_copies(k), with_copies(v), allowed,
-                      kv_mask=with_copies(kv_mask), deterministic=deterministic,
-                      alibi_slopes=alibi_slopes, segment_ids=segment_ids,
-                      sequence_lengths=(n, n), query_positions=order, key_positions=key_positions)
+    out = masked_attention(self, regroup(q), with_copies(k), with_copies(v), allowed,
+                           kv_mask=with_copies(kv_mask), deterministic=deterministic,
+                           alibi_slopes=alibi_slopes, segment_ids=segment_ids,
+                           sequence_lengths=(n, n), query_positions=order,
+                           key_positions=key_positions)
     out = out if dilation == 1 else out[:, np.argsort(order)]
     if not num_global:
       return out
@@ -103,7 +107,7 @@ class LongformerAttention(Attention):
     sees_all = lambda b, h, q, kv: kv <= q if self.causal else kv >= 0
     global_segments = None if segment_ids is None else (segment_ids[0][:, :num_global],
                                                         segment_ids[1])
-    rows = flex.attend(self, global_q, global_k, global_v, sees_all, kv_mask=kv_mask,
-                       deterministic=deterministic, alibi_slopes=alibi_slopes,
-                       segment_ids=global_segments, sequence_lengths=(n, n))
+    rows = masked_attention(self, global_q, global_k, global_v, sees_all, kv_mask=kv_mask,
+                            deterministic=deterministic, alibi_slopes=alibi_slopes,
+                            segment_ids=global_segments, sequence_lengths=(n, n))
     return out.at[:, :num_global].set(rows)

@@ -16,7 +16,7 @@ padded keys enter neither a mean nor the softmax. Ties in s go to the lower bloc
 (`lax.top_k`'s order). The selection is per query token and per query head (a GQA group's heads
 share the K/V head's means but choose for themselves).
 
-On the engine (`attention_zoo.flex`): a tile of queries in which each token chooses its own
+On the engine (`attention_zoo.ops.flex`): a tile of queries in which each token chooses its own
 blocks would visit the union of their choices, nearly every block. So each (query, head, slot)
 with slot 0 the own block and slots 1..top_k the chosen ones becomes one row; per K/V head and
 batch row the rows are sorted by their block, so a tile of B rows sees one or two key blocks
@@ -35,7 +35,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from attention_zoo import flex
+from attention_zoo.ops import flex
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax, tiles
 from attention_zoo.ops.autodiff import autodiff_modes

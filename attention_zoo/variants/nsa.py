@@ -49,7 +49,7 @@ Where ours differs from the paper:
 - A bidirectional form (causal=False; the paper's is causal): every real compressed block,
   the selection among all blocks (still with 0, c - 1 and c), the window |t - t'| <= w.
 
-Every branch runs on the block-sparse engine (`attention_zoo.flex`): the compressed one over the
+Every branch runs on the block-sparse engine (attention_zoo.ops.flex): the compressed one over the
 ⌈T/d⌉ compressed keys with the mask id + l - 1 <= t (O(T²/d) time, as the paper's), the
 selected one as MoBA's (`moba.attend_chosen_blocks`: a row per (query, head, selected block),
 sorted by block, tiles of l' rows by one key block, the rows merged by their log-sum-exps; the
@@ -67,11 +67,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_zoo import flex
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
 from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.options import Int
+from attention_zoo.variants.masked import masked_attention
 from attention_zoo.variants.moba import attend_chosen_blocks
 
 BRANCHES = ("compressed", "selected", "window")
@@ -192,8 +192,8 @@ class NativeSparseAttention(Attention):
     causal, length, stride, window = self.causal, self.length, self.stride, self.window
     k_cmp, v_cmp, cmp_real = self.compress(k, v, kv_mask)
     ends_by = lambda b, h, t, i: (i * stride + length - 1 <= t) if causal else (i >= 0)
-    compressed = flex.attend(self, q, k_cmp, v_cmp, ends_by, kv_mask=cmp_real,
-                             deterministic=deterministic, alibi_slopes=None)
+    compressed = masked_attention(self, q, k_cmp, v_cmp, ends_by, kv_mask=cmp_real,
+                                  deterministic=deterministic, alibi_slopes=None)
 
     rows = k.shape[0] * self.num_kv_heads
     per_head = (jnp.moveaxis(k_cmp, 2, 1).reshape(rows, -1, k.shape[-1]),       # [b·kvh, N, d]
@@ -206,8 +206,8 @@ class NativeSparseAttention(Attention):
                                     choose=choose, per_head=per_head)
 
     near = softmax.window_allowed(window, q.shape[1], k.shape[1], causal)
-    windowed = flex.attend(self, q, k, v, near, kv_mask=kv_mask, deterministic=deterministic,
-                           alibi_slopes=None)
+    windowed = masked_attention(self, q, k, v, near, kv_mask=kv_mask,
+                                deterministic=deterministic, alibi_slopes=None)
     return tuple(x.astype(jnp.float32) for x in (compressed, selected, windowed))
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):

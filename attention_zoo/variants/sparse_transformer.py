@@ -10,7 +10,7 @@ reference code was causal even for classification and built a dense n x n mask.
 
 Each query sees B + c·n/B keys, so time is O(n·(B + c·n/B)): with fixed B and c the summaries
 make it quadratic, about c/B of full attention (Child et al. take B ~ sqrt(n)). A mask function
-on `attention_zoo.flex`, over the keys followed by a compact copy of the summaries: the copies
+(variants/masked.py), over the keys followed by a compact copy of the summaries: the copies
 are seen outside the query's own block and the originals inside it, so no key counts twice and
 the tiles visited are the diagonal ones and the summary copies. Memory is linear (flex's tiles:
 `query_chunk` query rows by 128 keys).
@@ -20,10 +20,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo import flex
-from attention_zoo.contract import Attention, register
+from attention_zoo.contract import register
 from attention_zoo.ops import softmax
 from attention_zoo.options import Int
+from attention_zoo.variants.masked import MaskAttention, masked_attention
 
 
 @register("sparse_transformer", exact=True, supports_causal=True, supports_cross=True,
@@ -31,7 +31,7 @@ from attention_zoo.options import Int
           paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers "
                 "(arXiv:1904.10509)",
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
-class SparseTransformerAttention(Attention):
+class SparseTransformerAttention(MaskAttention):
   # query_chunk: query rows per tile of the engine.
   OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),
              "query_chunk": Int(512, minimum=1)}
@@ -45,13 +45,15 @@ class SparseTransformerAttention(Attention):
       raise self.option_error("num_summary", f"an integer <= block_size ({self.block_size}) "
                                              f"(the summaries are the last positions of a block)")
 
-  def pattern(self, q_len: int, kv_len: int):
-    q_pos, k_pos = flex.aligned_positions(q_len, kv_len)
-    block = self.block_size
-    allowed = (q_pos // block == k_pos // block) | (k_pos % block >= block - self.num_summary)
-    if self.causal:
-      allowed &= softmax.causal_allowed(q_pos, k_pos, 0, 0)
-    return allowed[None]
+  def mask_mod(self, q_len: int, kv_len: int):
+    """(b, h, q, kv) -> whether query q sees key kv: its own block or a summary (the pattern;
+    `attend` runs it over the keys and copies of the summaries)."""
+    block, offset = self.block_size, kv_len - q_len
+
+    def allowed(b, h, q, kv):
+      keep = ((q + offset) // block == kv // block) | (kv % block >= block - self.num_summary)
+      return keep & softmax.causal_allowed(q, kv, q_len, kv_len) if self.causal else keep
+    return allowed
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
@@ -66,7 +68,8 @@ class SparseTransformerAttention(Attention):
       keep = (kv < kv_len) == (i // block == j // block)
       return keep & softmax.causal_allowed(i, j, kv_len, kv_len) if self.causal else keep
 
-    return flex.attend(self, q, with_copies(k), with_copies(v), allowed,
-                       kv_mask=with_copies(kv_mask), deterministic=deterministic,
-                       alibi_slopes=alibi_slopes, segment_ids=segment_ids, block_q=self.query_chunk,
-                       sequence_lengths=(q_len, kv_len), key_positions=key_positions)
+    return masked_attention(self, q, with_copies(k), with_copies(v), allowed,
+                            kv_mask=with_copies(kv_mask), deterministic=deterministic,
+                            alibi_slopes=alibi_slopes, segment_ids=segment_ids,
+                            block_q=self.query_chunk, sequence_lengths=(q_len, kv_len),
+                            key_positions=key_positions)

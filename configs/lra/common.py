@@ -1,7 +1,7 @@
 """What every LRA task config shares: the `"<attention>[,<preset>]"` argument, the fields the
 trainer reads, and the tables of the three presets. Plain values only: this file imports
-nothing from the project; experiments/train/ turns a config into the model, the data and the
-optimizer.
+nothing from the project outside configs/; experiments/train/ checks a config once and turns
+it into the model, the data and the optimizer.
 
 Presets:
   paper  the released LRA code as it ran (google-research/long-range-arena, per-model configs at
@@ -21,16 +21,16 @@ A task file (configs/lra/<task>.py) declares its values once, `VALUES = TaskValu
 (configs/task_values.py): its released values (the base config as "shared", then what each
 model's file changes), where `paper` departs from them and its tiny sizes, all in dotted config
 field names; ListOps also the light protocol's values (each with where the released code sets
-it) and what `light_fair` fixes (each with the quirk). `task_config` fills in what does not
-depend on the attention variant. What does is left None here and filled in when the model is
-built, for the variant the config finally names: the variant's options
-(model.attention_options), model.attention_ignores_padding, and under
-`paper` the fields a variant's released file changes. So `--config.model.attention=...`,
-`--config.model.attention_options.<x>=...` and `--config.model.max_len=...` each give what
-they say, and a value set on the command line always wins over the preset's.
+it) and what `light_fair` fixes (each with the quirk). `task_config` returns the whole run:
+the task's values, the preset's, then the variant's settings (`task_layers`: its options,
+model.attention_ignores_padding, and under `paper` what the variant's released file changes),
+applied by configs/presets.py, which also scales the token-counted options to the preset's
+model.max_len and records each field's source. A value set after get_config wins; the variant
+is named in the argument, not overridden (docs/harness.md, Configs).
 
 Fields (override any with --config.<field>=value):
-  task, preset (fixed by the config file and argument), seed, data_dir, data (extra lra.load
+  task, preset, model.attention (fixed by the config file and argument), made (what get_config
+  applied: configs/presets.py), seed, data_dir, data (extra lra.load
   arguments), generate (sizes used when the tiny preset generates missing ListOps / Pathfinder
   data), generate_data (True: generate them into a data_dir other than the tiny preset's own),
   batch_size, eval_batch_size, grad_accum_steps, num_train_steps, eval_every, eval_batches,
@@ -41,11 +41,11 @@ Fields (override any with --config.<field>=value):
 """
 from __future__ import annotations
 
-import difflib
-
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from configs import presets as presets_lib
+from configs.presets import LENGTH_OPTIONS, OPTIONS
 from configs.task_values import TaskValues
 
 PRESETS = ("paper", "fair", "tiny", "light", "light_fair", "grazzi")
@@ -122,20 +122,6 @@ EXTRA_ATTENTION = {"nystromformer": {"model.attention_options.num_landmarks": 64
                                      "model.attention_options.conv_kernel_size": 35}}
 
 
-def parse_arg(arg: str | None) -> tuple[str, str]:
-  """"performer" -> ("performer", "paper"); "performer,tiny" -> ("performer", "tiny")."""
-  parts = [p.strip() for p in (arg or "full").split(",")]
-  if len(parts) > 2 or not parts[0]:
-    raise ValueError(f"config argument {arg!r}: expected '<attention>[,<preset>]', "
-                     f"e.g. 'performer,tiny'")
-  attention, preset = parts[0], parts[1] if len(parts) == 2 else "paper"
-  if preset not in PRESETS:
-    close = difflib.get_close_matches(preset, PRESETS, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown preset {preset!r}{hint}; choose one of {', '.join(PRESETS)}")
-  return attention, preset
-
-
 def base_config(task: str, attention: str, preset: str) -> ml_collections.ConfigDict:
   """The fields every task has, with neutral defaults; a task's get_config sets its values.
 
@@ -177,8 +163,8 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   # checks that the two agree).
   config.model = ml_collections.ConfigDict()
   config.model.attention = attention
-  # The variant's options by name, e.g. block_size. Empty here: the preset's settings for the
-  # variant are added when the model is built, and an option set here wins over them.
+  # The variant's options by name, e.g. block_size: the variant's settings for the task and
+  # preset (configs/presets.py); an option the config leaves out takes the variant's default.
   config.model.attention_options = ml_collections.ConfigDict()
   config.model.vocab_size = 256
   config.model.max_len = 512                      # also the length the data is cut or padded to
@@ -200,7 +186,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.model.embed_init_std = placeholder(float)   # None = 1/sqrt(emb_dim)
   config.model.short_conv = 0                     # causal depthwise conv before attention; 0 = none
   config.model.zero_token_is_padding = False      # LRA's `inputs > 0` mask (a released quirk)
-  config.model.attention_ignores_padding = placeholder(bool)   # None = the preset's value
+  config.model.attention_ignores_padding = False  # the variant sees every key (a released quirk)
   config.model.gelu_approximate = True            # the MLP's GELU: tanh approximation, or exact
   config.model.layer_norm_epsilon = 1e-6
   config.model.share_attention_across_layers = False   # one set of the variant's own parameters
@@ -233,40 +219,49 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
 
 
 def task_config(values: TaskValues, arg: str | None) -> ml_collections.ConfigDict:
-  """The config of the LRA task whose file declares `values` (configs/task_values.py), for
-  "<attention>[,<preset>]".
-
-  Under `paper`, `light` and `light_fair`, every field that some variant's file or change sets
-  is left None: the build step fills it in for the variant that runs.
-  """
-  attention, preset = parse_arg(arg)
-  if preset not in LRA_PRESETS:
-    raise ValueError(f"{values.task} has the presets {', '.join(LRA_PRESETS)}, not {preset!r}")
+  """The whole config of the LRA task whose file declares `values` (configs/task_values.py),
+  for "<attention>[,<preset>]": the task's values, the preset's, then the variant's settings
+  (configs/presets.py applies them and scales the token-counted options)."""
+  presets = LRA_PRESETS if values.light is not None else tuple(
+      p for p in LRA_PRESETS if p not in LIGHT_PRESETS)
+  attention, preset = presets_lib.parse_arg(values.task, arg, presets)
   config = base_config(values.task, attention, preset)
+  return presets_lib.apply(config, task_layers(values, attention, preset),
+                           task_len=values.max_len)
+
+
+def task_layers(values: TaskValues, variant: str, preset: str) -> list[tuple[str, dict]]:
+  """The layers of an LRA task's config, [(source, {dotted field: value})], in order."""
+  task = ("task", values.fields)
   if preset in LIGHT_PRESETS:
-    if values.light is None:
-      raise ValueError(f"the {preset} preset is the Nyströmformer paper's ListOps protocol; "
-                       f"{values.task} has no light values (presets for {values.task}: "
-                       f"{', '.join(p for p in PRESETS if p not in LIGHT_PRESETS)})")
-    set_fields(config, values.fields)
-    set_fields(config, light_values(values.light, values.light_fixes, "shared", preset))
-    per_variant = [field for variant, fields in [*values.light.items(),
-                                                 *values.light_fixes.items()]
-                   if variant != "shared" for field in fields]
-    clear_fields(config, [f for f in per_variant if not f.startswith("model.attention_options.")])
-    return config
-  set_fields(config, {**values.fields, **values.released["shared"]})
+    return [task, (f"preset {preset}", light_values(values.light, values.light_fixes,
+                                                     "shared", preset)),
+            ("variant settings", light_values(values.light, values.light_fixes, variant,
+                                              preset))]
   if preset == "paper":
-    set_fields(config, RELEASED_QUIRKS)
-    changed = [field for variant, fields in [*values.released.items(),
-                                             *values.paper_changes.items()]
-               if variant != "shared" for field in fields]
-    clear_fields(config, [f for f in changed if not f.startswith("model.attention_options.")])
-  else:
-    set_fields(config, values.released.get("full", {}))
-    if preset == "tiny":
-      set_fields(config, values.tiny)
-  return config
+    changes = values.paper_changes.get(variant, {})
+    return [task, ("preset paper", {**values.released["shared"], **RELEASED_QUIRKS}),
+            ("variant settings", {**released_values(values, variant),
+                                  **EXTRA_ATTENTION.get(variant, {}),
+                                  **{field: value for field, (value, _) in changes.items()}})]
+  # LRA's task-specific block sizes (64 on the pixel tasks) are kept.
+  task_blocks = {field: value for field, value in values.released.get(variant, {}).items()
+                 if field.startswith(OPTIONS) and field[len(OPTIONS):] in LENGTH_OPTIONS}
+  layers = [task, ("preset fair", {**values.released["shared"],
+                                   **values.released.get("full", {})}),
+            ("variant settings", {**FAIR_ATTENTION.get(variant, {}),
+                                  **EXTRA_ATTENTION.get(variant, {}), **task_blocks})]
+  return layers + ([("preset tiny", values.tiny)] if preset == "tiny" else [])
+
+
+def released_values(values: TaskValues, variant: str) -> dict:
+  """What the released LRA code ran for `variant` on the task of `values`, in dotted config
+  fields: the task's base config, the quirks of every released encoder, the variant's attention
+  settings, then what the variant's file changes. A variant without a released file takes the
+  Transformer's."""
+  released = values.released
+  own = released.get(variant, {} if variant in LRA_VARIANTS else released.get("full", {}))
+  return {**released["shared"], **RELEASED_QUIRKS, **RELEASED_ATTENTION.get(variant, {}), **own}
 
 
 def light_values(light: dict, light_fixes: dict, variant: str, preset: str) -> dict:
@@ -276,26 +271,3 @@ def light_values(light: dict, light_fixes: dict, variant: str, preset: str) -> d
   keys = ["shared"] + ([variant] if variant != "shared" else [])
   return {field: value for table in tables for key in keys
           for field, (value, _) in table.get(key, {}).items()}
-
-
-def set_fields(config: ml_collections.ConfigDict, fields: dict) -> None:
-  """config.<dotted> = value for each item; a missing last part is added (data.*, generate.*)."""
-  for dotted, value in fields.items():
-    node, name = parent_and_name(config, dotted)
-    node[name] = value
-
-
-def clear_fields(config: ml_collections.ConfigDict, fields) -> None:
-  """Sets each field to a None of its type: filled in when the model is built."""
-  for dotted in fields:
-    node, name = parent_and_name(config, dotted)
-    node[name] = placeholder(node.get_type(name))
-
-
-def parent_and_name(config: ml_collections.ConfigDict, dotted: str):
-  """"model.attention_options.scale" -> (config.model.attention_options, "scale")."""
-  *parents, name = dotted.split(".")
-  node = config
-  for parent in parents:
-    node = node[parent]
-  return node, name

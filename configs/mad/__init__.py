@@ -17,13 +17,13 @@ Two presets, one recipe for every variant and every task (only the data differ b
 docs/mad.md lists where each departs from MAD. Variants that cannot be causal are not
 applicable.
 """
-from configs import mqar
+from configs import mqar, presets
 from configs.lra import common
 from configs.task_values import TaskValues
 
 # Windows and blocks of 8 tokens, as for MQAR: local patterns see only the last few pairs.
 ATTENTION_SETTINGS = mqar.ATTENTION_SETTINGS
-MAD_PRESETS = ("tiny", "paper")
+MAD_PRESETS = ("paper", "tiny")   # paper when none is named, as for the LRA tasks
 
 # MAD's baseline data settings per task (paper), and the tiny preset's changes to them.
 PAPER_DATA = {
@@ -72,16 +72,15 @@ PRESET_FIELDS = {
 def values(task: str) -> TaskValues:
   """What configs/mad/<task>.py declares (configs/task_values.py): the windows and blocks per
   variant; the presets' values are this file's tables."""
-  return TaskValues(task, attention_settings=ATTENTION_SETTINGS)
+  return TaskValues(task, attention_settings=ATTENTION_SETTINGS,
+                    length=PAPER_DATA[task]["model.max_len"])
 
 
 def task_config(values: TaskValues, arg=None):
   """The config of the MAD task whose file declares `values` for "<attention>[,<preset>]"
   (preset paper by default, as for the LRA tasks)."""
   task = values.task
-  attention, preset = common.parse_arg(arg)
-  if preset not in MAD_PRESETS:
-    raise ValueError(f"{task} has the presets {', '.join(MAD_PRESETS)}, not {preset!r}")
+  attention, preset = presets.parse_arg(task, arg, MAD_PRESETS)
   config = common.base_config(task, attention, preset)
   fields = {**SHARED, **PRESET_FIELDS[preset], **PAPER_DATA[task]}
   if preset == "tiny":
@@ -91,5 +90,6 @@ def task_config(values: TaskValues, arg=None):
     fields["num_train_steps"] = PAPER_EPOCHS * max(1, examples // PAPER_BATCH)
   vocab_size = fields["data.vocab_size"]
   fields.update({"model.vocab_size": vocab_size, "model.num_classes": vocab_size})
-  common.set_fields(config, fields)
-  return config
+  layers = [(f"preset {preset}", fields),
+            ("variant settings", values.attention_settings.get(attention, {}))]
+  return presets.apply(config, layers, task_len=values.max_len)

@@ -135,8 +135,8 @@ class Settings:
     jax baseline takes `full`'s)."""
     variant = BASELINE if name == JAX_BASELINE else name
     try:
-      return build.resolve(task_config(TASK, variant, PRESET, seed=self.seed,
-                                       overrides=self.overrides(variant, length)))
+      return build.check(task_config(TASK, variant, PRESET, seed=self.seed,
+                                       overrides=self.overrides(variant, length)))[0]
     except HarnessError as e:
       raise ValueError(f"{name} at length {length}: {e}") from None
 

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import ast
 
-from configs.lra.common import parent_and_name
+from configs.presets import parent_and_name
 from experiments.common.errors import HarnessError, did_you_mean
 
 # Config fields fixed by the config file (the task) and its argument (the preset): an override
 # would leave every value they chose behind, so it is refused.
 FIXED_FIELDS = {"task": "the config file is the task: --config=configs/lra/<task>.py:...",
                 "preset": "the preset is part of the config argument: "
-                          "--config=configs/lra/<task>.py:<attention>,<preset>"}
+                          "--config=configs/lra/<task>.py:<attention>,<preset>",
+                # get_config applied the variant's settings (configs/presets.py)
+                "model.attention": "the variant is part of the config argument, which applies "
+                                   "its settings: --config=configs/lra/<task>.py:<attention>,"
+                                   "<preset>",
+                "made": "config.made records what get_config applied (configs/presets.py)"}
 # The variant's options: an open set of names (the variant's, known once it is imported),
 # checked when the model is built.
 OPTIONS_FIELD = "model.attention_options"
@@ -20,8 +25,10 @@ OPTIONS_FIELD = "model.attention_options"
 
 def check_not_fixed(field: str) -> None:
   """HarnessError if `field` (dotted) is one that only the config file or argument sets."""
-  if field in FIXED_FIELDS:
-    raise HarnessError(f"config.{field} cannot be overridden: {FIXED_FIELDS[field]}")
+  group = field.split(".")[0]
+  if field in FIXED_FIELDS or group in FIXED_FIELDS:
+    raise HarnessError(f"config.{field} cannot be overridden: "
+                       f"{FIXED_FIELDS.get(field, FIXED_FIELDS.get(group))}")
 
 
 def unknown_field(config, dotted: str) -> str | None:

@@ -6,6 +6,7 @@ the results came from, the commit and the device: experiments.common.provenance)
     with atomic_write(path, "wb") as f: ...   # the same for any writer (lra.fileio)
     rotate([path, ...])       # an earlier run's files kept as <name>.1 (older: .2, ...)
     read_metrics(workdir)     # the events of a run's metrics.jsonl
+    provenance(results)       # the device, commit, jax and date of runs, as a table's columns
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from absl import logging
 from lra.fileio import atomic_write
 
 METRICS = "metrics.jsonl"   # a run's events, one JSON object a line (experiments.train.metrics)
+# A table row's columns that say where its runs ran (their results.json `environment`).
+PROVENANCE = ("device", "commit", "jax", "date")
 
 
 def write_text(path, text: str) -> None:
@@ -62,3 +65,21 @@ def read_metrics(workdir) -> list[dict]:
       logging.warning("%s: skipping its last line, cut off in the middle of a write: %r", path,
                       line[:80])
   return events
+
+
+def provenance(results: list[dict]) -> dict[str, str]:
+  """{column of PROVENANCE: text} of the runs behind one table row (their results.json): each
+  distinct device, commit (short, "+dirty" kept) and jax version, joined by " + " so that mixed
+  hardware or code shows in the row; the date, or the first and last as "first..last".
+  "unknown" stands for a run whose results.json records no environment (written before it was
+  recorded, or planted by a test)."""
+  environments = [result.get("environment") for result in results]
+  def distinct(read) -> str:
+    return " + ".join(sorted({"unknown" if e is None else read(e) for e in environments}))
+  def commit(environment) -> str:
+    full = environment["git_commit"]
+    return "unknown" if full is None else full[:7] + ("+dirty" if full.endswith("+dirty") else "")
+  days = sorted(distinct(lambda e: e["date"][:10]).split(" + "))
+  return {"device": distinct(lambda e: e["device"]), "commit": distinct(commit),
+          "jax": distinct(lambda e: e["versions"]["jax"]),
+          "date": days[0] if len(days) == 1 else f"{days[0]}..{days[-1]}"}

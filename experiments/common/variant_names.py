@@ -12,10 +12,11 @@ from experiments.common.errors import HarnessError, did_you_mean
 
 
 def attention_names() -> list[str]:
-  """The registered attention variants and mixers. Once attention_zoo is imported (a plug-in
-  imports it), its registry; before that, `names_in_source()`: importing the package starts
-  JAX, which a mistyped name should not wait for."""
-  if "attention_zoo" in sys.modules:
+  """The registered attention variants and mixers. Once the registry is loaded (a plug-in that
+  registers a variant loads it), its names; before that, `names_in_source()`: loading the
+  built-ins starts JAX, which a mistyped name should not wait for. (Importing attention_zoo
+  itself loads nothing: command_line imports it at the top.)"""
+  if "attention_zoo.registry" in sys.modules:
     return list(sys.modules["attention_zoo"].available())
   return list(names_in_source())
 

@@ -13,7 +13,7 @@ holding checkpoints of another run is refused without it).
 from absl import flags, logging
 from ml_collections import config_flags
 
-from experiments.common import command_line, dry_run
+from experiments.common import command_line, dry_run, task_configs
 from experiments.common.errors import HarnessError
 
 FLAGS = flags.FLAGS
@@ -25,9 +25,12 @@ def main(argv):
   if not dry_run.requested():   # the imports take seconds, more under load: say what is happening
     logging.info("%s / %s -> %s: starting (importing JAX and the trainer)", FLAGS.config.task,
                  FLAGS.config.model.attention, FLAGS.workdir)
-  from experiments.train import trainer  # imports JAX: after the flags are known to be good
+  from experiments.train import build, trainer  # import JAX: after the flags are known good
 
+  # The plan, then where each value came from (the task, the preset, the variant's settings,
+  # the command line).
   dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart),
+                        *build.source_lines(FLAGS.config, task_configs.baseline(FLAGS.config)),
                         *trainer.sharding_lines(FLAGS.config)])
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)

@@ -153,6 +153,11 @@ def eval_batches(ds: lra.Dataset, batch_size: int):
   return lra.iterate(ds, batch_size, shuffle=False, repeat=False)
 
 
+def eval_batch_size(config) -> int:
+  """config.eval_batch_size; 0 = batch_size."""
+  return config.eval_batch_size or config.batch_size
+
+
 def validation_batches(ds: lra.Dataset, config, evaluation: int):
   """The batches of the run's evaluation number `evaluation` (0 for the first): every example
   (config.eval_batches = 0), the split's first eval_batches batches, or with config.eval_stream
@@ -160,12 +165,12 @@ def validation_batches(ds: lra.Dataset, config, evaluation: int):
   reshuffled at every pass, so each evaluation reads another window (the released
   Nyströmformer LRA code's)."""
   if not config.eval_batches:
-    return eval_batches(ds, config.eval_batch_size)
+    return eval_batches(ds, eval_batch_size(config))
   if config.eval_stream:
-    batches = lra.iterate(ds, config.eval_batch_size, shuffle=True, seed=config.seed,
+    batches = lra.iterate(ds, eval_batch_size(config), shuffle=True, seed=config.seed,
                           start_step=evaluation * config.eval_batches)
   else:
-    batches = eval_batches(ds, config.eval_batch_size)
+    batches = eval_batches(ds, eval_batch_size(config))
   return itertools.islice(batches, config.eval_batches)
 
 
@@ -173,8 +178,8 @@ def test_batches(ds: lra.Dataset, config):
   """Every example; or with config.test_drop_last the full batches of one pass in an order
   shuffled by the seed, the remainder of the split never tested (PyTorch's drop_last=True)."""
   if not config.test_drop_last:
-    return eval_batches(ds, config.eval_batch_size)
-  one_pass = lra.iterate(ds, config.eval_batch_size, shuffle=True, seed=config.seed,
+    return eval_batches(ds, eval_batch_size(config))
+  one_pass = lra.iterate(ds, eval_batch_size(config), shuffle=True, seed=config.seed,
                          repeat=False)
   return (batch for batch in one_pass if batch["weights"].all())
 

@@ -141,13 +141,19 @@ def make_optimizer(optimizer, schedule, *, b1=None) -> optax.GradientTransformat
   return optax.chain(*clip, main)
 
 
+def steps_per_cycle(config) -> int:
+  """config.schedule.steps_per_cycle; 0 = num_train_steps."""
+  return config.schedule.steps_per_cycle or config.num_train_steps
+
+
 def from_config(config):
   """(optax optimizer, learning-rate schedule) of config.optimizer and config.schedule."""
   s = config.schedule
   schedule = learning_rate_schedule(s.factors, base_learning_rate=s.base_learning_rate,
                                     warmup_steps=s.warmup_steps,
-                                    steps_per_cycle=s.steps_per_cycle,
+                                    steps_per_cycle=steps_per_cycle(config),
                                     div_factor=s.div_factor,
                                     final_div_factor=s.final_div_factor)
-  b1 = b1_schedule(s) if s.cycle_b1 else config.optimizer.b1
+  b1 = b1_schedule({**s, "steps_per_cycle": steps_per_cycle(config)}) if s.cycle_b1 else \
+      config.optimizer.b1
   return make_optimizer(config.optimizer, schedule, b1=b1), schedule

@@ -26,10 +26,12 @@ A run in `workdir` leaves:
                    of each (validation_accuracy_final, best_eval_accuracy), the resolved model
                    and config, the user's overrides of the config file's values, where the
                    data came from, the code and device
-Starting again in the same workdir resumes from the latest checkpoint that verifies; if none
-does, the run starts again from step 0 and an earlier run's files are renamed, not deleted
-(experiments/train/metrics.py). Checkpoints of another run (a field of the config changed, other
-than COMPUTE_ONLY_FIELDS and HOW_FIELDS) are refused with an error naming the fields: train it in a
+One run at a time holds a workdir (experiments/train/workdir_lock.py); a second is refused in
+one line naming the first. Starting again in the same workdir resumes from the latest
+checkpoint that verifies; if none does, the run starts again from step 0 and an earlier run's
+files are renamed, not deleted (experiments/train/metrics.py). Checkpoints of another run (a
+field of the config changed, other than run_identity's COMPUTE_ONLY_FIELDS and HOW_FIELDS), of
+a finished run or an unfinished one, are refused with an error naming the fields: train it in a
 new workdir, or pass `restart=True` (experiments.train --restart) to start from step 0 there,
 the earlier run's files and checkpoints renamed <name>.1. Ctrl-C stops a run with
 Interrupted, saying the step it reached and its last checkpoint (the entry points print that
@@ -37,13 +39,13 @@ in one line with the command that resumes it).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
@@ -51,63 +53,29 @@ from tqdm import tqdm
 
 from attention_zoo import registry
 from attention_zoo.models import Classifier, TransformerConfig, num_params
-from experiments.common import device, dry_run, provenance, records, tasks
+from experiments.common import device, dry_run, provenance, records, task_configs, tasks
 from experiments.common.errors import CtrlC, HarnessError, Interrupted
 from experiments.train import build
 from experiments.train import checkpoints as checkpoints_lib
 from experiments.train import data as data_lib
 from experiments.train import mesh as mesh_lib
+from experiments.train import evaluation as evaluation_lib
 from experiments.train import optimizer
 from experiments.train.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
 from experiments.train.checkpoints import Checkpoints, barrier
 from experiments.train.metrics import MetricsWriter
+from experiments.train.run_identity import check_same_run, model_record, settings_record
 from experiments.train.steps import Steps, initial_state, make_steps
+from experiments.train.workdir_lock import WorkdirLock
 
 
 class NaNLossError(HarnessError):
   """Training produced a non-finite loss or parameters."""
 
 
-# Model fields that change how the model is computed, not what it is or what a checkpoint holds:
-# a run may resume with them changed (check_memory suggests both to make a run fit).
-COMPUTE_ONLY_FIELDS = ("dtype", "remat")
-# Fields of the rest of a config that say how a run is carried out or where its data lies, not
-# what it trains: a run may resume with them changed too. Every other field must match.
-HOW_FIELDS = ("check_memory", "checkpoint_every", "data_dir", "generate_data",
-              "grad_accum_steps", "keep_checkpoints", "length_bucket", "log_every",
-              *(f"mesh.{axis}" for axis in mesh_lib.AXES))
 # Length buckets change the order of the sums, not their terms (steps.py): a relative change of
 # the loss beyond this on the check batch means the model's outputs depend on the padding.
 LENGTH_BUCKET_TOLERANCE = 1e-5
-
-
-def model_differences(saved: dict, current: dict) -> list[str]:
-  """"model.<field> is <saved> there, <current> in this config" for each field of two recorded
-  models (build.describe) that differs, compute-only fields aside."""
-  def flat(model: dict, prefix: str = "model") -> dict:
-    fields = {}
-    for name, value in model.items():
-      if isinstance(value, dict):
-        fields.update(flat(value, f"{prefix}.{name}"))
-      elif name not in COMPUTE_ONLY_FIELDS or prefix != "model":
-        fields[f"{prefix}.{name}"] = value
-    return fields
-
-  return field_differences(flat(saved), flat(current))
-
-
-def field_differences(saved: dict, current: dict) -> list[str]:
-  """"<field> is <saved> there, <current> in this config" for each field whose values differ."""
-  return [f"{name} is {saved.get(name, 'unset')} there, {current.get(name, 'unset')} in this "
-          "config" for name in sorted(saved.keys() | current.keys())
-          if saved.get(name) != current.get(name)]
-
-
-def settings_record(config) -> dict:
-  """What a run trains beside its model, as a checkpoint records it: every field of the config
-  but the model's (the model record) and HOW_FIELDS, as JSON reads it back."""
-  return json.loads(json.dumps({field: value for field, value in build.fields(config).items()
-                                if not field.startswith("model.") and field not in HOW_FIELDS}))
 
 
 # What a run that starts from step 0 has seen.
@@ -137,10 +105,14 @@ def initialize_distributed() -> None:
 
 def check_config(config) -> None:
   """Sizes the run cannot start with (of a resolved config) -> HarnessError."""
-  for name in ("batch_size", "eval_batch_size", "num_train_steps", "eval_every",
-               "checkpoint_every", "log_every", "grad_accum_steps", "keep_checkpoints"):
+  for name in ("batch_size", "num_train_steps", "eval_every", "log_every", "grad_accum_steps",
+               "keep_checkpoints"):
     if config[name] < 1:
       raise HarnessError(f"config.{name} must be >= 1, got {config[name]}")
+  for name, follows in (("eval_batch_size", "batch_size"), ("checkpoint_every", "eval_every")):
+    if config[name] < 0:
+      raise HarnessError(f"config.{name} must be >= 0 (0 = {follows}), got {config[name]}")
+  eval_batch_size = data_lib.eval_batch_size(config)
   if config.eval_batches < 0:
     raise HarnessError(f"config.eval_batches must be >= 0 (0 = the whole validation split), "
                        f"got {config.eval_batches}")
@@ -150,8 +122,8 @@ def check_config(config) -> None:
     raise HarnessError(f"config.length_bucket={config.length_bucket} cuts the batches of a "
                        f"classifier of one input; {config.task} trains a "
                        f"{build.model_class(config.task).__name__}: use 0")
-  if config.length_bucket and config.eval_batch_size % config.grad_accum_steps:
-    raise HarnessError(f"eval_batch_size={config.eval_batch_size} is not divisible by "
+  if config.length_bucket and eval_batch_size % config.grad_accum_steps:
+    raise HarnessError(f"eval_batch_size={eval_batch_size} is not divisible by "
                        f"grad_accum_steps={config.grad_accum_steps}, the micro-batches that "
                        "length_bucket cuts every batch into")
   if config.batch_size % config.grad_accum_steps:
@@ -162,14 +134,14 @@ def check_config(config) -> None:
 
 def check_run(config):
   """The checks a run makes before it reads data or compiles (a dry run makes the same): the
-  resolved config's sizes, the data's load options, the optimiser and schedule, and the model,
-  built abstractly (nnx.eval_shape: nothing computed). Returns (the resolved config, the
-  abstract model); HarnessError naming what is wrong."""
-  resolved = build.resolve(config)
-  check_config(resolved)
-  data_lib.check_options(resolved)
-  optimizer.from_config(resolved)
-  return resolved, abstract_model(resolved)
+  config (build.check, once), its sizes, the data's load options, the optimiser and schedule,
+  and the model, built abstractly (nnx.eval_shape: nothing computed). Returns (the checked
+  config, the abstract model, the check's notes); HarnessError naming what is wrong."""
+  checked, notes = build.check(config)
+  check_config(checked)
+  data_lib.check_options(checked)
+  optimizer.from_config(checked)
+  return checked, abstract_model(checked), notes
 
 
 # A grid's runs that differ in their seed or training values share one model: a dry run of
@@ -196,7 +168,7 @@ def plan_line(config, workdir, *, restart: bool = False) -> str:
   checks the run makes before its first step (`check_run`; a workdir holding checkpoints of
   another run is refused unless `restart`): task, variant, seed, the resolved size, budget
   and options, the parameter count, the data, and the step it would resume from."""
-  resolved, abstract = check_run(config)
+  resolved, abstract, notes = check_run(config)
   model = resolved.model
   parts = [f"{config.task} / {model.attention} / seed {config.seed} ({config.preset})",
            f"{dry_run.count(model.num_layers, 'layer')}, emb {model.emb_dim}, "
@@ -205,7 +177,7 @@ def plan_line(config, workdir, *, restart: bool = False) -> str:
            dry_run.options_text(model.attention, model.attention_options),
            f"{num_params(abstract):,} parameters",
            "mesh " + mesh_lib.describe(mesh_lib.check(resolved, jax.device_count())),
-           data_lib.describe(resolved)]
+           data_lib.describe(resolved), *notes]
   latest = None if restart else checkpoints_lib.latest_saved_record(workdir)
   if latest is not None:
     step, record = latest
@@ -224,33 +196,10 @@ def sharding_lines(config) -> list[str]:
   tx, _ = optimizer.from_config(resolved)
   rows = (resolved.batch_size // resolved.grad_accum_steps, resolved.model.max_len)
   targets = rows if tasks.task_spec(resolved.task).objective == "next_token" else rows[:1]
-  batch = {"inputs": jax.ShapeDtypeStruct(rows, jnp.int32),
-           "masks": jax.ShapeDtypeStruct(rows, jnp.bool_),
-           "targets": jax.ShapeDtypeStruct(targets, jnp.int32)}
+  batch = {"inputs": jax.ShapeDtypeStruct(rows, np.int32),
+           "masks": jax.ShapeDtypeStruct(rows, np.bool_),
+           "targets": jax.ShapeDtypeStruct(targets, np.int32)}
   return layout.lines(params, jax.eval_shape(tx.init, params), batch)
-
-
-def model_record(model: TransformerConfig) -> dict:
-  """A resolved model as a checkpoint records it (build.describe, as JSON reads it back)."""
-  return json.loads(json.dumps(build.describe(model)))
-
-
-def check_same_run(directory: Path, step: int, saved: dict, model: dict, settings: dict) -> None:
-  """HarnessError if the checkpoint record `saved` is of another run than the one of `model`
-  (model_record) and `settings` (settings_record), compute-only and HOW_FIELDS aside, naming
-  the fields and the ways out. A record written before a key was recorded is not compared on
-  it."""
-  differences = []
-  if "model" in saved:
-    differences += model_differences(saved["model"], model)
-  if "settings" in saved:
-    differences += field_differences(saved["settings"], settings)
-  if differences:
-    raise HarnessError(
-        f"{directory} holds checkpoints of another run (step {step}): "
-        f"{'; '.join(differences)}. To train this one, use a new workdir, or start this one "
-        "again from step 0 with --restart (Trainer(..., restart=True)), which keeps the "
-        "earlier run's files and checkpoints as <name>.1")
 
 
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
@@ -295,8 +244,10 @@ class Trainer:
   def __init__(self, config, workdir, *, restart: bool = False):
     """`restart`: start from step 0 even when `workdir` holds checkpoints (of this model or of
     another), renaming the earlier run's files and checkpoints to <name>.1."""
-    self.overrides = build.overrides(config)
-    config, _ = check_run(config)   # before the data: a bad config fails in a second
+    self.overrides = build.overrides(config, task_configs.baseline(config))
+    config, _, notes = check_run(config)   # before the data: a bad config fails in a second
+    for note in notes:
+      logging.info("%s", note)
     self.config, self.workdir, self.restart = config, Path(workdir), restart
     self.steps_done: int | None = None   # the step training has reached (None: not started)
     self.ctrl_c = CtrlC()   # taken between steps and evaluation batches
@@ -355,26 +306,28 @@ class Trainer:
 
   # -- evaluation --------------------------------------------------------------------------
 
-  def evaluate(self, split: str, model_state, evaluation: int = 0) -> dict[str, float]:
+  def evaluate(self, split: str, model_state, evaluation: int = 0,
+               description: str | None = None) -> dict[str, float]:
     """Loss, accuracy and example count of (params, rest) on the split: the validation batches
     of the run's evaluation number `evaluation` (data.validation_batches), or the test batches
-    (data.test_batches)."""
+    (data.test_batches); a progress bar named `description` (default: the split)."""
     ds = self.datasets[split]
     batches = (data_lib.validation_batches(ds, self.config, evaluation) if split == "validation"
                else data_lib.test_batches(ds, self.config))
-    totals = None
-    for batch in batches:
-      self.ctrl_c.check()
-      sums = self.eval_step(model_state, data_lib.to_device(batch, self.layout))
-      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    totals = jax.device_get(totals)
-    return {"loss": float(totals["loss"] / totals["count"]),
-            "accuracy": float(totals["correct"] / totals["count"]),
-            "examples": int(totals["count"])}
+    return evaluation_lib.evaluate(
+        self.eval_step, model_state, batches, sharding=self.layout,
+        before_batch=self.ctrl_c.check, description=description or split,
+        total=evaluation_lib.batch_count(len(ds), self.config, split), show=self.is_writer)
 
   # -- the run -----------------------------------------------------------------------------
 
   def run(self) -> dict:
+    """Trains (or resumes), tests and writes results.json, holding the workdir's lock
+    (experiments/train/workdir_lock.py; process 0 holds it for a multi-process run)."""
+    with WorkdirLock(self.workdir) if self.is_writer else contextlib.nullcontext():
+      return self._run()
+
+  def _run(self) -> dict:
     self.workdir.mkdir(parents=True, exist_ok=True)
     writer = MetricsWriter(self.workdir)
     if self.restart:
@@ -456,7 +409,7 @@ class Trainer:
           if result["accuracy"] > record["best_eval_accuracy"]:
             self.best = self.steps.copy_model(self.state)
             record.update(best_eval_accuracy=result["accuracy"], best_step=step)
-        if step % config.checkpoint_every == 0 or last:
+        if step % (config.checkpoint_every or config.eval_every) == 0 or last:
           self._check_finite(pending, step, checkpoints)
           if not bool(self.steps.all_finite(self.state.params)):
             self._stop(step, "the parameters", checkpoints)
@@ -501,8 +454,8 @@ class Trainer:
     """Test accuracy under both policies, each labelled: the final step's model (what the
     released LRA code reported) and the best-validation model (chosen on validation only)."""
     config = self.config
-    final = self.evaluate("test", (self.state.params, self.state.rest))
-    best = self.evaluate("test", self.best)
+    final = self.evaluate("test", (self.state.params, self.state.rest), description="test (final)")
+    best = self.evaluate("test", self.best, description="test (best validation)")
     writer.write(config.num_train_steps, test_loss_final=final["loss"],
                  test_accuracy_final=final["accuracy"],
                  test_loss_best_validation=best["loss"],
@@ -551,11 +504,14 @@ class _Clock:
 
 
 def train_and_evaluate(config, workdir, *, restart: bool = False) -> dict:
-  try:
-    trainer = Trainer(config, workdir, restart=restart)
-  except KeyboardInterrupt:
-    raise Interrupted(f"{config.task} / {config.model.attention} / seed {config.seed} "
-                          f"interrupted while preparing the run into {workdir}") from None
-  return trainer.run()
+  """Trainer(...).run(), the workdir locked before the data is read (a second run into it is
+  refused at once, not after it has compiled)."""
+  with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+    try:
+      trainer = Trainer(config, workdir, restart=restart)
+    except KeyboardInterrupt:
+      raise Interrupted(f"{config.task} / {config.model.attention} / seed {config.seed} "
+                        f"interrupted while preparing the run into {workdir}") from None
+    return trainer.run()
 
 

@@ -88,4 +88,15 @@ def test_the_command_line_saves_and_restores(out, tmp_path):
                                      "0 already there")
   both = command("--save", "--restore", f"--out={out}", f"--archive={tmp_path}/a.jsonl")
   assert both.returncode == 1 and both.stderr.strip() == (
-      "error: give one of --save (OUT -> archive) and --restore (archive -> OUT)")
+      "error: give one of --save (OUT -> archive), --restore (archive -> OUT) and --tables "
+      "(docs' tables <- docs/runs)")
+  unnamed = command("--save", f"--out={out}")
+  assert unnamed.returncode == 1 and unnamed.stderr.strip() == (
+      "error: --save and --restore take --out=OUT and --archive=FILE.jsonl")
+  # The check itself: test_tables_recompute.py.
+  planned = command("--tables", "--dry_run")
+  assert planned.returncode == 0 and planned.stdout.splitlines()[0].endswith(
+      "docs/mqar_tuned.csv against mqar_tuned_2025.jsonl")
+  misplaced = command("--save", "--write", f"--out={out}", f"--archive={tmp_path}/a.jsonl")
+  assert misplaced.stderr.strip() == (
+      "error: --write rewrites the docs' tables: it goes with --tables")

@@ -20,6 +20,7 @@ import attention_zoo as az
 import lra
 import synthetic
 from attention_zoo.models import TransformerConfig
+from configs import presets
 from configs.lra import common
 from configs.lra.paper_tables import TABLE1 as LRA_TABLE1
 from configs.task_values import TaskValues
@@ -40,9 +41,14 @@ def get_config(task, arg):
   return importlib.import_module(f"configs.lra.{task}").get_config(arg)
 
 
+def check(config):
+  """The config as the run uses it (build.check)."""
+  return build.check(config)[0]
+
+
 def resolved(task, arg):
-  """The config as the run sees it: every preset value filled in for its variant."""
-  return build.resolve(get_config(task, arg))
+  """The config as the run sees it."""
+  return check(get_config(task, arg))
 
 
 # ------------------------------------------------------------------------------------ configs
@@ -66,8 +72,8 @@ def test_every_task_attention_config_builds(attention, task, preset):
   # the light protocol's embedding table has 32 rows (ids above the task's are never fed)
   assert config.model.vocab_size == (32 if preset in common.LIGHT_PRESETS
                                      else task_spec.vocab_size)
-  # Nothing attention-dependent is baked in: the options are unset placeholders.
-  assert all(v is None for v in config.model.attention_options.values())
+  # The variant's settings are applied by get_config itself, and recorded as such.
+  assert config.made.variant == attention
   model = build.model_config(config)
   assert set(model.attention_options) <= set(spec.options)
   if not spec.supports_dropout:
@@ -157,40 +163,38 @@ def test_length_options_scale_with_the_built_max_len():
   options = build.model_config(tiny).attention_options
   assert options["block_size"] == max(4, round(50 * ratio))
   assert options["num_summary"] <= options["block_size"]
-  # max_len overridden: the scaling follows it (decided when the model is built).
+  # max_len overridden after get_config: the check step scales the preset's option again.
   paper.model.max_len = 500
-  assert build.model_config(paper).attention_options["block_size"] == round(50 * 500 / 2000)
+  assert check(paper).model.attention_options["block_size"] == round(50 * 500 / 2000)
   # An option set in the config is taken as it is.
   tiny.model.attention_options.block_size = 7
   assert build.model_config(tiny).attention_options["block_size"] == 7
-  assert (build.scale_length_options({"block_size": 64, "k": 16}, 0.25)
+  assert (presets.scale_length_options({"block_size": 64, "k": 16}, 0.25)
           == {"block_size": 16, "k": 16})
-  assert build.scale_length_options({"window": 256}, 1.0) == {"window": 256}
+  assert presets.scale_length_options({"window": 256}, 1.0) == {"window": 256}
   # Pixel tasks keep their length, and so their blocks.
   assert build.model_config(get_config("image", "local,tiny")).attention_options["block_size"] == 64
 
 
-def test_attention_override_resolves_that_attentions_settings():
-  config = task_configs.task_config("listops", "performer", "paper", 0, ["model.attention=local"])
-  model = build.model_config(config)
-  assert model.attention == "local" and model.attention_options == {"block_size": 50}
-  assert not model.attention_ignores_padding
-  config = task_configs.task_config("listops", "performer", "paper", 0, [
-      "model.attention=local", "model.attention_options.nb_features=8"])
+def test_the_variant_and_its_options_come_from_the_config_argument():
+  """get_config applied the variant's settings: another variant is named in the argument, not
+  overridden; an option the variant lacks is refused by the check."""
+  config = task_configs.task_config("listops", "local", "paper", 0,
+                                    ["model.attention_options.nb_features=8"])
   with pytest.raises(HarnessError, match="local has no option 'nb_features'; its options: "
                                              "block_size"):
-    build.model_config(config)
-  for fixed in ("preset=tiny", "task=text"):
+    check(config)
+  for fixed in ("preset=tiny", "task=text", "model.attention=local", "made.variant=local"):
     with pytest.raises(HarnessError, match="cannot be overridden"):
       task_configs.task_config("listops", "full", "paper", 0, [fixed])
 
 
 def test_config_argument_errors_and_late_registered_names():
-  assert common.parse_arg(None) == ("full", "paper")
-  assert common.parse_arg("performer, tiny") == ("performer", "tiny")
-  with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of paper, fair, tiny"):
+  assert presets.parse_arg("listops", None, common.PRESETS) == ("full", "paper")
+  assert presets.parse_arg("listops", "performer, tiny", common.PRESETS) == ("performer", "tiny")
+  with pytest.raises(ValueError, match="listops has no preset 'huge'; its presets: paper, fair"):
     get_config("listops", "full,huge")
-  with pytest.raises(ValueError, match=r"unknown preset 'tnyi' \(did you mean 'tiny'\?\)"):
+  with pytest.raises(ValueError, match=r"has no preset 'tnyi' \(did you mean 'tiny'\?\)"):
     get_config("listops", "full,tnyi")
   with pytest.raises(ValueError, match="expected '<attention>\\[,<preset>\\]'"):
     get_config("listops", "full,tiny,extra")
@@ -241,48 +245,41 @@ def test_config_model_fields_are_the_transformer_config_fields():
   model = common.base_config("listops", "full", "tiny").model
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
   assert set(model) == set(fields)
-  # Each default is the library's, but the one a preset decides (None until the model is built).
+  # Each default is the library's.
   for name, field in fields.items():
-    if field.default is not dataclasses.MISSING and name != "attention_ignores_padding":
+    if field.default is not dataclasses.MISSING:
       assert model[name] == field.default, name
-  assert model.get_type("qkv_dim") is int and model.attention_ignores_padding is None
+  assert model.get_type("qkv_dim") is int
 
 
-def test_the_chosen_variant_decides_its_settings_and_the_users_values_win():
-  # The issue's command: an option of the variant the override names, not of the argument's.
-  config = get_config("listops", "full,tiny")
-  overrides.set_field(config, "model.attention", "local")
-  overrides.set_field(config, "model.attention_options.block_size", "8")
-  assert build.model_config(config).attention_options == {"block_size": 8}
-  # Under paper, the dimensions that a variant's released file changes follow the variant.
-  swapped = get_config("image", "full,paper")
-  assert swapped.model.num_heads is None   # decided by the variant, when the model is built
-  overrides.set_field(swapped, "model.attention", "local")
-  assert build.resolve(swapped) == resolved("image", "local,paper")
-  assert (build.resolve(swapped).model.num_heads, build.resolve(swapped).model.pooling) == (
-      2, "mean")
-  assert build.overrides(swapped) == {}   # the run is exactly image.py:local,paper
-  overrides.set_field(swapped, "model.num_heads", "4")
-  overrides.set_field(swapped, "model.attention_options.block_size", "16")
-  assert build.resolve(swapped).model.num_heads == 4
-  assert build.overrides(swapped) == {"model.num_heads": 4,
-                                      "model.attention_options.block_size": 16}
-  # The resolved config names only this variant's options.
-  assert dict(build.resolve(get_config("listops", "performer,tiny")).model.attention_options) == {
+def test_the_variants_settings_are_in_get_config_and_the_users_values_win():
+  # Under paper, the dimensions that a variant's released file changes are the variant's.
+  config = get_config("image", "local,paper")
+  assert (config.model.num_heads, config.model.pooling) == (2, "mean")
+  assert presets.source_of(config, "model.num_heads") == "variant settings"
+  baseline = get_config("image", "local,paper")
+  assert build.overrides(config, baseline) == {}   # the run is exactly image.py:local,paper
+  overrides.set_field(config, "model.num_heads", "4")
+  overrides.set_field(config, "model.attention_options.block_size", "16")
+  assert check(config).model.num_heads == 4
+  assert build.overrides(config, baseline) == {"model.num_heads": 4,
+                                               "model.attention_options.block_size": 16}
+  assert build.sources(config, baseline)["model.num_heads"] == presets.COMMAND_LINE
+  # The config names only this variant's options.
+  assert dict(get_config("listops", "performer,tiny").model.attention_options) == {
       "kernel": "softmax", "nb_features": 256}
 
 
 def test_unknown_names_suggest_the_closest():
-  config = get_config("listops", "full,tiny")
+  config = get_config("listops", "performer,tiny")
   assert "(did you mean 'num_layers'?)" in overrides.unknown_field(config, "model.num_layer")
   assert "(did you mean 'schedule'?)" in overrides.unknown_field(config, "schedul.factors")
   assert overrides.unknown_field(config, "model.attention_options.anything") is None
   assert "(did you mean 'performer'?)" in variant_names.unknown_attention("perfomer")
-  overrides.set_field(config, "model.attention", "performer")
   overrides.set_field(config, "model.attention_options.nb_feature", "16")
   with pytest.raises(HarnessError, match="performer has no option 'nb_feature' "
                                              "\\(did you mean 'nb_features'\\?\\)"):
-    build.resolve(config)
+    check(config)
 
 
 def test_the_names_read_from_source_are_the_registry():
@@ -295,7 +292,8 @@ def test_an_option_override_applies_to_the_variants_that_have_it(caplog):
                                 overrides=["model.attention_options.nb_features=16"])
   with caplog.at_level("INFO"):
     reproduce.drop_options_of_other_variants(grid)
-  assert dict(grid["listops", "performer", 0].model.attention_options) == {"nb_features": 16}
+  assert dict(grid["listops", "performer", 0].model.attention_options) == {
+      "kernel": "softmax", "nb_features": 16}
   assert dict(grid["listops", "full", 0].model.attention_options) == {}
   assert "model.attention_options.nb_features skipped for full: no such option" in caplog.text
   misspelt = reproduce.grid_configs(preset="tiny", tasks=["listops"],
@@ -322,21 +320,22 @@ def test_config_and_flag_errors_come_before_jax_is_imported(tmp_path):
   cases = {
       "field": (train + ["--config=configs/lra/listops.py:full,tiny", "--config.model.num_layer=1"],
                 "did you mean 'num_layers'"),
-      # The option of the overriding variant is accepted; the misspelt field is not.
-      "field after an option": (train + ["--config=configs/lra/listops.py:full,tiny",
-                                         "--config.model.attention=local",
+      # The option of the variant is accepted; the misspelt field is not.
+      "field after an option": (train + ["--config=configs/lra/listops.py:local,tiny",
                                          "--config.model.attention_options.block_size=8",
                                          "--config.num_train_step=1"],
                                 "did you mean 'num_train_steps'"),
       "attention": (train + ["--config=configs/lra/listops.py:perfomer,tiny"],
                     "unknown attention 'perfomer' (did you mean 'performer'?)"),
       "overridden attention": (train + ["--config=configs/lra/listops.py:full,tiny",
-                                        "--config.model.attention=nope"],
-                               "unknown attention 'nope'"),
-      "preset": (train + ["--config=configs/lra/listops.py:full,huge"], "unknown preset 'huge'"),
+                                        "--config.model.attention=local"],
+                               "config.model.attention cannot be overridden: the variant is "
+                               "part of the config argument"),
+      # One wording for a misspelt preset, in train and in reproduce.
+      "preset": (train + ["--config=configs/lra/listops.py:full,tnyi"],
+                 "listops has no preset 'tnyi' (did you mean 'tiny'?)"),
       "preset flag": (["experiments.reproduce", "--preset=tnyi", "--tasks=listops"],
-                      "--preset=tnyi: not one of paper, fair, tiny, light, light_fair, "
-                      "grazzi (did you mean 'tiny'?)"),
+                      "listops has no preset 'tnyi' (did you mean 'tiny'?)"),
       "override": (["experiments.reproduce", "--tasks=listops", "--attentions=full",
                     f"--out={tmp_path}", "--override=model.num_layer=1"],
                    "did you mean 'num_layers'"),
@@ -429,9 +428,9 @@ def pytorch_one_cycle(step, *, max_lr=1e-4, total_steps=5000, pct_start=0.2, div
 def test_one_cycle_schedule_and_b1_follow_pytorch():
   """The light preset's schedule: the rate and Adam's β1 at every phase boundary and between."""
   config = task_configs.task_config("listops", "full", "light")
-  resolved = build.resolve(config)
+  resolved = check(config)
   _, schedule = optimizer.from_config(resolved)
-  b1 = optimizer.b1_schedule(resolved.schedule)
+  b1 = optimizer.b1_schedule({**resolved.schedule, "steps_per_cycle": 5000})
   for step in (0, 1, 500, 999, 1000, 2999, 4998, 4999):
     lr, momentum = pytorch_one_cycle(step)
     assert float(schedule(step)) == pytest.approx(lr, rel=1e-5), step

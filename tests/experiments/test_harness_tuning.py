@@ -178,7 +178,7 @@ def test_tuning_json_and_table(planted):
   assert written == json.loads(json.dumps(records))
   full = written[0]
   assert list(full) == ["task", "attention", "tested", "chosen", "validation", "test_mean",
-                        "test_std", "seeds"]
+                        "test_std", "seeds", "provenance"]
   assert (full["task"], full["attention"], full["tested"], full["seeds"]) == (
       "listops", "full", "test_accuracy_best_validation", [0, 1])
   assert [p["values"] for p in full["validation"]] == [{LR: v} for v in TUNE[LR]]
@@ -203,9 +203,11 @@ def test_tuning_json_and_table(planted):
   assert tuning.at_edge({LR: 0.01, "wd": 0.1, "name": "b"},
                         {LR: [1e-4, 1e-3, 1e-2], "wd": [0.0, 0.1], "name": ["a", "b", "c"]}) == [
       (LR, "largest")]
+  # Planted without an environment: where the runs ran is "unknown", never guessed.
   assert (planted / "tuning.csv").read_text().splitlines() == [
-      f"variant,task,{LR},seeds,test_mean,test_std", "full,listops,0.001,2,42.00,2.83",
-      "performer,listops,0.0001,2,30.00,0.00"]
+      f"variant,task,{LR},seeds,test_mean,test_std,device,commit,jax,date",
+      "full,listops,0.001,2,42.00,2.83,unknown,unknown,unknown,unknown",
+      "performer,listops,0.0001,2,30.00,0.00,unknown,unknown,unknown,unknown"]
   # Every point, the chosen one in bold, the one left out as "—"; the runs not asked (seed 7,
   # preset fair) stay out of the means.
   assert [line for line in every_point.splitlines() if line.startswith("| ")] == [
@@ -241,11 +243,16 @@ def test_the_sweep_reports_each_values_choice(tmp_path):
     return {"attention": "full", "emb_dim": emb_dim, "qkv_dim": None, "num_heads": 2,
             "num_kv_heads": 2, "max_len": 32, "attention_options": {}}
 
+  def environment(commit, day):
+    return {"git_commit": commit, "device": "1 x cpu (cpu)", "versions": {"jax": "0.10.2"},
+            "date": f"2026-12-0{day}T10:00:00+00:00"}
+
   validation = {"4": {0.001: 0.9, 0.01: 0.5}, "8": {0.001: 0.2, 0.01: 0.3}}
   for value, by_lr in validation.items():
     for lr, accuracy in by_lr.items():
       plant(tmp_path / f"data.num_pairs={value}", f"{LR}={lr}", "mqar", "full", 0, None, None,
-            validation_final=accuracy, test_final=1 - accuracy, model=model(int(1 / lr)))
+            validation_final=accuracy, test_final=1 - accuracy, model=model(int(1 / lr)),
+            environment=environment(f"{value}bcdef0123", int(value)))
   asked = {"preset": ["tiny"], "task": ["mqar"], "attention": ["full"], "seed": [0]}
   table, states, chosen, records = sweep.collect_tuned(tmp_path, "data.num_pairs", ["4", "8"],
                                                        {LR: [0.001, 0.01]}, asked)
@@ -259,6 +266,11 @@ def test_the_sweep_reports_each_values_choice(tmp_path):
   assert "best mean validation accuracy" in text.splitlines()[0]
   assert (f"| full | 10.0 (64,000) at {LR}=0.001 | 70.0 (6,400) at {LR}=0.01 |"
           in text.splitlines())
+  # tuning.csv: a row per swept value, its state size and where its chosen runs ran.
+  assert tuning.csv_text(records, {LR: [0.001, 0.01]}, states).splitlines() == [
+      f"variant,task,data.num_pairs,state_size,{LR},seeds,test_mean,test_std,device,commit,jax,"
+      "date", "full,mqar,4,64000,0.001,1,10.00,,1 x cpu (cpu),4bcdef0,0.10.2,2026-12-04",
+      "full,mqar,8,6400,0.01,1,70.00,,1 x cpu (cpu),8bcdef0,0.10.2,2026-12-08"]
 
 
 def fake_training(calls):

@@ -13,7 +13,7 @@ from attention_zoo.models import num_params
 from experiments import report, reproduce
 from experiments.common.errors import HarnessError
 from experiments.common.task_configs import task_config
-from experiments.train import build, trainer
+from experiments.train import build, optimizer, trainer
 from experiments.train import data as data_lib
 
 # What the released ListOps run used, by our field names (the spec of the light preset).
@@ -58,11 +58,15 @@ FIXED_ATTENTION = {
 
 
 def resolved(variant, preset="light", *overrides):
-  return build.resolve(task_config("listops", variant, preset, overrides=list(overrides)))
+  return build.check(task_config("listops", variant, preset, overrides=list(overrides)))[0]
 
 
 def flat(config) -> dict:
-  return {field: config[field.split(".")[0]][field.split(".")[1]] if "." in field
+  """RELEASED's fields as the run uses them (a 0 that follows another field read as it)."""
+  used = {"eval_batch_size": data_lib.eval_batch_size(config),
+          "schedule.steps_per_cycle": optimizer.steps_per_cycle(config)}
+  return {field: used[field] if field in used else
+          config[field.split(".")[0]][field.split(".")[1]] if "." in field
           else config[field] for field in RELEASED}
 
 
@@ -71,7 +75,8 @@ def test_light_resolves_to_the_released_values(variant):
   config = resolved(variant)
   assert flat(config) == RELEASED
   options, attention_dropout = RELEASED_ATTENTION[variant]
-  assert dict(config.model.attention_options) == pytest.approx(options)
+  # the options as the model receives them (a scale given by formula made a number)
+  assert dict(build.model_config(config).attention_options) == pytest.approx(options)
   assert config.model.attention_dropout_rate == attention_dropout
   assert config.model.share_attention_across_layers == (variant == "linformer")
   assert config.data_dir == "data/lra" and config.seed == 0
@@ -87,7 +92,8 @@ def test_light_fair_changes_exactly_the_quirks(variant):
 
 
 def test_light_is_listops_only():
-  with pytest.raises(HarnessError, match="text has no light values"):
+  with pytest.raises(HarnessError, match="text has no preset 'light'; its presets: paper, fair, "
+                                         "tiny$"):
     task_config("text", "full", "light")
 
 
@@ -216,15 +222,19 @@ def test_the_light_csv_sets_the_authors_tested_model_beside_their_number(tmp_pat
   """light_listops.csv: per variant the best-validation model's test accuracy over its seeds
   (the model the Nyströmformer paper's authors tested) beside their number and its source; the
   final model's numbers and other presets stay out of it."""
-  def result(attention, seed, best, final, preset="light"):
+  def result(attention, seed, best, final, preset="light", device="1 x cpu (cpu)"):
     return {"task": "listops", "attention": attention, "preset": preset, "seed": seed,
             "test_accuracy_best_validation": best, "test_accuracy_final": final,
-            "majority_accuracy": 0.173, "workdir": str(tmp_path)}
+            "majority_accuracy": 0.173, "workdir": str(tmp_path),
+            "environment": {"git_commit": "f7054afe91b2", "device": device,
+                            "versions": {"jax": "0.10.2"}, "date": "2026-12-05T07:44:19+00:00"}}
   runs = [result("full", 0, 0.36, 0.10), result("full", 1, 0.38, 0.10),
-          result("performer", 0, 0.35, 0.10), result("full", 0, 0.99, 0.99, preset="tiny")]
+          result("performer", 0, 0.35, 0.10, device="1 x NVIDIA H200 (gpu)"),
+          result("full", 0, 0.99, 0.99, preset="tiny")]
   (path,) = report.write_published_csvs(report.summarize(runs), tmp_path)
   assert path.name == "light_listops.csv"
   source = report.PUBLISHED_SOURCE
   assert path.read_text().splitlines() == [
-      "variant,seeds,test_mean,test_std,published,source",
-      f"full,2,37.00,1.41,37.10,{source}", f"performer,1,35.00,,18.80,{source}"]
+      "variant,seeds,test_mean,test_std,published,source,device,commit,jax,date",
+      f"full,2,37.00,1.41,37.10,{source},1 x cpu (cpu),f7054af,0.10.2,2026-12-05",
+      f"performer,1,35.00,,18.80,{source},1 x NVIDIA H200 (gpu),f7054af,0.10.2,2026-12-05"]

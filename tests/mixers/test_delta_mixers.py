@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
+from attention_zoo.mixers import parts
 from attention_zoo.models import Decoder, DecoderLM, TransformerConfig
 from helpers import assert_decoding_equals_forward
 from ops_reference import assert_close, delta_product_recurrence, recurrence
@@ -65,9 +66,10 @@ def test_output_and_gradients_equal_the_float64_recurrence(name, allow_neg_eigva
   x, mask, w = inputs()
   y, grads = output_and_grads(mixer, x, mask, w)
   seen = []
-  cls = type(mixer)
-  monkeypatch.setattr(cls, "CHUNK_OP", staticmethod(float64_rule(seen)))
-  monkeypatch.setattr(cls, "STEP_OP", staticmethod(float64_rule(seen)))
+  rule = float64_rule(seen)
+  monkeypatch.setattr(parts, "recurrence",                 # both forms: the float64 rule
+                      lambda chunk_op, step_op, *inputs, state, **kw: rule(
+                          *inputs, initial_state=state, **kw))
   with jax.enable_x64(True):
     y64, grads64 = output_and_grads(mixer, x, mask, w)
   assert_close(y, y64, 1e-5, "output")                         # measured: errors below 4e-7

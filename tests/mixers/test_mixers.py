@@ -15,9 +15,11 @@ from attention_zoo.layers import MultiHeadAttention
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
                                   TransformerConfig)
 from test_linear_mixers import ORACLES as LINEAR_ORACLES
+from helpers import assert_decoding_equals_forward
 from test_mla import causal_mla64
 from test_rwkv7_mamba import OPTIONS as RWKV7_MAMBA_OPTIONS
 from test_rwkv7_mamba import oracle as rwkv7_mamba_oracle
+from test_rwkv7_mamba import steeper_transitions
 
 # Small chunks, so the tiny lengths below span several.
 OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
@@ -66,9 +68,17 @@ def test_every_model_kind_runs(name):
 def test_unknown_names_list_both_kinds():
   for make in (lambda: az.create_mixer("nope", emb_dim=8, num_heads=2, rngs=nnx.Rngs(0)),
                lambda: TransformerConfig(attention="nope")):
-    with pytest.raises(ValueError, match="unknown attention 'nope'; available: .*full.*"
-                                         "gated_deltanet"):
+    with pytest.raises(ValueError, match="unknown attention or mixer 'nope'; available: "
+                                         "attention variants: .*full.*; mixers: .*gated_deltanet"):
       make()
+  # a misspelt mixer is named a mixer, with the mixer it is close to
+  with pytest.raises(ValueError, match=r"unknown mixer 'gated_deltanett' \(did you mean "
+                                       r"'gated_deltanet'\?\)"):
+    az.create_mixer("gated_deltanett", emb_dim=8, num_heads=2, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="unknown mixer 'nope'; available: based, .*rwkv7$"):
+    az.spec("nope", "mixer")
+  assert type(az.spec("gla")) is az.MixerSpec and type(az.spec("full")) is az.AttentionSpec
+  assert issubclass(az.MixerSpec, az.Spec) and issubclass(az.AttentionSpec, az.Spec)
 
 
 def test_create_and_create_mixer():
@@ -241,6 +251,12 @@ def oracle_retnet(mixer, x):
   return finish(mixer, o, mixer.gate_proj(x)[0])
 
 
+def transition64(mixer, exponent):
+  """exp(Δ A), or with allow_neg_eigval 2 exp(Δ A) - 1 (Grazzi et al. 2025), in float64."""
+  decay = np.exp(np.asarray(exponent, np.float64))
+  return 2 * decay - 1 if mixer.options["allow_neg_eigval"] else decay
+
+
 def oracle_mamba2(mixer, x):
   h, p, n, d_inner = mixer.num_heads, mixer.p, mixer.n, mixer.d_inner
   groups = mixer.num_kv_heads
@@ -252,8 +268,9 @@ def oracle_mamba2(mixer, x):
   A = -np.exp(np.asarray(mixer.decay.A_log[...], np.float64))
   xs = xs.reshape(T, h, p)
   heads = lambda a: np.repeat(a.reshape(T, groups, n), h // groups, axis=1)  # B, C per group
+  transition = transition64(mixer, delta * A)                           # [T, h]
   y = recurrence64(heads(C), heads(B), xs * delta[..., None],
-                   np.broadcast_to(np.exp(delta * A)[..., None], (T, h, n)))
+                   np.broadcast_to(transition[..., None], (T, h, n)))
   y = y + np.asarray(mixer.D[...])[:, None] * xs                       # D skip
   # RMSNormGated(d_inner, group_size=d_inner / groups): gate, RMS per group, scale per channel
   y = (y.reshape(T, d_inner) * silu(z)).reshape(T, groups, -1)
@@ -303,6 +320,22 @@ def test_layer_equals_its_equation_in_float64(name):
   got = nnx.jit(lambda mixer, x: mixer(x))(mixer, x)[0]   # one program: faster than op by op
   want = ORACLES[name](mixer, x)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mamba", "mamba2"])
+def test_negative_eigenvalues_equal_their_equation_and_decode_exactly(name):
+  """allow_neg_eigval: transitions 2 exp(Δ A) - 1, of both signs once A is steeper; the chunk
+  form equals the float64 equation, and decoding token by token (the token form) the chunked
+  forward. (mamba's gradients and its token form: test_rwkv7_mamba.py.)"""
+  mixer = az.create_mixer(name, emb_dim=16, num_heads=2, causal=True, rngs=nnx.Rngs(1),
+                          allow_neg_eigval=True, **OPTIONS[name])
+  steeper_transitions(mixer)
+  x = jax.random.normal(jax.random.key(2), (1, 11, 16))
+  np.testing.assert_allclose(mixer(x)[0], ORACLES[name](mixer, x), rtol=1e-4, atol=1e-5)
+  length = 9
+  x = jax.random.normal(jax.random.key(4), (2, length, 16))
+  mask = jnp.arange(length)[None] < jnp.array([[length], [length - 3]])
+  assert_decoding_equals_forward(mixer, x, mask)
 
 
 # -- memory at length -----------------------------------------------------------------------

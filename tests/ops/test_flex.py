@@ -447,7 +447,7 @@ def test_forward_mode_compiled_memory_is_linear_in_length():
   assert at_8k <= 4.5 * at_2k, f"{at_8k / 2**20:.1f} MiB at 8K vs {at_2k / 2**20:.1f} MiB at 2K"
 
 def python_block(page: str, marker: str) -> str:
-  text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+  text = (Path(__file__).resolve().parents[2] / page).read_text(encoding="utf-8")
   return next(block for block in re.findall(r"```python\n(.*?)```", text, flags=re.S)
               if marker in block)
 

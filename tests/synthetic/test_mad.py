@@ -187,7 +187,7 @@ def test_configs_build_for_both_presets_and_refuse_fair():
       assert model_config.attention == "linear_transformer"
       expected = BottleneckLM if task == "compression" else build.DecoderLM
       assert build.model_class(task) is expected
-  with pytest.raises(ValueError, match="presets tiny, paper, not 'fair'"):
+  with pytest.raises(ValueError, match="has no preset 'fair'; its presets: paper, tiny$"):
     task_configs.task_module("compression").get_config("full,fair")
 
 

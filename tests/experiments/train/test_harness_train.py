@@ -15,6 +15,7 @@ import lra
 from attention_zoo.models import DualEncoderClassifier, num_params
 from experiments.common import task_configs
 from experiments.common.errors import HarnessError, Interrupted
+from experiments.train import build
 from experiments.train import checkpoints as checkpoints_lib
 from experiments.train import data as data_lib
 from experiments.train import trainer
@@ -336,8 +337,8 @@ def test_test_accuracy_of_the_final_and_the_best_validation_model(data_root, tmp
   config = config_for("listops", data_root, "num_train_steps=3", "eval_every=1", *LISTOPS_SIZES)
   real, fake = trainer.Trainer.evaluate, iter([0.2, 0.6, 0.4])
 
-  def evaluate(self, split, model_state, evaluation=0):
-    result = real(self, split, model_state, evaluation)
+  def evaluate(self, split, model_state, evaluation=0, description=None):
+    result = real(self, split, model_state, evaluation, description)
     return {**result, "accuracy": next(fake)} if split == "validation" else result
 
   monkeypatch.setattr(trainer.Trainer, "evaluate", evaluate)
@@ -482,7 +483,8 @@ def test_each_task_trains_and_writes_results(task, data_root, tmp_path, run_a):
 
 
 def test_bad_config_values_are_clear_errors(data_root, tmp_path):
-  cases = [("model.attention=nope", "unknown attention 'nope'; registered: .*full"),
+  cases = [("model.attention=nope", "config.model.attention cannot be overridden: the variant "
+                                    "is part of the config argument"),
            ("task=cifar", "config.task cannot be overridden"),
            ("batch_size=3", "batch_size / grad_accum_steps = 3 is not divisible"
             if jax.device_count() > 1 else "batch_size=3 is not divisible by grad_accum_steps=2"),
@@ -494,3 +496,26 @@ def test_bad_config_values_are_clear_errors(data_root, tmp_path):
       trainer.Trainer(config_for("listops", data_root, override, *extra, *LISTOPS_SIZES), tmp_path)
   with pytest.raises(HarnessError, match="aclImdb"):
     trainer.Trainer(config_for("text", tmp_path / "empty"), tmp_path)
+
+
+def test_an_unfinished_run_with_other_training_values_is_refused_and_the_config_recorded(
+    run_a, data_root, tmp_path):
+  """An interrupted run (its last checkpoint at step 4 of 6, no results.json) resumed with
+  another learning rate is refused as a finished one is, naming the field; results.json records
+  the config the run was given, as the one check leaves it (model.max_len=32 recorded as the
+  length its options follow)."""
+  run, results_a, _ = run_a
+  shutil.copytree(run.workdir, tmp_path, dirs_exist_ok=True)
+  shutil.rmtree(tmp_path / "checkpoints" / "6")
+  (tmp_path / "results.json").unlink()
+  config = run_config("listops", data_root)
+  checked, _ = build.check(config)
+  assert checked.made.scaled_for == 32 != config.made.scaled_for
+  assert results_a["config"] == json.loads(json.dumps(checked.to_dict()))
+  config.schedule.base_learning_rate *= 2
+  refused = (rf"^{tmp_path}/checkpoints holds checkpoints of another run \(step 4\): "
+             r"schedule.base_learning_rate is .* there, .* in this config\..*--restart")
+  with pytest.raises(HarnessError, match=refused):
+    trainer.plan_line(config, tmp_path)
+  with pytest.raises(HarnessError, match=refused):
+    trainer.Trainer(config, tmp_path).run()
