@@ -190,7 +190,7 @@ def plan_line(config, workdir, *, restart: bool = False) -> str:
 def sharding_lines(config) -> list[str]:
   """The run's mesh and where each array of its training state and batch lies on it (a dry
   run's report), from shapes alone."""
-  resolved, abstract = check_run(config)
+  resolved, abstract, _ = check_run(config)
   layout = mesh_lib.Layout(mesh_lib.check(resolved, jax.device_count()))
   _, params, _ = nnx.split(abstract, nnx.Param, ...)
   tx, _ = optimizer.from_config(resolved)
@@ -315,7 +315,7 @@ class Trainer:
     batches = (data_lib.validation_batches(ds, self.config, evaluation) if split == "validation"
                else data_lib.test_batches(ds, self.config))
     return evaluation_lib.evaluate(
-        self.eval_step, model_state, batches, sharding=self.layout,
+        self.eval_step, model_state, batches, layout=self.layout,
         before_batch=self.ctrl_c.check, description=description or split,
         total=evaluation_lib.batch_count(len(ds), self.config, split), show=self.is_writer)
 

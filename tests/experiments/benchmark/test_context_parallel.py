@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_a_variant_without_the_capability_runs_on_fsdp_and_one_with_it_on_context():
-  assert context_parallel.mesh_for("full", 1) == ({}, 1, "one device")
-  assert context_parallel.mesh_for("full", 4) == ({"fsdp": 4}, 4, "fsdp 4")
+  assert context_parallel.mesh_for("synthesizer", 1) == ({}, 1, "one device")
+  assert context_parallel.mesh_for("synthesizer", 4) == ({"fsdp": 4}, 4, "fsdp 4")
+  assert context_parallel.mesh_for("full", 4) == ({"context": 4}, 1, "context 4")
   with scoped_registry():
     az.register("cp_test_ring", exact=True, supports_causal=True, supports_cross=True,
                 complexity="O(n^2)", paper="-", supports_context_parallel=True)(
@@ -51,15 +52,16 @@ def test_the_mode_on_two_simulated_devices_writes_both_counts(tmp_path):
   env = {**os.environ, "PYTHONPATH": str(REPO)}   # the mode adds the simulated devices
   process = subprocess.run(
       [sys.executable, "-m", "experiments.benchmark", "--mode=context_parallel",
-       f"--out={tmp_path}", "--attentions=full", "--device_counts=1,2", "--min_length=128",
-       "--max_length=256", "--lengths=128", "--num_layers=1", "--emb_dim=16", "--num_heads=2",
-       "--mlp_dim=32", "--memory_limit_gb=1"],
+       f"--out={tmp_path}", "--attentions=full,synthesizer", "--device_counts=1,2",
+       "--min_length=128", "--max_length=256", "--lengths=128", "--num_layers=1",
+       "--emb_dim=16", "--num_heads=2", "--mlp_dim=32", "--memory_limit_gb=1"],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert process.returncode == 0, process.stderr
   with open(tmp_path / "benchmark_context_parallel.csv") as f:
     rows = list(csv.DictReader(f))
-  assert [(r["devices"], r["mesh"], r["longest"]) for r in rows] == [
-      ("1", "one device", "256"), ("2", "fsdp 2", "256")]
+  assert [(r["attention"], r["devices"], r["mesh"], r["longest"]) for r in rows] == [
+      ("full", "1", "one device", "256"), ("full", "2", "context 2", "256"),
+      ("synthesizer", "1", "one device", "256"), ("synthesizer", "2", "fsdp 2", "256")]
   assert all(float(r["step_s"]) > 0 for r in rows)
   table = (tmp_path / "benchmark_context_parallel.md").read_text()
-  assert "context: not supported; fsdp 2" in table
+  assert "context: not supported; fsdp 2" in table   # synthesizer's

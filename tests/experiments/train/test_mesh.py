@@ -32,8 +32,9 @@ SMALL = {"model.num_layers": 1, "model.emb_dim": 16, "model.num_heads": 2, "mode
 
 
 def resolved(attention="full", **values):
-  return build.resolve(task_configs.task_config(
+  checked, _ = build.check(task_configs.task_config(
       "listops", attention, "tiny", 0, [f"{k}={v}" for k, v in {**SMALL, **values}.items()]))
+  return checked
 
 
 def mesh_config(**sizes):
@@ -87,12 +88,12 @@ def test_a_batch_or_length_the_mesh_does_not_divide_is_refused():
 
 
 def test_context_parallelism_asked_of_a_variant_without_it_names_the_variants_with_it():
-  config = resolved(**{"mesh.context": 2, "model.pooling": "mean"})
+  config = resolved("synthesizer", **{"mesh.context": 2, "model.pooling": "mean"})
   with scoped_registry():
     az.register("mesh_test_ring", exact=True, supports_causal=True, supports_cross=True,
                 complexity="O(n^2)", paper="-", supports_context_parallel=True)(
                     type("Ring", (FullAttention,), {}))
-    with pytest.raises(HarnessError, match=r"mesh.context=2 splits the sequence, which full "
+    with pytest.raises(HarnessError, match=r"mesh.context=2 splits the sequence, which synthesizer "
                        r"cannot \(its spec has no supports_context_parallel\); variants that "
                        r"can: .*mesh_test_ring.*; or mesh.context=1"):
       mesh.check(config, 2)
@@ -157,7 +158,7 @@ from flax import nnx
 from experiments.common import task_configs
 from experiments.train import build, data as data_lib, mesh, trainer, steps as train_steps
 
-config = build.resolve(task_configs.task_config("listops", "full", "tiny", 0, {overrides!r}))
+config, _ = build.check(task_configs.task_config("listops", "full", "tiny", 0, {overrides!r}))
 rng = np.random.default_rng(0)
 batch = {{"inputs": rng.integers(1, config.model.vocab_size, (8, 32)).astype(np.int32),
           "masks": np.ones((8, 32), bool), "targets": rng.integers(0, 10, (8,)).astype(np.int32),
