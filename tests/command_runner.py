@@ -47,11 +47,13 @@ def run_one(argv: list[str]) -> dict:
     err.write(traceback.format_exc())
   finally:
     # The flags this project's code defined (a module run as __main__ is named by its file;
-    # command_line.run defines --dry_run): the next command defines its own. Libraries' flags
-    # stay, at their defaults again.
+    # command_line.run defines --dry_run) and the overrides of its --config's fields
+    # (--config.mesh.fsdp, defined by ml_collections for the command that gave them): the next
+    # command defines its own. Libraries' flags stay, at their defaults again.
     for defined_by, defined in flags.FLAGS.flags_by_module_dict().items():
-      if defined_by not in sys.modules or defined_by.startswith(OWN_PACKAGES):
-        for name in {flag.name for flag in defined} & set(flags.FLAGS):
+      own = defined_by not in sys.modules or defined_by.startswith(OWN_PACKAGES)
+      for name in {flag.name for flag in defined} & set(flags.FLAGS):
+        if own or name.startswith("config."):
           delattr(flags.FLAGS, name)
     flags.FLAGS.unparse_flags()
   return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}

@@ -37,7 +37,7 @@ Fields (override any with --config.<field>=value):
   eval_stream, test_drop_last, checkpoint_every, keep_checkpoints, log_every,
   max_skipped_fraction, check_memory, model
   (every TransformerConfig field; model.max_len is also the data length), optimizer,
-  schedule. The comments in `base_config` say what each means.
+  schedule, mesh (the device mesh). The comments in `base_config` say what each means.
 """
 from __future__ import annotations
 
@@ -210,6 +210,11 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.schedule.cycle_b1 = False                # one_cycle: Adam's β1 cycles max_b1 -> min_b1 ->
   config.schedule.min_b1 = 0.85                   # max_b1 against the rate (PyTorch's
   config.schedule.max_b1 = 0.95                   # cycle_momentum); optimizer.b1 is then unused
+  # The device mesh (experiments/train/mesh.py): data × fsdp × context = the device count.
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1                           # splits the batch; -1 = the devices left
+  config.mesh.fsdp = 1                            # splits the batch, parameters, optimiser state
+  config.mesh.context = 1                         # splits the sequence (context parallelism)
   return config
 
 

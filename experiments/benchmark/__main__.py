@@ -12,6 +12,8 @@ r"""Efficiency benchmarks, one command with a mode each (LRA Table 2, extended; 
     python -m experiments.benchmark --mode=flash --lengths=128,256 --interpret --out=/tmp/fb
     python -m experiments.benchmark --mode=approximation --out=results/ [--lengths=1024] \
         [--input_stds=0.5,1.0] [--masks=causal]
+    python -m experiments.benchmark --mode=context_parallel --out=results/ \
+        [--device_counts=1,2,4,8] [--max_length=131072] [--memory_limit_gb=2] [--lengths=4096]
 
 Modes (--mode):
   train          the trainer's own train step of the LRA Text model (configs/lra/text.py, fair
@@ -28,6 +30,11 @@ Modes (--mode):
   flash          the FlashAttention kernels against cuDNN and XLA.
   approximation  each approximate variant's relative error to exact attention at its
                  defaults.
+  context_parallel  per variant and device count, the longest length whose Text-model train
+                 step fits --memory_limit_gb per device (sequence split over `context`, or
+                 fsdp where the variant has no context-parallel form), and the step time at
+                 --lengths' first length against one device; on CPU the devices are simulated
+                 and their times say nothing about a network.
 
 Each mode is a file in experiments/benchmark/ with its `run_mode(values, command)` (values: the
 flags, this mode's defaults filled in), named in MODES below; train and attention share
@@ -36,7 +43,8 @@ measuring.py.
 Writes into --out: benchmark_<mode>.csv, .md (train mode: the paper's Table 2 layout with its
 published TPU figures beside ours), .json, and _time.png / _memory.png (log-log, with the fitted
 complexity exponent per variant) for train and attention; benchmark_ops.csv and .md;
-capacity.md, .csv and .png; benchmark_flash.md; benchmark_approximation.md. Tables are rewritten
+capacity.md, .csv and .png; benchmark_flash.md; benchmark_approximation.md;
+benchmark_context_parallel.md and .csv. Tables are rewritten
 after every measurement, so a run that dies keeps what it measured. See each mode's file for how
 its figures are measured. The XLA flags in use (see experiments/common/xla_flags.py) are
 written into the outputs.
@@ -54,7 +62,7 @@ import types
 
 from absl import flags
 
-from experiments.benchmark import approximation, capacity, flash, measuring, ops
+from experiments.benchmark import approximation, capacity, context_parallel, flash, measuring, ops
 from experiments.benchmark.settings import DTYPES, REMATS
 from experiments.common import command_line
 from experiments.common.errors import HarnessError
@@ -63,7 +71,7 @@ FLAGS = flags.FLAGS
 # --mode -> the mode's run_mode(values, command).
 MODES = {"train": measuring.run_mode, "attention": measuring.run_mode, "ops": ops.run_mode,
          "capacity": capacity.run_mode, "flash": flash.run_mode,
-         "approximation": approximation.run_mode}
+         "approximation": approximation.run_mode, "context_parallel": context_parallel.run_mode}
 # Flags whose default depends on the mode (None on the command line: this table, else GENERAL).
 GENERAL = {"lengths": ["1024", "2048", "3072", "4096", "8192", "16384"], "dtype": "float32",
            "repeats": 5, "time_budget_s": 60.0, "head_dims": ["64"], "masks": ["none"]}
@@ -73,6 +81,7 @@ MODE_DEFAULTS = {
               "repeats": 10, "time_budget_s": 420.0, "head_dims": ["64", "128"],
               "masks": ["none", "causal"]},
     "approximation": {"lengths": ["1024"], "num_heads": 4},
+    "context_parallel": {"lengths": ["4096"], "time_budget_s": 3600.0},
 }
 MASKS = ("none", "causal")
 
@@ -99,7 +108,8 @@ if __name__ == "__main__":
                     "train: the trainer's train step of the LRA Text model; attention: the "
                     "attention module alone; ops: attention_zoo.ops against causal full; "
                     "capacity: the longest length that fits; flash: the FlashAttention kernels; "
-                    "approximation: the error to exact attention.")
+                    "approximation: the error to exact attention; context_parallel: the longest "
+                    "length per device count.")
   flags.DEFINE_string("out", None, "Output folder.")
   flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one; "
                     "attention mode: every attention variant; approximation: every one that is "
@@ -124,7 +134,8 @@ if __name__ == "__main__":
                      "compiles or steps) and flash mode (420: no new row after them).")
   flags.DEFINE_float("memory_limit_gb", None, "Do not run (capacity: time) programs whose "
                      "compiled memory exceeds this (default: the accelerator's memory, or half "
-                     "the free host memory on CPU).")
+                     "the free host memory on CPU); context_parallel: the budget per device "
+                     "(default: the device's memory; on CPU the host's, shared by its devices).")
   flags.DEFINE_list("plugins", [], "Modules to import first; they may register more attention "
                     "variants.")
   flags.DEFINE_multi_string("attention_options", [], "name:key=value,... overriding a "
@@ -152,6 +163,8 @@ if __name__ == "__main__":
   flags.DEFINE_float("step_budget_s", 120.0, "Capacity: do not time a step predicted (a power "
                      "law through the steps at --probe_lengths) to take longer; a step slower "
                      "than this is timed by its first call alone.")
+  flags.DEFINE_list("device_counts", [str(n) for n in context_parallel.DEVICE_COUNTS],
+                    "Context_parallel: the device counts (simulated on CPU).")
   flags.DEFINE_list("probe_lengths", [str(n) for n in capacity.PROBE_LENGTHS],
                     "Capacity: the two short lengths timed to predict each step.")
   # flash and approximation modes

@@ -9,6 +9,7 @@ would exceed the time budget, predicted or after its first call, stops there (Ov
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -21,9 +22,11 @@ import jax
 class Program:
   jitted: Any      # a jax.jit-wrapped function
   shapes: tuple    # its arguments as ShapeDtypeStructs
+  mesh: Any = None   # the jax.sharding.Mesh it is traced under (jax.set_mesh), if any
 
   def compile(self):
-    return self.jitted.lower(*self.shapes).compile()
+    with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
+      return self.jitted.lower(*self.shapes).compile()
 
 
 @dataclasses.dataclass

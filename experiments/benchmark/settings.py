@@ -77,6 +77,7 @@ class Settings:
   emb_dim: int | None = None
   num_heads: int | None = None
   mlp_dim: int | None = None
+  pooling: str | None = None                 # None: the Text config's (cls)
   attention_options: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
   seed: int = 0
   matmul_size: int = 4096                    # attention mode: the matmul limit's n x n product;
@@ -118,7 +119,8 @@ class Settings:
     fields = {"model.max_len": length, "batch_size": self.batch_size, "model.dtype": self.dtype,
               "model.remat": self.remat, "model.num_layers": self.num_layers,
               "model.num_heads": self.num_heads, "model.mlp_dim": self.mlp_dim,
-              "model.emb_dim": self.emb_dim, "model.qkv_dim": self.emb_dim}
+              "model.emb_dim": self.emb_dim, "model.qkv_dim": self.emb_dim,
+              "model.pooling": self.pooling}
     options = self.attention_options.get(name, {})
     if "seed" in az.spec(name).options and "seed" not in options:
       # A variant that draws its fixed random pattern when built (bigbird's random blocks, from

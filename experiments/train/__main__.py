@@ -30,7 +30,8 @@ def main(argv):
   # The plan, then where each value came from (the task, the preset, the variant's settings,
   # the command line).
   dry_run.plan(lambda: [trainer.plan_line(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart),
-                        *build.source_lines(FLAGS.config, task_configs.baseline(FLAGS.config))])
+                        *build.source_lines(FLAGS.config, task_configs.baseline(FLAGS.config)),
+                        *trainer.sharding_lines(FLAGS.config)])
   trainer.initialize_distributed()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir, restart=FLAGS.restart)
   print(f"{results['task']} / {results['attention']}: test accuracy "

@@ -184,20 +184,18 @@ def test_batches(ds: lra.Dataset, config):
   return (batch for batch in one_pass if batch["weights"].all())
 
 
-def batch_spec(ds: lra.Dataset, batch_size: int, sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The shapes and dtypes of a global batch as `to_device` places it: what a step is compiled
-  for ahead of time."""
+def batch_spec(ds: lra.Dataset, batch_size: int, layout) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes and dtypes of a global batch as `to_device` places it on the run's mesh
+  (`layout`, experiments/train/mesh.py): what a step is compiled for ahead of time."""
   batch = next(eval_batches(ds, batch_size))
-  return {key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
+  return {key: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=layout.batch(value.ndim))
           for key, value in batch.items()}
 
 
-def to_device(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
-  """A global numpy batch -> arrays sharded over the mesh's data axis (this process puts
-  only its own rows)."""
-  rows = len(batch["targets"])
-  per_process = rows // jax.process_count()
-  start = jax.process_index() * per_process
-  return {key: jax.make_array_from_process_local_data(
-              sharding, value[start:start + per_process], value.shape)
+def to_device(batch: dict[str, np.ndarray], layout) -> dict[str, jax.Array]:
+  """A global numpy batch -> arrays sharded over the mesh's batch axes (rows) and context axis
+  (positions), as `layout` says. Every process holds the whole batch and puts only the
+  pieces its own devices hold."""
+  return {key: jax.make_array_from_callback(value.shape, layout.batch(value.ndim),
+                                            lambda index, value=value: value[index])
           for key, value in batch.items()}

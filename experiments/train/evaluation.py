@@ -11,9 +11,9 @@ from tqdm import tqdm
 from experiments.train import data as data_lib
 
 
-def evaluate(eval_step, model_state, batches, *, sharding, before_batch, description: str,
+def evaluate(eval_step, model_state, batches, *, layout, before_batch, description: str,
              total: int | None, show: bool) -> dict[str, float]:
-  """Sums `eval_step(model_state, batch)` over `batches` (placed with `sharding`), calling
+  """Sums `eval_step(model_state, batch)` over `batches` (placed as `layout` says), calling
   `before_batch()` before each (Ctrl-C is taken there); a bar named `description` counts the
   batches (of `total`, when known) where `show`."""
   totals = None
@@ -21,7 +21,7 @@ def evaluate(eval_step, model_state, batches, *, sharding, before_batch, descrip
             mininterval=2) as bar:
     for batch in bar:
       before_batch()
-      sums = eval_step(model_state, data_lib.to_device(batch, sharding))
+      sums = eval_step(model_state, data_lib.to_device(batch, layout))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   totals = jax.device_get(totals)
   return {"loss": float(totals["loss"] / totals["count"]),

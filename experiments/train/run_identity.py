@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attention_zoo.models import TransformerConfig
 from experiments.common.errors import HarnessError
-from experiments.train import build
+from experiments.train import build, mesh
 
 # Model fields that change how the model is computed, not what it is or what a checkpoint holds:
 # a run may resume with them changed (check_memory suggests both to make a run fit).
@@ -16,7 +16,8 @@ COMPUTE_ONLY_FIELDS = ("dtype", "remat")
 # Fields of the rest of a config that say how a run is carried out or where its data lies, not
 # what it trains: a run may resume with them changed too. Every other field must match.
 HOW_FIELDS = ("check_memory", "checkpoint_every", "data_dir", "generate_data",
-              "grad_accum_steps", "keep_checkpoints", "length_bucket", "log_every")
+              "grad_accum_steps", "keep_checkpoints", "length_bucket", "log_every",
+              *(f"mesh.{axis}" for axis in mesh.AXES))   # a run may resume on another mesh
 def model_differences(saved: dict, current: dict) -> list[str]:
   """"model.<field> is <saved> there, <current> in this config" for each field of two recorded
   models (build.describe) that differs, compute-only fields aside."""

@@ -10,8 +10,9 @@ checks it on a validation batch before the first step (Steps.truncation_error). 
 only reordered inside the batch, so every step sees the examples it would see without buckets.
 
 The model is split into a graph definition and its state so that one `jax.jit`-compiled step
-trains it; the training state is replicated on every device and the batch sharded along the
-mesh's `data` axis (experiments/train/trainer.py).
+trains it; the training state lives on the run's mesh as its layout says (replicated, or cut
+over `fsdp`), and the batch is sharded over the mesh's batch and context axes
+(experiments/train/mesh.py).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class TrainState:
 
 
 class Steps:
-  """The compiled functions of a run: train step, evaluation step, replication, finiteness.
+  """The compiled functions of a run: train step, evaluation step, placement, finiteness.
 
   They depend only on the model, optimiser and schedule (and the devices), so runs that differ
   in seed, data or length share them (`Steps.for_config`): a seed grid compiles once. The train
@@ -48,20 +49,32 @@ class Steps:
   _cache: dict[str, "Steps"] = {}
   CACHE_SIZE = 4
 
-  def __init__(self, graphdef, tx, schedule, grad_accum_steps: int, replicated,
+  def __init__(self, graphdef, tx, schedule, grad_accum_steps: int, layout,
                length_bucket: int = 0):
+    """`layout`: the run's mesh and shardings (experiments/train/mesh.py Layout)."""
     self.graphdef, self.tx, self.schedule = graphdef, tx, schedule
     self.grad_accum_steps, self.length_bucket = grad_accum_steps, length_bucket
-    self.train = jax.jit(self._train_step, donate_argnums=0, out_shardings=(replicated, replicated))
-    self.eval = jax.jit(self._eval_step, out_shardings=replicated)
-    self.eval_padded = jax.jit(self._eval_sums, out_shardings=replicated)   # never bucketed
-    # A copy on every device: the initial state, and the best model (the training state's
-    # buffers are donated to the next step). jax.device_put cannot place a process's arrays
-    # on other processes' devices.
-    self.replicate = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=replicated)
+    self.layout = layout
+    # The new state is placed where the layout puts the state, so that it matches the donated
+    # input it replaces; the metrics are scalars, on every device.
+    self.train = jax.jit(self._train_step, donate_argnums=0)
+    self.eval = jax.jit(self._eval_step, out_shardings=layout.replicated)
+    self.eval_padded = jax.jit(self._eval_sums, out_shardings=layout.replicated)  # never bucketed
     self._compiled_train = {}
     self.all_finite = jax.jit(lambda tree: jnp.all(jnp.array(
         [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)])))
+
+  def place(self, tree):
+    """A copy of `tree` placed on the mesh as the layout says: the best model (the training
+    state's buffers are donated to the next step). jax.device_put cannot place a process's
+    arrays on other processes' devices; a compiled copy can."""
+    # One function for every call: jax caches its compilations by function and shardings.
+    return jax.jit(_copy, out_shardings=jax.tree.map(self.layout.state, tree))(tree)
+
+  def create(self, make: Callable):
+    """`make()` (the initial training state) computed where the layout places its arrays,
+    each device making only its own pieces."""
+    return jax.jit(make, out_shardings=jax.tree.map(self.layout.state, jax.eval_shape(make)))()
 
   @classmethod
   def for_config(cls, config, make: "Callable[[], Steps]") -> "Steps":
@@ -70,7 +83,8 @@ class Steps:
                       "schedule": config.schedule.to_dict(),
                       "grad_accum_steps": config.grad_accum_steps,
                       "length_bucket": config.length_bucket,
-                      "devices": [d.id for d in jax.devices()]}, sort_keys=True)
+                      "devices": [d.id for d in jax.devices()],
+                      "mesh": config.mesh.to_dict()}, sort_keys=True)
     if key not in cls._cache:
       if len(cls._cache) >= cls.CACHE_SIZE:
         cls._cache.pop(next(iter(cls._cache)))
@@ -85,12 +99,15 @@ class Steps:
     return self._compiled_train[key]
 
   def copy_model(self, state: TrainState):
-    return self.replicate((state.params, state.rest))
+    return self.place((state.params, state.rest))
 
   def _grads(self, params, rest, batch):
     """Summed loss, correct count, target count and the gradient of the summed loss on one
     batch; the advanced model state."""
-    model = nnx.merge(self.graphdef, params, rest)
+    # Parameters cut over fsdp are gathered where they are used: asked for whole, XLA keeps the
+    # activations split over the batch (left to itself it split some over the parameters' cut
+    # axis instead, a third more temporary memory for the Text model at 1K on fsdp 2).
+    model = nnx.merge(self.graphdef, self.layout.gathered(params), rest)
 
     def loss_fn(model):
       losses, correct, weights = score(model, batch, deterministic=False)
@@ -136,11 +153,13 @@ class Steps:
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     metrics = {"train_loss": loss / count, "train_accuracy": correct / count,
                "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
-    return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                      rest=rest, opt_state=opt_state), metrics
+    return self.layout.constrain(TrainState(
+        step=state.step + 1, params=optax.apply_updates(state.params, updates), rest=rest,
+        opt_state=opt_state)), metrics
 
   def _eval_sums(self, model_state, batch):
-    model = nnx.merge(self.graphdef, *model_state)
+    params, rest = model_state
+    model = nnx.merge(self.graphdef, self.layout.gathered(params), rest)   # as in _grads
     losses, correct, weights = score(model, batch, deterministic=True)
     return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
 
@@ -157,6 +176,10 @@ class Steps:
     bucketed = self.eval(model_state, batch)["loss"]
     padded = self.eval_padded(model_state, batch)["loss"]
     return float(jnp.abs(bucketed - padded) / jnp.maximum(jnp.abs(padded), 1e-30))
+
+
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)
 
 
 # -- length buckets ------------------------------------------------------------------------------
@@ -193,12 +216,12 @@ def truncated(fn, length: int):
   return cut
 
 
-def make_steps(config, graphdef, replicated) -> Steps:
+def make_steps(config, graphdef, layout) -> Steps:
   """The step functions of `config`'s model (`graphdef`) with its optimiser (config.optimizer)
   under its learning-rate schedule (config.schedule). The trainer keeps them per config
   (Steps.for_config); the efficiency benchmark compiles and times this same train step."""
   tx, schedule = optimizer.from_config(config)
-  return Steps(graphdef, tx, schedule, config.grad_accum_steps, replicated, config.length_bucket)
+  return Steps(graphdef, tx, schedule, config.grad_accum_steps, layout, config.length_bucket)
 
 
 def initial_state(steps: Steps, params, rest) -> TrainState:

@@ -7,10 +7,12 @@ task has two inputs (Retrieval), or a causal DecoderLM for a next-token task (MQ
 into a graph definition and its state so that one `jax.jit`-compiled step trains it
 (experiments/train/steps.py); the step is compiled once per run, ahead of the first step, and a
 run whose compiled step needs more memory than the device has stops there
-(config.check_memory). Data parallel: a `Mesh` over
-every device of every process with one `data` axis; the batch is sharded along it and the
-training state is replicated. Several processes (one machine or many) each feed their own rows
-of every batch; process 0 writes the metrics and results.
+(config.check_memory). The devices of every process form one mesh (config.mesh: data × fsdp ×
+context, experiments/train/mesh.py) under which the run is compiled and runs: the batch is
+split over data and fsdp, the sequence over context, the parameters and optimiser state over
+fsdp. Several processes (one machine or many) each feed their own pieces of every batch;
+process 0 writes the metrics and results. Checkpoints are saved sharded and restored onto
+whatever mesh the resuming run has.
 
 A run in `workdir` leaves:
   checkpoints/     orbax checkpoints (latest few; each also holds the best model so far and
@@ -47,7 +49,6 @@ import jax
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from attention_zoo import registry
@@ -57,6 +58,7 @@ from experiments.common.errors import CtrlC, HarnessError, Interrupted
 from experiments.train import build
 from experiments.train import checkpoints as checkpoints_lib
 from experiments.train import data as data_lib
+from experiments.train import mesh as mesh_lib
 from experiments.train import evaluation as evaluation_lib
 from experiments.train import optimizer
 from experiments.train.checkpoints import FOLDERS as CHECKPOINT_FOLDERS
@@ -124,17 +126,10 @@ def check_config(config) -> None:
     raise HarnessError(f"eval_batch_size={eval_batch_size} is not divisible by "
                        f"grad_accum_steps={config.grad_accum_steps}, the micro-batches that "
                        "length_bucket cuts every batch into")
-  devices, processes = jax.device_count(), jax.process_count()
   if config.batch_size % config.grad_accum_steps:
     raise HarnessError(f"batch_size={config.batch_size} is not divisible by "
                        f"grad_accum_steps={config.grad_accum_steps}")
-  for name, size in (("batch_size / grad_accum_steps",
-                      config.batch_size // config.grad_accum_steps),
-                     ("eval_batch_size", eval_batch_size)):
-    if size % devices or size % processes:
-      raise HarnessError(f"{name} = {size} is not divisible by the {devices} devices "
-                         f"({processes} processes): data parallelism gives each device an equal "
-                         f"share; use a multiple of {devices}")
+  mesh_lib.check(config, jax.device_count())
 
 
 def check_run(config):
@@ -180,7 +175,9 @@ def plan_line(config, workdir, *, restart: bool = False) -> str:
            f"{dry_run.count(model.num_heads, 'head')}, max_len {model.max_len}, batch "
            f"{resolved.batch_size}, {dry_run.count(resolved.num_train_steps, 'step')}",
            dry_run.options_text(model.attention, model.attention_options),
-           f"{num_params(abstract):,} parameters", data_lib.describe(resolved), *notes]
+           f"{num_params(abstract):,} parameters",
+           "mesh " + mesh_lib.describe(mesh_lib.check(resolved, jax.device_count())),
+           data_lib.describe(resolved), *notes]
   latest = None if restart else checkpoints_lib.latest_saved_record(workdir)
   if latest is not None:
     step, record = latest
@@ -188,6 +185,21 @@ def plan_line(config, workdir, *, restart: bool = False) -> str:
                    model_record(build.model_config(resolved)), settings_record(resolved))
     parts.append(f"resumes from step {step}")
   return "; ".join(filter(None, parts)) + f" -> {workdir}"
+
+
+def sharding_lines(config) -> list[str]:
+  """The run's mesh and where each array of its training state and batch lies on it (a dry
+  run's report), from shapes alone."""
+  resolved, abstract, _ = check_run(config)
+  layout = mesh_lib.Layout(mesh_lib.check(resolved, jax.device_count()))
+  _, params, _ = nnx.split(abstract, nnx.Param, ...)
+  tx, _ = optimizer.from_config(resolved)
+  rows = (resolved.batch_size // resolved.grad_accum_steps, resolved.model.max_len)
+  targets = rows if tasks.task_spec(resolved.task).objective == "next_token" else rows[:1]
+  batch = {"inputs": jax.ShapeDtypeStruct(rows, np.int32),
+           "masks": jax.ShapeDtypeStruct(rows, np.bool_),
+           "targets": jax.ShapeDtypeStruct(targets, np.int32)}
+  return layout.lines(params, jax.eval_shape(tx.init, params), batch)
 
 
 def build_model(config) -> tuple[nnx.Module, TransformerConfig]:
@@ -241,32 +253,38 @@ class Trainer:
     self.ctrl_c = CtrlC()   # taken between steps and evaluation batches
     self.task = tasks.task_spec(config.task)
     self.is_writer = jax.process_index() == 0
-    self.mesh = Mesh(np.array(jax.devices()), ("data",))
-    self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
-    replicated = NamedSharding(self.mesh, PartitionSpec())
+    self.layout = mesh_lib.Layout(mesh_lib.check(config, jax.device_count()))
+    with jax.set_mesh(self.layout.mesh):   # the ops read the mesh when they are traced
+      self._prepare(config, workdir)
 
+  def _prepare(self, config, workdir) -> None:
+    """The data, the model, the initial state on the mesh, and the compiled train step."""
     # What each slow step is doing, as it starts (a resume under load can take minutes here).
     logging.info("%s / %s / seed %d -> %s: loading the data (%s)", config.task,
                  config.model.attention, config.seed, workdir,
                  data_lib.describe(config) or "generated in memory")
     self.datasets = data_lib.load_splits(config)
     self.data_checks = data_lib.check_splits(config, self.datasets)
-    model, self.model_config = build_model(config)
+    abstract = abstract_model(config)
+    self.model_config = build.model_config(config)
     self.model_record = model_record(self.model_config)
     self.settings_record = settings_record(config)
-    self.num_params = num_params(model)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, replicated))
+    self.num_params = num_params(abstract)
+    graphdef, _, _ = nnx.split(abstract, nnx.Param, ...)
+    self.steps = Steps.for_config(config, lambda: make_steps(config, graphdef, self.layout))
     self.eval_step = self.steps.eval
-    self.state = self.steps.replicate(initial_state(self.steps, params, rest))
+
+    def initial():
+      _, params, rest = nnx.split(build_model(config)[0], nnx.Param, ...)
+      return initial_state(self.steps, params, rest)
+    self.state = self.steps.create(initial)   # made in place: no device holds all of it
     self.best = self.steps.copy_model(self.state)
     if config.length_bucket:   # before the train step compiles: a refusal comes in seconds
       self._check_length_buckets()
     logging.info("compiling the train step (%s parameters, batch %d)", f"{self.num_params:,}",
                  config.batch_size)
     self.train_step = self.steps.compiled_train(
-        self.state, data_lib.batch_spec(self.datasets["train"], config.batch_size,
-                                        self.batch_sharding))
+        self.state, data_lib.batch_spec(self.datasets["train"], config.batch_size, self.layout))
     if config.check_memory:
       check_memory(self.train_step, config)
 
@@ -276,7 +294,7 @@ class Trainer:
     config = self.config
     batch = next(iter(data_lib.validation_batches(self.datasets["validation"], config, 0)))
     error = self.steps.truncation_error((self.state.params, self.state.rest),
-                                        data_lib.to_device(batch, self.batch_sharding))
+                                        data_lib.to_device(batch, self.layout))
     if not error <= LENGTH_BUCKET_TOLERANCE:
       raise HarnessError(
           f"config.length_bucket={config.length_bucket}: the {config.model.attention} model's "
@@ -297,7 +315,7 @@ class Trainer:
     batches = (data_lib.validation_batches(ds, self.config, evaluation) if split == "validation"
                else data_lib.test_batches(ds, self.config))
     return evaluation_lib.evaluate(
-        self.eval_step, model_state, batches, sharding=self.batch_sharding,
+        self.eval_step, model_state, batches, layout=self.layout,
         before_batch=self.ctrl_c.check, description=description or split,
         total=evaluation_lib.batch_count(len(ds), self.config, split), show=self.is_writer)
 
@@ -319,7 +337,7 @@ class Trainer:
                       f"; the earlier run's files are kept as {kept}" if kept else "")
     checkpoints = Checkpoints(self.workdir, keep=self.config.keep_checkpoints)
     try:
-      with self.ctrl_c.deferred():
+      with self.ctrl_c.deferred(), jax.set_mesh(self.layout.mesh):
         record = dict(FRESH_RECORD) if self.restart else self._resume(checkpoints, writer)
         clock = _Clock(record["wall_seconds"])
         self._train(checkpoints, writer, record, clock)
@@ -369,7 +387,7 @@ class Trainer:
               desc=f"{config.task}/{config.model.attention}", unit="step", mininterval=2) as bar:
       for step in range(first + 1, config.num_train_steps + 1):
         self.ctrl_c.check()
-        batch = data_lib.to_device(next(batches), self.batch_sharding)
+        batch = data_lib.to_device(next(batches), self.layout)
         self.state, metrics = self.train_step(self.state, batch)
         self.steps_done = step   # counted here: the state's buffers are donated to the step
         pending.append(metrics)

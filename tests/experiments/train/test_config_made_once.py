@@ -10,14 +10,13 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import synthetic
 from configs import mad, presets
 from configs.lra import common
 from experiments.common import task_configs, tasks
 from experiments.common.errors import HarnessError
-from experiments.train import build, evaluation
+from experiments.train import build, evaluation, mesh
 from experiments.train.workdir_lock import LOCK_FILE, WorkdirLock
 
 # One of each kind: dense, sparse (token-counted options), kernelised, a mixer.
@@ -138,8 +137,8 @@ def test_a_second_run_in_a_locked_workdir_is_refused_and_a_dead_holders_lock_tak
 def test_an_evaluation_shows_its_progress(capsys):
   batches = [{"targets": np.ones(2)} for _ in range(3)]
   step = lambda state, batch: {"loss": 1.0, "correct": 1, "count": 2}
-  sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
-  result = evaluation.evaluate(step, None, batches, sharding=sharding, before_batch=lambda: None,
+  layout = mesh.Layout({"data": jax.device_count()})
+  result = evaluation.evaluate(step, None, batches, layout=layout, before_batch=lambda: None,
                                description="test (final)", total=3, show=True)
   assert result == {"loss": 0.5, "accuracy": 0.5, "examples": 6}
   shown = capsys.readouterr().err
