@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# One child per lane serves every test here: keep them on one xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("context_parallel_ops")
+
 DEVICES = 8
 TOL = 1e-5
 ROOT = Path(__file__).resolve().parents[2]

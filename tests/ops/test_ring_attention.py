@@ -17,6 +17,9 @@ import sys
 import numpy as np
 import pytest
 
+# One child per lane serves every test here: keep them on one xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("ring_attention")
+
 DEVICES = 8
 TOL = 1e-5
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -32,7 +32,12 @@ def _results(names: tuple[str, ...]) -> dict:
   return results
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == FAST else pytest.mark.slow)
+# The slow names share one child; `xdist_group` (pytest.ini: --dist loadgroup) keeps them on one
+# worker, so the child runs once, not once per worker.
+SLOW = (pytest.mark.slow, pytest.mark.xdist_group("context_parallel"))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == FAST else SLOW)
                                   for n in DECLARED])
 def test_context_parallel_equals_one_device(name):
   group = (FAST,) if name == FAST else tuple(n for n in DECLARED if n != FAST)
