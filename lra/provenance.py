@@ -70,7 +70,7 @@ def _tfds_info(name: str) -> dict:
 
 def provenance(task: str, data_dir=None, *, max_len: int | None = None,
                resolution: int | None = None, difficulty: str | None = None,
-               download: bool = False) -> dict:
+               download: bool = False, closing_brackets: bool | None = None) -> dict:
   """Where `lra.load(task, split, data_dir, ...)` takes the data of all three splits from.
 
   Takes `lra.load`'s options (those that change what is read) and returns a JSON-ready dict:
@@ -88,7 +88,8 @@ def provenance(task: str, data_dir=None, *, max_len: int | None = None,
       tensorflow_datasets is not installed), else None.
   Raises what `lra.load` raises for missing files or bad options.
   """
-  spec, params, options = resolve_options(task, max_len, resolution, difficulty, download)
+  spec, params, options = resolve_options(task, max_len, resolution, difficulty, download,
+                                          closing_brackets)
   sources = [reader(task)(data_dir, split, spec.max_len, **options) for split in SPLITS]
   root = Path(data_dir) if data_dir is not None else None
   record = {"task": task, "data_dir": str(root.absolute()) if root else None,

@@ -90,6 +90,10 @@ def test_provenance_of_generated_listops(tmp_path):
   json.dumps(record)  # ready to be written beside a run's results
   assert lra.provenance("listops", tmp_path) == record
   assert lra.provenance("listops", tmp_path, max_len=100)["fingerprint"] != record["fingerprint"]
+  # LRA's pipeline dropped every `]`: a load option that changes what is read, recorded as one
+  dropped = lra.provenance("listops", tmp_path, closing_brackets=False)
+  assert dropped["load_options"] == {"max_len": 2000, "closing_brackets": False}
+  assert dropped["fingerprint"] != record["fingerprint"]
   stat = files[0].stat()
   os.utime(files[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
   assert lra.provenance("listops", tmp_path)["fingerprint"] != record["fingerprint"]

@@ -15,7 +15,7 @@ import attention_zoo as az
 from attention_zoo.testing import conformance
 from attention_zoo.variants.local import LocalAttention
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PLUGIN = '''
 import jax
@@ -197,6 +197,6 @@ def test_registration_checks_the_test_options(scratch):
     az.register("too_small", exact=True, supports_causal=True, supports_cross=True,
                 complexity="O(n·b)", paper="-")(TooSmall)
   assert "too_small" not in az.available()
-  with pytest.raises(ValueError, match="unknown attention 'not_registered'"):
+  with pytest.raises(ValueError, match="unknown attention or mixer 'not_registered'"):
     conformance.settings("not_registered")
   assert conformance.settings("local").options == {"block_size": 6}    # its own, unchanged
