@@ -487,13 +487,7 @@ def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask,
                          for arg, (value, per_channel) in per_token.items()},
                       "initial_state": (initial_state, (B, H, K, v.shape[-1])),
                       "mask": (mask, (B, T)), "segment_ids": (segment_ids, (B, T))})
-  if mask is not None and mask.dtype != jnp.bool_:
-    raise ValueError(f"{name}: mask must be bool (True = real token), got {mask.dtype}")
-  if segment_ids is not None and not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-    raise ValueError(f"{name}: segment_ids must be integers (each run of equal ids is one "
-                     f"sequence), got {segment_ids.dtype}")
-  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-    raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")
+  check_sequence_args(name, mask, segment_ids, chunk_size)
   if scale is None:
     scale = K ** -0.5
 
@@ -557,3 +551,15 @@ def run_dplr(name: str, q, k, v, a, b, g, *, scale, initial_state, mask, segment
                                                               chunk_size, xs[5], resets)
   o, state = _run_form(form, v, (q, k, x["a"], x["b"], x["g"], mask), state, segment_ids)
   return o.astype(out_dtype), state
+
+
+def check_sequence_args(name: str, mask, segment_ids, chunk_size) -> None:
+  """ValueError naming `name` for a mask that is not bool, segment ids that are not integers,
+  or a chunk size that is not a positive integer (None: the op's default)."""
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise ValueError(f"{name}: mask must be bool (True = real token), got {mask.dtype}")
+  if segment_ids is not None and not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+    raise ValueError(f"{name}: segment_ids must be integers (each run of equal ids is one "
+                     f"sequence), got {segment_ids.dtype}")
+  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+    raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")

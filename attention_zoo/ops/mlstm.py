@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_zoo.ops.engine import (DEFAULT_CHUNK_SIZE, _chunk_layout, _from_chunks, _segments,
-                                      _to_chunks, check_shapes)
+                                      _to_chunks, check_sequence_args, check_shapes)
 from attention_zoo.ops.segments import segment_starts
 
 _einsum = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
@@ -86,13 +86,7 @@ def _prepare(name, q, k, v, log_i, log_f, *, scale, initial_state, mask, segment
                       "initial_state[1] (n)": (n0, (B, H, K)),
                       "initial_state[2] (m)": (m0, (B, H)), "mask": (mask, (B, T)),
                       "segment_ids": (segment_ids, (B, T))})
-  if mask is not None and mask.dtype != jnp.bool_:
-    raise ValueError(f"{name}: mask must be bool (True = real token), got {mask.dtype}")
-  if segment_ids is not None and not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-    raise ValueError(f"{name}: segment_ids must be integers (each run of equal ids is one "
-                     f"sequence), got {segment_ids.dtype}")
-  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-    raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")
+  check_sequence_args(name, mask, segment_ids, chunk_size)
   out_dtype, dtype = v.dtype, jnp.promote_types(v.dtype, jnp.float32)
   valid = jnp.ones((B, T), bool) if mask is None else mask
   neutral = lambda x, fill: jnp.where(valid.reshape(B, T, *[1] * (x.ndim - 2)),
