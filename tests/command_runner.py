@@ -10,6 +10,7 @@ import io
 import json
 import os
 import runpy
+import socket
 import subprocess
 import sys
 import traceback
@@ -63,3 +64,10 @@ if __name__ == "__main__":
   sys.path.insert(0, os.getcwd())   # as `python -m` has it: modules of the working directory
   results = [run_one(argv) for argv in json.loads(sys.stdin.read())]
   sys.stdout.write("\n" + json.dumps(results) + "\n")
+
+
+def free_port() -> int:
+  """A TCP port free on this machine now: the coordinator address of a multi-process test."""
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    return probe.getsockname()[1]

@@ -7,7 +7,6 @@ import shlex
 import shutil
 import gc
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import lra
-from command_runner import run_commands
+from command_runner import free_port, run_commands
 from experiments import reproduce
 from experiments.common import task_configs
 from experiments.common.errors import CtrlC, HarnessError
@@ -38,14 +36,6 @@ from attention_zoo.variants.full import FullAttention
 class SameAsFull(FullAttention):
   pass
 '''
-
-
-@pytest.fixture(scope="module")
-def listops_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("listops")
-  lra.generate_listops(root, num_train=24, num_val=8, num_test=8, min_length=4, max_length=30,
-                       progress=False)
-  return root
 
 
 @pytest.fixture(scope="module")
@@ -234,12 +224,6 @@ def test_two_device_run_with_a_plugin_variant_matches_one_device(listops_dir, pl
   changed = results["overrides"]
   assert set(changed) <= {*settings, "model.attention_options.num_summary"}
   assert changed["model.attention_options.num_summary"] == 2 and changed["model.emb_dim"] == 16
-
-
-def free_port() -> int:
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    return probe.getsockname()[1]
 
 
 def test_two_processes_match_one_and_their_checkpoint_resumes_in_one(listops_dir, tmp_path, caplog):

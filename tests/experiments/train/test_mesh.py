@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from command_runner import free_port
 
 import attention_zoo as az
-import lra
 from attention_zoo.registry import scoped_registry
 from attention_zoo.variants.full import FullAttention
 from experiments.common import task_configs
@@ -204,20 +203,6 @@ def test_a_train_step_on_fsdp_4_equals_the_replicated_one_with_a_quarter_of_the_
   # Per device: parameters, Adam's two moments, the step; a few vectors (10 classes) are copied.
   ratio = fsdp["state_bytes"] / replicated["state_bytes"]
   assert 0.2 < ratio < 0.3, (fsdp["state_bytes"], replicated["state_bytes"])
-
-
-def free_port() -> int:
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def listops_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("listops")
-  lra.generate_listops(root, num_train=24, num_val=8, num_test=8, min_length=4, max_length=30,
-                       progress=False)
-  return root
 
 
 @pytest.mark.slow
