@@ -1,0 +1,102 @@
+r"""PaTH attention (Yang et al. 2025, "PaTH Attention: Position Encoding via Accumulating
+Householder Transformations", arXiv:2505.16381): causal softmax attention whose positions are
+the product of data-dependent Householder-like transforms between query and key (no RoPE).
+
+    w_t = L2norm(SiLU(conv(W_w x)_t)) per K/V head,   β_t = 2 σ(w_βᵀ x_t + b_β) in (0, 2)
+    H_t = I − β_t w_t w_tᵀ,    s_ij = d^{-1/2} q_iᵀ H_i ⋯ H_{j+1} k_j,   o_i = Σ_{j<=i} softmax_j(s_ij) v_j
+
+A mixer, not an attention variant: w and β come from the layer input x, which a variant (given
+q, k, v) does not see; deriving w from k instead would tie the position transform to the key's
+content and is not the paper's model. The layer as flash-linear-attention defines it
+(fla/layers/path_attn.py): q, k, v linear projections (no bias); w_proj low-rank (x → 32 → kvh·d)
+when num_kv_heads == num_heads, a full linear map under GQA; a short convolution (kernel 3) on
+w, then L2 norm per head; β per K/V head with bias; optionally an RMSNorm on q and k (qk_norm);
+the output projection. Computed by `attention_zoo.ops.path_attention` (the blockwise UT-transform
+form, memory linear in n, time quadratic). Decoding keeps every key already transformed by the
+transforms since it; each new token multiplies all cached keys by its H_t (O(n·d) per step and
+K/V head) and attends densely over the cache.
+
+Where ours differs: head_dim = qkv_dim / num_heads (the model's); qk_norm is an RMSNorm per head
+(fla: over all heads' channels together); the convolution has a bias (fla's none); fla's forget
+gate (use_forget_gate, PaTH-FoX) is not built; packed sequences (segment ids) are not supported.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attention_zoo import norms
+from attention_zoo.contract import Mixer, register_mixer
+from attention_zoo.convolution import ShortConv
+from attention_zoo.mixers import parts
+from attention_zoo.ops.path_attention import DEFAULT_BLOCK_SIZE, path_attention, path_decode_step
+from attention_zoo.options import Bool, Float, Int
+
+# fla's rank of the low-rank w projection (full heads; under GQA w_proj is a full linear map).
+W_RANK = 32
+
+
+@register_mixer("path", complexity="O(n²·d) time, O(n·(C + d)) memory",
+                paper="Yang et al. 2025, PaTH Attention: Position Encoding via Accumulating "
+                      "Householder Transformations (arXiv:2505.16381)")
+class PaTH(Mixer):
+  OPTIONS = {"qk_norm": Bool(False), "use_w_shortconv": Bool(True),
+             "conv_size": Int(3, minimum=1), "block_size": Int(DEFAULT_BLOCK_SIZE, minimum=1),
+             "norm_eps": Float(1e-5, above=0)}
+  # Blocks of 8 at the suite's length 20: several blocks and a partial last one.
+  TEST_OPTIONS = dict(block_size=8, qk_norm=True)
+
+  @classmethod
+  def state_size(cls, *, num_kv_heads, head_dim, seq_len, **dims) -> int:
+    """The cache: the transformed keys and the values per K/V head, for every token."""
+    return 2 * seq_len * num_kv_heads * head_dim
+
+  def __init__(self, *, rngs, **kwargs):
+    super().__init__(rngs=rngs, **kwargs)
+    h, kvh, d, emb, dtype = (self.num_heads, self.num_kv_heads, self.head_dim, self.emb_dim,
+                             self.dtype)
+    linear = lambda i, o, bias=False: parts.linear(i, o, dtype=dtype, rngs=rngs, bias=bias)
+    self.qkv = linear(emb, (h + 2 * kvh) * d)                  # q | k | v
+    self.w_proj = (parts.low_rank(emb, W_RANK, kvh * d, dtype=dtype, rngs=rngs) if h == kvh
+                   else linear(emb, kvh * d))
+    if self.options["use_w_shortconv"]:
+      self.conv = ShortConv(kvh * d, self.options["conv_size"], dtype=dtype, rngs=rngs)
+    self.beta_proj = linear(emb, kvh, bias=True)
+    norm = lambda: norms.GatedRMSNorm(d, eps=self.options["norm_eps"])
+    self.q_norm, self.k_norm = (norm(), norm()) if self.options["qk_norm"] else (None, None)
+    self.out = linear(h * d, emb)
+
+  def forward(self, x, mask, state, segment_ids=None):
+    b, n, _ = x.shape
+    h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+    q, k, v = jnp.split(self.qkv(x), [h * d, (h + kvh) * d], axis=-1)
+    q, k, v = q.reshape(b, n, h, d), k.reshape(b, n, kvh, d), v.reshape(b, n, kvh, d)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
+    w = parts.short_conv(self.conv, self.w_proj(x), mask, decode=state is not None)
+    w = norms.l2_normalise(w.reshape(b, n, kvh, d))                             # [b, n, kvh, d]
+    beta = 2 * jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))            # [b, n, kvh]
+    if state is None:
+      o = path_attention(q, k, v, w, beta, mask=mask, block_size=self.options["block_size"])
+    else:
+      o, state = self._decode(q, k, v, w, beta, mask, state)
+    return self.out(o.reshape(b, n, h * d).astype(self.dtype)), state
+
+  def _decode(self, q, k, v, w, beta, mask, cache):
+    """The n new tokens one at a time (`path_decode_step`): each transforms the cached keys,
+    is written at the cache's index and attends over the cache."""
+    def step(cache, token):
+      q_t, k_t, v_t, w_t, beta_t, mask_t = token
+      o_t, keys, values, filled = path_decode_step(
+          q_t, k_t, v_t, w_t, beta_t, cache["key"], cache["value"], cache["filled"],
+          cache["index"], mask=mask_t)
+      return {"key": keys, "value": values, "filled": filled, "index": cache["index"] + 1}, o_t
+
+    tokens = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, w, beta, mask))
+    cache, o = jax.lax.scan(step, cache, tokens)
+    return jnp.moveaxis(o, 0, 1), cache                                         # [b, n, h, d]
+
+  def empty_state(self, batch_size, max_len, dtype):
+    kv_shape = (batch_size, max_len, self.num_kv_heads, self.head_dim)
+    return {"key": jnp.zeros(kv_shape, jnp.float32), "value": jnp.zeros(kv_shape, dtype),
+            "filled": jnp.zeros((batch_size, max_len), bool), "index": jnp.zeros((), jnp.int32)}
