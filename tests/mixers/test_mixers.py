@@ -17,6 +17,7 @@ from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, 
 from test_linear_mixers import ORACLES as LINEAR_ORACLES
 from helpers import assert_decoding_equals_forward
 from test_mla import causal_mla64
+from test_path import oracle_path
 from test_recurrent_mixers import OPTIONS as RECURRENT_OPTIONS
 from test_recurrent_mixers import oracle as recurrent_oracle
 from test_rwkv7_mamba import OPTIONS as RWKV7_MAMBA_OPTIONS
@@ -31,7 +32,7 @@ OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
            "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
-           "mla": {"block_size": 4},
+           "mla": {"block_size": 4}, "path": {"block_size": 4},
            **RWKV7_MAMBA_OPTIONS, **RECURRENT_OPTIONS}
 
 
@@ -129,6 +130,7 @@ def test_state_size_formulas():
   assert size("mamba2", d_state=16) == 4 * 16 * 32            # H · N · P, P = 2 · 16
   assert size("fox") == 100 * (2 * 2 * 16 + 4)                # k, v, log f per token
   assert size("mla") == 100 * (4 * 16 + 8)                    # the latent, the shared RoPE key
+  assert size("path") == 2 * 100 * 2 * 16                     # transformed keys, values
   assert az.state_size("gla", emb_dim=64, num_heads=4, seq_len=7, head_dim=32) == 4 * 16 * 32
   with pytest.raises(ValueError, match="gla: unknown option"):
     size("gla", nope=1)
@@ -144,7 +146,7 @@ def test_retnet_decays_default_to_the_papers():
     decays(decay_exponent=0)
 
 
-@pytest.mark.parametrize("name", sorted(set(az.available("mixer")) - {"fox", "mla"}))
+@pytest.mark.parametrize("name", sorted(set(az.available("mixer")) - {"fox", "mla", "path"}))
 def test_state_size_is_the_decode_state(name):
   """The formula counts what decoding carries (the recurrent state; not the conv cache)."""
   options = OPTIONS[name]
@@ -308,7 +310,7 @@ ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
            "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox,
            **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()},
-           "mla": causal_mla64,
+           "mla": causal_mla64, "path": oracle_path,
            "rwkv7": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
            "mamba": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
            **{name: lambda m, x: recurrent_oracle(m, x)[0] for name in RECURRENT_OPTIONS}}
