@@ -3,7 +3,8 @@ Householder Transformations", arXiv:2505.16381): causal softmax attention whose 
 the product of data-dependent Householder-like transforms between query and key (no RoPE).
 
     w_t = L2norm(SiLU(conv(W_w x)_t)) per K/V head,   β_t = 2 σ(w_βᵀ x_t + b_β) in (0, 2)
-    H_t = I − β_t w_t w_tᵀ,    s_ij = d^{-1/2} q_iᵀ H_i ⋯ H_{j+1} k_j,   o_i = Σ_{j<=i} softmax_j(s_ij) v_j
+    H_t = I − β_t w_t w_tᵀ,    s_ij = d^{-1/2} q_iᵀ H_i ⋯ H_{j+1} k_j,
+    o_i = Σ_{j<=i} softmax_j(s_ij) v_j
 
 A mixer, not an attention variant: w and β come from the layer input x, which a variant (given
 q, k, v) does not see; deriving w from k instead would tie the position transform to the key's

@@ -7,10 +7,11 @@ Gated DeltaNet, Kimi Delta Attention, Gated DeltaProduct) and the diagonal-plus-
 rule (RWKV-7's), each in a chunkwise-parallel form (`chunk_*`, for training and prefill) and a
 token-by-token form (`recurrent_*`, the reference and the decode step), all on the recurrence
 engine (engine.py); xLSTM's mLSTM (mlstm.py: exponential input gate, normaliser and max
-stabiliser, its state the tuple (S̃, ñ, m)) in the same two forms; and FoX's forgetting
-attention. Layout as flash-linear-attention's: q, k [B, T, H, K], v [B, T, H, V]; every
+stabiliser, its state the tuple (S̃, ñ, m)) in the same two forms; FoX's forgetting
+attention and PaTH attention (path_attention.py: blockwise softmax attention over Householder
+transforms). Layout as flash-linear-attention's: q, k [B, T, H, K], v [B, T, H, V]; every
 recurrence returns (o, final_state [B, H, K, V]; mLSTM's tuple); all take packed sequences
-(segment_ids).
+(segment_ids), but PaTH's op.
 
 The attention maths, in its modules: softmax.py (the numerics the variants share and the dense
 path), oracle.py (the dense oracle), blocks.py (lengths in blocks), tiles.py (the online
@@ -29,10 +30,12 @@ from attention_zoo.ops.forgetting_attention import forgetting_attention, forgett
 from attention_zoo.ops.gla import (chunk_gla, chunk_simple_gla, recurrent_gla, recurrent_simple_gla,
                                    with_negative_eigenvalues)
 from attention_zoo.ops.mlstm import chunk_mlstm, recurrent_mlstm
+from attention_zoo.ops.path_attention import path_attention, path_decode_step
 
 __all__ = ["chunk_delta_rule", "chunk_dplr_delta_rule", "chunk_gated_delta_product",
            "chunk_gated_delta_rule", "chunk_gla", "chunk_kda", "chunk_mlstm", "chunk_simple_gla",
-           "forgetting_attention", "forgetting_attention_step", "recurrent_delta_rule",
+           "forgetting_attention", "forgetting_attention_step", "path_attention",
+           "path_decode_step", "recurrent_delta_rule",
            "recurrent_dplr_delta_rule", "recurrent_gated_delta_product",
            "recurrent_gated_delta_rule", "recurrent_gla", "recurrent_kda", "recurrent_mlstm",
            "recurrent_simple_gla", "with_negative_eigenvalues"]
