@@ -19,7 +19,8 @@ K/V head) and attends densely over the cache.
 
 Where ours differs: head_dim = qkv_dim / num_heads (the model's); qk_norm is an RMSNorm per head
 (fla: over all heads' channels together); the convolution has a bias (fla's none); fla's forget
-gate (use_forget_gate, PaTH-FoX) is not built; packed sequences (segment ids) are not supported.
+gate (use_forget_gate, PaTH-FoX) is not built; packed sequences by segment ids (fla:
+cu_seqlens).
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ W_RANK = 32
 
 @register_mixer("path", complexity="O(n²·d) time, O(n·(C + d)) memory",
                 paper="Yang et al. 2025, PaTH Attention: Position Encoding via Accumulating "
-                      "Householder Transformations (arXiv:2505.16381)")
+                      "Householder Transformations (arXiv:2505.16381)",
+                supports_segment_ids=True)
 class PaTH(Mixer):
   OPTIONS = {"qk_norm": Bool(False), "use_w_shortconv": Bool(True),
              "conv_size": Int(3, minimum=1), "block_size": Int(DEFAULT_BLOCK_SIZE, minimum=1),
@@ -74,11 +76,13 @@ class PaTH(Mixer):
     q, k, v = q.reshape(b, n, h, d), k.reshape(b, n, kvh, d), v.reshape(b, n, kvh, d)
     if self.q_norm is not None:
       q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
-    w = parts.short_conv(self.conv, self.w_proj(x), mask, decode=state is not None)
+    w = parts.short_conv(self.conv, self.w_proj(x), mask, decode=state is not None,
+                         segment_ids=segment_ids)
     w = norms.l2_normalise(w.reshape(b, n, kvh, d))                             # [b, n, kvh, d]
     beta = 2 * jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))            # [b, n, kvh]
     if state is None:
-      o = path_attention(q, k, v, w, beta, mask=mask, block_size=self.options["block_size"])
+      o = path_attention(q, k, v, w, beta, mask=mask, segment_ids=segment_ids,
+                         block_size=self.options["block_size"])
     else:
       o, state = self._decode(q, k, v, w, beta, mask, state)
     return self.out(o.reshape(b, n, h * d).astype(self.dtype)), state

@@ -40,7 +40,8 @@ transforms lose precision fast in bf16; flash-linear-attention keeps w in fp16/f
 GQA: the transforms belong to the K/V heads (w, β [B, T, KVH]); the query heads of a group share
 them, as in flash-linear-attention. Padding (mask False): the token's transform is the identity
 (β = 0), its key is not attended, its output is 0, so a left-padded sequence gives the
-unpadded outputs. No packed sequences (segment ids).
+unpadded outputs. Packed sequences (segment_ids): pairs in different runs are masked; a pair in
+one run multiplies only that run's transforms, so each run is attended as if alone.
 
 Decoding (`path_decode_step`): the cache holds every key already transformed up to the newest
 token, k̂_j = H_t ⋯ H_{j+1} k_j. When token t arrives every cached key is multiplied by H_t,
@@ -61,6 +62,7 @@ import jax.numpy as jnp
 from attention_zoo.ops import softmax, tiles
 from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.ops.engine import unit_lower_inverse
+from attention_zoo.ops.segments import segment_runs
 
 DEFAULT_BLOCK_SIZE = 64
 
@@ -71,7 +73,7 @@ def _einsum(spec, *operands):
                     preferred_element_type=jnp.float32)
 
 
-def _check(q, k, v, w, beta, mask, *, decode: bool):
+def _check(q, k, v, w, beta, mask, *, decode: bool, segment_ids=None):
   """ValueError naming the first argument whose shape does not fit q's (decode: k and v are the
   caches)."""
   if q.ndim != (3 if decode else 4):
@@ -97,6 +99,10 @@ def _check(q, k, v, w, beta, mask, *, decode: bool):
                      f"got {beta.shape}")
   if mask is not None and mask.shape != per_token:
     raise ValueError(f"mask must be bool {per_token} or None, got {mask.shape}")
+  if segment_ids is not None and (segment_ids.shape != per_token
+                                  or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
+    raise ValueError(f"segment_ids must be int {per_token} or None, got {segment_ids.dtype} "
+                     f"{segment_ids.shape}")
 
 
 def _blocks(x, num_blocks: int, block: int):
@@ -107,15 +113,16 @@ def _blocks(x, num_blocks: int, block: int):
   return jnp.moveaxis(jnp.moveaxis(x, 1, 0), 2, 3)
 
 
-def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None,
+def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None, segment_ids=None,
                    block_size: int = DEFAULT_BLOCK_SIZE):
   """PaTH attention, blockwise. q [B, T, H, D]; k, v [B, T, KVH, D] (H % KVH == 0); w
   [B, T, KVH, D], unit vectors (the op does not normalise them); beta [B, T, KVH] (the paper's
-  range (0, 2); any value works); mask bool [B, T] or None (True = real token); scale None for
+  range (0, 2); any value works); mask bool [B, T] or None (True = real token); segment_ids int
+  [B, T] or None (packed sequences: each run of equal ids attended as if alone); scale None for
   D^(-1/2); block_size C, tokens per block. Returns [B, T, H, D] in q's dtype, differentiable in
   q, k, v, w and beta.
   """
-  _check(q, k, v, w, beta, mask, decode=False)
+  _check(q, k, v, w, beta, mask, decode=False, segment_ids=segment_ids)
   if block_size < 1:
     raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
   B, T, H, D = q.shape
@@ -132,6 +139,13 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None,
   kb, vb, wb = (_blocks(f32(x), N, C) for x in (k, v, w))                  # [N, B, KVH, C, D]
   betab = _blocks(beta, N, C)                                              # [N, B, KVH, C]
   key_mask = _blocks(mask[:, :, None], N, C)[:, :, 0]                      # [N, B, C]
+  runs = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_runs(segment_ids)
+  runs = _blocks(runs[:, :, None], N, C)[:, :, 0]                          # [N, B, C]
+
+  def same_run(c_q, c_k):
+    """bool [B, 1, G·C, C]: query row (g, i) of block c_q and key j of block c_k in one run."""
+    same = runs[c_q][:, :, None] == runs[c_k][:, None, :]                  # [B, C, C]
+    return jnp.tile(same, (1, G, 1))[:, None]
 
   below = jnp.tril(jnp.ones((C, C), bool), -1)                             # b > j (strict)
   on_or_below = jnp.tril(jnp.ones((C, C), bool))                           # a <= i
@@ -153,11 +167,12 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None,
   @jax.checkpoint
   def query_block(c_q, q_start_c, intra_c):
     """Output rows [B, KVH, G·C, D] of query block c_q."""
-    allowed = on_or_below & key_mask[c_q][:, None, None, None, :]           # [B, 1, 1, C, C]
-    scores = jnp.where(allowed, intra_c * to_base2, softmax.MASK_VALUE)    # [B, KVH, G, C, C]
+    allowed = (jnp.tile(on_or_below, (G, 1)) & key_mask[c_q][:, None, None, :]
+               & same_run(c_q, c_q))                                       # [B, 1, G·C, C]
+    scores = jnp.where(allowed, rows(intra_c) * to_base2, softmax.MASK_VALUE)  # [B, KVH, G·C, C]
     state = tiles.softmax_update(
         (jnp.zeros((B, KVH, G * C, D)), jnp.full((B, KVH, G * C, 1), softmax.MASK_VALUE),
-         jnp.zeros((B, KVH, G * C, 1))), rows(scores), vb[c_q])
+         jnp.zeros((B, KVH, G * C, 1))), scores, vb[c_q])
 
     def earlier_block(carry, step):
       c_k = c_q - 1 - step
@@ -165,7 +180,8 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None,
       def attend(carry):
         q_hat, state = carry
         scores = _einsum("bhrd,bhjd->bhrj", q_hat, k_end[c_k]) * to_base2  # [B, KVH, G·C, C]
-        scores = jnp.where(key_mask[c_k][:, None, None, :], scores, softmax.MASK_VALUE)
+        allowed = key_mask[c_k][:, None, None, :] & same_run(c_q, c_k)
+        scores = jnp.where(allowed, scores, softmax.MASK_VALUE)
         state = tiles.softmax_update(state, scores, vb[c_k])
         q_hat = q_hat - _einsum("bhra,bhad->bhrd", _einsum("bhrd,bhad->bhra", q_hat, wb[c_k]),
                                 TW[c_k])                                   # q̂ᵀ P_{c_k}

@@ -113,6 +113,7 @@ def test_matches_float64_oracle(length, num_heads, num_kv_heads, block_size):
   assert_close(got, oracle_outputs_and_grads(*inputs, mask), tol=1e-5)
 
 
+@pytest.mark.slow
 def test_left_padding_equals_the_unpadded_sequence():
   q, k, v, w, beta, _ = make_inputs(9, batch=1)
   pad = lambda x: np.concatenate([np.full((1, 3) + x.shape[2:], 7, x.dtype), x], axis=1)
@@ -123,6 +124,7 @@ def test_left_padding_equals_the_unpadded_sequence():
   assert not np.asarray(got[:, :3]).any()
 
 
+@pytest.mark.slow
 def test_zero_beta_is_causal_softmax_attention():
   """H_t = I: no position information, plain causal attention."""
   q, k, v, w, beta, _ = make_inputs(11)
@@ -164,6 +166,8 @@ def test_bad_shapes_are_refused():
     path_attention(q[:, :5], k, v, w, beta)
   with pytest.raises(ValueError, match="mask must be"):
     path_attention(q, k, v, w, beta, mask=np.ones((2, 7), bool))
+  with pytest.raises(ValueError, match="segment_ids must be"):
+    path_attention(q, k, v, w, beta, segment_ids=np.zeros((2, 8)))
   with pytest.raises(ValueError, match="block_size"):
     path_attention(q, k, v, w, beta, block_size=0)
   with pytest.raises(ValueError, match="k and v of the new token"):
@@ -196,8 +200,8 @@ def oracle_path(mixer, x):
   return mixer.out(jnp.asarray(np.asarray(o).reshape(1, T, h * d), jnp.float32))[0]
 
 
-@pytest.mark.parametrize("num_kv_heads", [
-    2, pytest.param(1, marks=pytest.mark.slow)])   # low-rank w_proj; a full one under GQA
+@pytest.mark.slow   # tests/mixers/test_mixers.py runs the first case in its registry sweep
+@pytest.mark.parametrize("num_kv_heads", [2, 1])      # low-rank w_proj; a full one under GQA
 def test_layer_equals_its_equation_with_and_without_gqa(num_kv_heads):
   mixer = az.create_mixer("path", emb_dim=16, num_heads=2, num_kv_heads=num_kv_heads,
                           causal=True, rngs=nnx.Rngs(1), block_size=4)
@@ -227,3 +231,18 @@ def test_memory_grows_linearly():
     return compiled.memory_analysis().temp_size_in_bytes
   at_2k, at_8k = temp_bytes(2048), temp_bytes(8192)
   assert at_8k < 4.5 * at_2k, f"{at_8k / 2**20:.1f} MiB at 8K vs {at_2k / 2**20:.1f} MiB at 2K"
+
+
+@pytest.mark.slow
+def test_packed_sequences_equal_each_run_alone():
+  """Three runs (ids 0, 1, 0: the last is a new sequence) across block edges, with padding:
+  each run's outputs are the op's on that run alone."""
+  q, k, v, w, beta, _ = make_inputs(14, batch=1, seed=5)
+  segment_ids = np.array([[0] * 5 + [1] * 6 + [0] * 3])
+  mask = np.ones((1, 14), bool)
+  mask[0, 6] = False
+  got = np.asarray(path_jit(q, k, v, w, beta, mask=mask, segment_ids=segment_ids, block_size=4))
+  for start, stop in [(0, 5), (5, 11), (11, 14)]:
+    run = lambda x: x[:, start:stop]
+    alone = path_jit(*map(run, (q, k, v, w, beta)), mask=run(mask), block_size=4)
+    np.testing.assert_allclose(got[:, start:stop], alone, rtol=1e-5, atol=1e-6)
