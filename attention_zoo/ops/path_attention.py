@@ -6,6 +6,9 @@ bilinear form is the product of the data-dependent Householder-like transforms b
     s_ij = scale · q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j    (j <= i; j = i: q_iᵀ k_i)
     o_i = Σ_{j <= i} softmax_j(s_ij) v_j
 
+With a forget gate (PaTH-FoX, the paper's Section 4), s_ij + c_i − c_j, c_t = Σ_{l<=t} log f_l
+per query head, as FoX (ops/forgetting_attention.py; the same float32-pair cumulative sum).
+
 The product runs over the tokens after the key up to and including the query (the convention
 of the paper and of flash-linear-attention's kernel and decoding: when token t arrives, every
 key before it is multiplied by H_t). With w, β from the layer input; the op takes them given.
@@ -46,13 +49,13 @@ one run multiplies only that run's transforms, so each run is attended as if alo
 Decoding (`path_decode_step`): the cache holds every key already transformed up to the newest
 token, k̂_j = H_t ⋯ H_{j+1} k_j. When token t arrives every cached key is multiplied by H_t,
 k̂ ← k̂ − β_t (k̂·w_t) w_t: O(S d) per step and K/V head, then the new key is appended as is and
-the query attends densely over the cache.
+the query attends densely over the cache (with the gate: FoX's step over the cache).
 
 Where ours differs from flash-linear-attention (fla/ops/path_attn, Triton): a pure-JAX blockwise
 form differentiated by JAX through rematerialised loops (fla: hand-written backward kernels
 with their own block products); the block's transform applied as q̂ − (q̂ Wᵀ)(T W) (fla forms
-a per-block matrix); any head_dim (fla: 16, 32 or 64); padding by mask (fla: cu_seqlens); no
-forget gate (fla's optional g, PaTH-FoX).
+a per-block matrix); any head_dim (fla: 16, 32 or 64); padding by mask and packing by segment
+ids (fla: cu_seqlens); the gate's cumulative sum as a float32 pair (fla: one float32 sum).
 """
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ import jax.numpy as jnp
 from attention_zoo.ops import softmax, tiles
 from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.ops.engine import unit_lower_inverse
+from attention_zoo.ops.forgetting_attention import cumsum_two_float, forgetting_attention_step
 from attention_zoo.ops.segments import segment_runs
 
 DEFAULT_BLOCK_SIZE = 64
@@ -73,7 +77,7 @@ def _einsum(spec, *operands):
                     preferred_element_type=jnp.float32)
 
 
-def _check(q, k, v, w, beta, mask, *, decode: bool, segment_ids=None):
+def _check(q, k, v, w, beta, mask, *, decode: bool, segment_ids=None, log_f=None):
   """ValueError naming the first argument whose shape does not fit q's (decode: k and v are the
   caches)."""
   if q.ndim != (3 if decode else 4):
@@ -99,6 +103,9 @@ def _check(q, k, v, w, beta, mask, *, decode: bool, segment_ids=None):
                      f"got {beta.shape}")
   if mask is not None and mask.shape != per_token:
     raise ValueError(f"mask must be bool {per_token} or None, got {mask.shape}")
+  if log_f is not None and log_f.shape != per_token + (num_heads,):
+    raise ValueError(f"log_f must be {per_token + (num_heads,)}, one gate per query head, or "
+                     f"None, got {log_f.shape}")
   if segment_ids is not None and (segment_ids.shape != per_token
                                   or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
     raise ValueError(f"segment_ids must be int {per_token} or None, got {segment_ids.dtype} "
@@ -113,16 +120,18 @@ def _blocks(x, num_blocks: int, block: int):
   return jnp.moveaxis(jnp.moveaxis(x, 1, 0), 2, 3)
 
 
-def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None, segment_ids=None,
-                   block_size: int = DEFAULT_BLOCK_SIZE):
+def path_attention(q, k, v, w, beta, *, log_f=None, scale: float | None = None, mask=None,
+                   segment_ids=None, block_size: int = DEFAULT_BLOCK_SIZE):
   """PaTH attention, blockwise. q [B, T, H, D]; k, v [B, T, KVH, D] (H % KVH == 0); w
   [B, T, KVH, D], unit vectors (the op does not normalise them); beta [B, T, KVH] (the paper's
-  range (0, 2); any value works); mask bool [B, T] or None (True = real token); segment_ids int
+  range (0, 2); any value works); log_f [B, T, H] or None: PaTH-FoX's log forget gate per query
+  head (<= 0), adding c_i − c_j, c = cumsum(log f), to the scores as FoX does; mask bool [B, T]
+  or None (True = real token; a padded token's gate counts as f = 1); segment_ids int
   [B, T] or None (packed sequences: each run of equal ids attended as if alone); scale None for
   D^(-1/2); block_size C, tokens per block. Returns [B, T, H, D] in q's dtype, differentiable in
-  q, k, v, w and beta.
+  q, k, v, w, beta and log_f.
   """
-  _check(q, k, v, w, beta, mask, decode=False, segment_ids=segment_ids)
+  _check(q, k, v, w, beta, mask, decode=False, segment_ids=segment_ids, log_f=log_f)
   if block_size < 1:
     raise ValueError(f"block_size must be a positive number of tokens, got {block_size}")
   B, T, H, D = q.shape
@@ -141,6 +150,18 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None, s
   key_mask = _blocks(mask[:, :, None], N, C)[:, :, 0]                      # [N, B, C]
   runs = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_runs(segment_ids)
   runs = _blocks(runs[:, :, None], N, C)[:, :, 0]                          # [N, B, C]
+
+  if log_f is not None:   # c = cumsum(log f) as a float32 pair hi + lo (FoX's precision)
+    log_f = jnp.where(mask[..., None], f32(log_f), 0.0)                    # f = 1 at padding
+    cum = tuple(jnp.swapaxes(_blocks(c.reshape(B, T, KVH, G), N, C), 3, 4)
+                for c in cumsum_two_float(log_f, axis=1))                  # [N, B, KVH, G, C]
+
+  def gate_bias(c_q, c_k):
+    """c_i − c_j [B, KVH, G·C, C] of query block c_q's rows and key block c_k's keys."""
+    if log_f is None:
+      return 0.0
+    difference = sum(c[c_q][..., :, None] - c[c_k][..., None, :] for c in cum)
+    return difference.reshape(B, KVH, G * C, C)
 
   def same_run(c_q, c_k):
     """bool [B, 1, G·C, C]: query row (g, i) of block c_q and key j of block c_k in one run."""
@@ -161,7 +182,6 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None, s
   q_start = qb - _einsum("nzhgia,nzhad->nzhgid", QW, TW)                   # Q̃ [N, B, KVH, G, C, D]
   k_end = kb - _einsum("nzhaj,nzhad->nzhjd", TWK, wb)                      # K̃ [N, B, KVH, C, D]
 
-  to_base2 = scale * tiles.LOG2E
   rows = lambda x: x.reshape(*x.shape[:2], G * C, x.shape[-1])             # [B, KVH, G·C, ·]
 
   @jax.checkpoint
@@ -169,7 +189,8 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None, s
     """Output rows [B, KVH, G·C, D] of query block c_q."""
     allowed = (jnp.tile(on_or_below, (G, 1)) & key_mask[c_q][:, None, None, :]
                & same_run(c_q, c_q))                                       # [B, 1, G·C, C]
-    scores = jnp.where(allowed, rows(intra_c) * to_base2, softmax.MASK_VALUE)  # [B, KVH, G·C, C]
+    scores = (rows(intra_c) * scale + gate_bias(c_q, c_q)) * tiles.LOG2E       # [B, KVH, G·C, C]
+    scores = jnp.where(allowed, scores, softmax.MASK_VALUE)
     state = tiles.softmax_update(
         (jnp.zeros((B, KVH, G * C, D)), jnp.full((B, KVH, G * C, 1), softmax.MASK_VALUE),
          jnp.zeros((B, KVH, G * C, 1))), scores, vb[c_q])
@@ -179,7 +200,8 @@ def path_attention(q, k, v, w, beta, *, scale: float | None = None, mask=None, s
 
       def attend(carry):
         q_hat, state = carry
-        scores = _einsum("bhrd,bhjd->bhrj", q_hat, k_end[c_k]) * to_base2  # [B, KVH, G·C, C]
+        scores = _einsum("bhrd,bhjd->bhrj", q_hat, k_end[c_k]) * scale     # [B, KVH, G·C, C]
+        scores = (scores + gate_bias(c_q, c_k)) * tiles.LOG2E
         allowed = key_mask[c_k][:, None, None, :] & same_run(c_q, c_k)
         scores = jnp.where(allowed, scores, softmax.MASK_VALUE)
         state = tiles.softmax_update(state, scores, vb[c_k])
@@ -206,26 +228,37 @@ def householder_update(keys, w, beta):
   return (keys - update).astype(keys.dtype)
 
 
-def path_decode_step(q, k, v, w, beta, key_cache, value_cache, filled, index, *,
-                     scale: float | None = None, mask=None):
-  """One token of decoding. q [B, H, D]; k, v, w [B, KVH, D]; beta [B, KVH]; key_cache,
-  value_cache [B, S, KVH, D] (the keys transformed up to the previous token); filled bool
-  [B, S]; index: the slot of this token (int scalar); mask bool [B] or None (False: a padded
-  token, which transforms nothing, is not cached and outputs 0). Returns (out [B, H, D] in q's
-  dtype, key_cache, value_cache, filled) with this token's transform applied to the cached keys
-  and its key and value written at `index`.
+def path_decode_step(q, k, v, w, beta, cache, *, log_f=None, scale: float | None = None,
+                     mask=None):
+  """One token of decoding. q [B, H, D]; k, v, w [B, KVH, D]; beta [B, KVH]; log_f [B, H] or
+  None (PaTH-FoX's gate); mask bool [B] or None (False: a padded token, which transforms
+  nothing, is not attended and outputs 0). cache: "key", "value" [B, S, KVH, D] (the keys
+  transformed up to the previous token), "filled" bool [B, S], "index" (this token's slot, int
+  scalar), and with log_f "log_f" [B, S, H]. Returns (out [B, H, D] in q's dtype, the cache with
+  this token's transform applied to the cached keys, its key, value (and gate) written at
+  index, and index + 1). The gated step is FoX's (`forgetting_attention_step`) over the
+  transformed keys, as flash-linear-attention's decoding.
   """
-  _check(q, key_cache, value_cache, w, beta, mask, decode=True)
+  key_cache, value_cache = cache["key"], cache["value"]
+  _check(q, key_cache, value_cache, w, beta, mask, decode=True, log_f=log_f)
   token_shape = key_cache.shape[:1] + key_cache.shape[2:]
   if k.shape != token_shape or v.shape != token_shape:
     raise ValueError(f"k and v of the new token must both be [B, KVH, D] = {token_shape}, got "
                      f"{k.shape} and {v.shape}")
+  if (log_f is None) != ("log_f" not in cache):
+    raise ValueError("pass log_f with a cache that has a \"log_f\" entry, and only then")
   mask = jnp.ones(q.shape[:1], bool) if mask is None else jnp.asarray(mask, bool)
-  key_cache = householder_update(key_cache, w, jnp.where(mask[:, None], beta, 0.0))
-  write = lambda cache, new: jax.lax.dynamic_update_slice_in_dim(
-      cache, new[:, None].astype(cache.dtype), index, axis=1)
-  key_cache, value_cache = write(key_cache, k), write(value_cache, v)
-  filled = write(filled, mask)
-  out = softmax.masked_softmax_attention(q[:, None], key_cache, value_cache, kv_mask=filled,
-                                         scale=scale)[:, 0]                # [B, H, D]
-  return jnp.where(mask[:, None, None], out, 0).astype(q.dtype), key_cache, value_cache, filled
+  index = cache["index"]
+  write = lambda buffer, new: jax.lax.dynamic_update_slice_in_dim(
+      buffer, new[:, None].astype(buffer.dtype), index, axis=1)
+  keys = householder_update(key_cache, w, jnp.where(mask[:, None], beta, 0.0))
+  cache = {**cache, "key": write(keys, k), "value": write(value_cache, v),
+           "filled": write(cache["filled"], mask), "index": index + 1}
+  if log_f is None:
+    out = softmax.masked_softmax_attention(q[:, None], cache["key"], cache["value"],
+                                           kv_mask=cache["filled"], scale=scale)[:, 0]
+  else:
+    cache["log_f"] = write(cache["log_f"], log_f)
+    out = forgetting_attention_step(q, cache["key"], cache["value"], cache["log_f"],
+                                    cache["filled"], scale=scale)          # [B, H, D]
+  return jnp.where(mask[:, None, None], out, 0).astype(q.dtype), cache
