@@ -32,7 +32,11 @@ and for a key in an earlier block c, s_ij = scale · q̃_iᵀ P_{c_q−1} ⋯ P_
 block runs the online softmax of FlashAttention (`tiles.softmax_update`) first over its own
 block (S_intra, causal), then over the earlier key blocks from the nearest back, carrying q̂
 (q̃, then q̂ ← q̂ P_c after each key block c). Key blocks after the query's are skipped
-(`lax.cond`). Cost O(T² d) time like attention; memory O(T (C + d)): no [T, T] array.
+(`lax.cond`). Cost O(T² d) time like attention; memory O(T (C + d)): no [T, T] array. The
+N(N − 1)/2 tile steps run one after another (query blocks by `lax.map`, key blocks by
+`lax.scan`), each on one C x C tile per head: on an accelerator at long lengths that is likely
+bound by per-step overhead rather than arithmetic (not measured here; processing the query
+blocks in parallel would need a hand-written backward to keep memory linear).
 
 Gradients: JAX differentiates the loops; each query block's pass is rematerialised
 (`jax.checkpoint`), so the backward keeps one query block's tiles at a time and memory stays

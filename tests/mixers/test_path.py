@@ -250,14 +250,15 @@ def test_state_is_the_transformed_keys_values_and_gates(gated):
 
 @pytest.mark.slow
 def test_memory_grows_linearly():
-  """Compiled temporaries of forward + backward (all five gradients) at 2K and 8K tokens: 4x the
-  length costs less than 4.5x the memory (a [T, T] array would cost 16x)."""
+  """Compiled temporaries of forward + backward (all six gradients, the forget gate on) at 2K
+  and 8K tokens: 4x the length costs less than 4.5x the memory (a [T, T] array would cost
+  16x)."""
   def temp_bytes(length):
     shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     q, kv, beta = shape(1, length, 2, 32), shape(1, length, 1, 32), shape(1, length, 1)
-    loss = lambda *inputs: jnp.sum(path_attention(*inputs))
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(
-        q, kv, kv, kv, beta).compile()
+    loss = lambda *xs: jnp.sum(path_attention(*xs[:5], log_f=xs[5]))
+    compiled = jax.jit(jax.grad(loss, argnums=tuple(range(6)))).lower(
+        q, kv, kv, kv, beta, shape(1, length, 2)).compile()
     return compiled.memory_analysis().temp_size_in_bytes
   at_2k, at_8k = temp_bytes(2048), temp_bytes(8192)
   assert at_8k < 4.5 * at_2k, f"{at_8k / 2**20:.1f} MiB at 8K vs {at_2k / 2**20:.1f} MiB at 2K"
