@@ -6,14 +6,14 @@ bilinear form is the product of the data-dependent Householder-like transforms b
     s_ij = scale · q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j    (j <= i; j = i: q_iᵀ k_i)
     o_i = Σ_{j <= i} softmax_j(s_ij) v_j
 
-With a forget gate (PaTH-FoX, the paper's Section 4), s_ij + c_i − c_j, c_t = Σ_{l<=t} log f_l
+With a forget gate (the paper's PaTH-FoX), s_ij + c_i − c_j, c_t = Σ_{l<=t} log f_l
 per query head, as FoX (ops/forgetting_attention.py; the same float32-pair cumulative sum).
 
 The product runs over the tokens after the key up to and including the query (the convention
 of the paper and of flash-linear-attention's kernel and decoding: when token t arrives, every
 key before it is multiplied by H_t). With w, β from the layer input; the op takes them given.
 
-Blockwise algorithm (the paper's Section 3). Cut the sequence into blocks of C tokens. Inside a
+Blockwise algorithm (the paper's). Cut the sequence into blocks of C tokens. Inside a
 block (positions 1..C, W [C, d] the rows w_t), the UT transform of the delta rule gives every
 partial product at once: with T = (I + stril(diag(β) W Wᵀ))⁻¹ diag(β) (lower triangular; the
 inverse is `engine.unit_lower_inverse`, the delta rule's chunk form's),
@@ -41,8 +41,8 @@ blocks in parallel would need a hand-written backward to keep memory linear).
 Gradients: JAX differentiates the loops; each query block's pass is rematerialised
 (`jax.checkpoint`), so the backward keeps one query block's tiles at a time and memory stays
 linear in T (the blockwise form is checked against a float64 dense oracle, forward and
-gradients, in tests/mixers/test_path.py). Everything is computed in float32 (the products of
-transforms lose precision fast in bf16; flash-linear-attention keeps w in fp16/fp32 for this).
+gradients, in tests/mixers/test_path.py). Everything is computed in float32 whatever the input
+dtype (products of many transforms would lose precision in bf16).
 
 GQA: the transforms belong to the K/V heads (w, β [B, T, KVH]); the query heads of a group share
 them, as in flash-linear-attention. Padding (mask False): the token's transform is the identity
@@ -57,8 +57,8 @@ the query attends densely over the cache (with the gate: FoX's step over the cac
 
 Where ours differs from flash-linear-attention (fla/ops/path_attn, Triton): a pure-JAX blockwise
 form differentiated by JAX through rematerialised loops (fla: hand-written backward kernels
-with their own block products); the block's transform applied as q̂ − (q̂ Wᵀ)(T W) (fla forms
-a per-block matrix); any head_dim (fla: 16, 32 or 64); padding by mask and packing by segment
+with their own block products); the passed block's transform applied as q̂ − (q̂ Wᵀ)(T W)
+without forming it; any head_dim (fla: 16, 32 or 64); padding by mask and packing by segment
 ids (fla: cu_seqlens); the gate's cumulative sum as a float32 pair (fla: one float32 sum).
 """
 from __future__ import annotations
