@@ -139,7 +139,10 @@ def settings(name: str) -> Settings:
 # -- building blocks ------------------------------------------------------------------------
 
 def build(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, max_len=MAX_LEN, **options):
+  """`name` at the suite's shapes; a causal-only variant (spec.supports_bidirectional False) is
+  built causal wherever a check asks for causal=False."""
   options = {**settings(name).options, **options}
+  causal = causal or not registry.spec(name).supports_bidirectional
   return registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
                          causal=causal, max_len=max_len, rngs=nnx.Rngs(seed), **options)
 
@@ -224,6 +227,14 @@ def check_options(name):
     except ValueError:
       return 0.0
     raise CheckFailed("spec says supports_causal=False but causal=True was accepted")
+  if not spec.supports_bidirectional:
+    try:
+      registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, causal=False,
+                      rngs=nnx.Rngs(0), **settings(name).options)
+    except ValueError as e:
+      expect("causal" in str(e), f"the refusal of causal=False does not name causal: {e}")
+      return 0.0
+    raise CheckFailed("spec says supports_bidirectional=False but causal=False was accepted")
   return 0.0
 
 
