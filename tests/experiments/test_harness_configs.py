@@ -63,6 +63,10 @@ TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.LRA_PRESET
 def test_every_task_attention_config_builds(attention, task, preset):
   config = get_config(task, f"{attention},{preset}")
   spec, task_spec = az.spec(attention), lra.task_spec(task)
+  if not spec.supports_bidirectional:   # an LRA model is an encoder
+    with pytest.raises(HarnessError, match=f"{attention} is causal only, and {task}'s model"):
+      check(config)
+    return
   for field in ("data_dir", "batch_size", "num_train_steps", "eval_every", "checkpoint_every",
                 "seed", "model", "optimizer", "schedule"):
     assert field in config
