@@ -13,7 +13,9 @@ The suite builds every module at small shapes (length 20, cross q_len 12, 4 head
 head_dim 8). Each class says how to build it there in its class attributes: `TEST_OPTIONS`
 (e.g. a block size below 20, so several blocks exist) and, for attention, `CONTENT_ROUTING`
 (which keys a query sees is chosen from token contents: causality is checked by changing future
-values only). `settings(name)` reads them.
+values only). `settings(name)` reads them. A causal-only variant (spec.supports_bidirectional
+False) is built causal wherever a check would build it with causal=False, and `options` checks
+that it refuses causal=False.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
 dropout, forward_mode (jax.jvp agrees with the VJP and Hessian-vector products are symmetric, or
