@@ -57,21 +57,24 @@ def assert_matches_oracle(causal, *, q_len=13, kv_len=None, num_kv_heads=2, padd
 
 
 @pytest.mark.parametrize("causal, num_kv_heads, padded", [
-    (False, 2, True), (True, 2, True), (True, 1, False), (False, 4, False)])
+    (False, 2, True), (True, 2, True), pytest.param(True, 1, False, marks=pytest.mark.slow),
+    pytest.param(False, 4, False, marks=pytest.mark.slow)])
 def test_equals_the_definition_in_float64(causal, num_kv_heads, padded):
   assert_matches_oracle(causal, num_kv_heads=num_kv_heads, padded=padded)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_cross_lengths(causal):
   assert_matches_oracle(causal, q_len=5, kv_len=14, seed=2)
 
 
+@pytest.mark.slow
 def test_eps_is_in_the_units_of_the_definition():
   assert_matches_oracle(True, seed=3, eps=0.5)
 
 
-@pytest.mark.parametrize("std", [0.05, 6.0])
+@pytest.mark.parametrize("std", [0.05, pytest.param(6.0, marks=pytest.mark.slow)])
 def test_scores_near_zero_and_far_beyond_the_f32_exponent(std):
   """std 0.05: e^z − 1 near 0, where a plain difference of exponentials loses digits; std 6:
   |z| up to ~100, e^z beyond f32 (the shift keeps every exponential <= 1)."""
@@ -106,7 +109,7 @@ def test_one_token_decoding_equals_the_forward():
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), attn(q, k, v), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_no_n_by_n_array_forward_or_backward(causal):
   n = 96
   attn = build(causal, block_q=16, block_k=16)

@@ -63,21 +63,26 @@ def assert_matches_oracle(*, q_len=13, kv_len=None, num_kv_heads=2, padded=True,
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5, rtol=0, err_msg=what)
 
 
-@pytest.mark.parametrize("num_kv_heads, padded", [(2, True), (1, False), (4, True)])
+@pytest.mark.parametrize("num_kv_heads, padded", [
+    (2, True), pytest.param(1, False, marks=pytest.mark.slow),
+    pytest.param(4, True, marks=pytest.mark.slow)])
 def test_equals_the_definition_in_float64(num_kv_heads, padded):
   assert_matches_oracle(num_kv_heads=num_kv_heads, padded=padded)
 
 
-@pytest.mark.parametrize("options", [dict(attend_current=True), dict(remainder="none"),
-                                     dict(attend_current=True, remainder="none")])
+@pytest.mark.parametrize("options", [
+    dict(attend_current=True), pytest.param(dict(remainder="none"), marks=pytest.mark.slow),
+    pytest.param(dict(attend_current=True, remainder="none"), marks=pytest.mark.slow)])
 def test_options_equal_their_definition(options):
   assert_matches_oracle(seed=1, **options)
 
 
+@pytest.mark.slow
 def test_cross_lengths_are_bottom_right_aligned():
   assert_matches_oracle(q_len=5, kv_len=14, seed=2)
 
 
+@pytest.mark.slow
 def test_left_padding_breaks_no_stick():
   attn = build(block_q=4, block_k=3)
   q, k, v = random_qkv(3, q_len=10)
