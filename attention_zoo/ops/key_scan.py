@@ -81,7 +81,7 @@ def _scan_key_blocks(q, k, v, kv_mask, *, scale: float, block_q: int, block_k: i
                                                  head_dim)
   q_blocks = q_blocks.transpose(1, 0, 3, 4, 2, 5).reshape(num_q, batch, num_kv_heads,
                                                           group * block_q, head_dim)
-  # [nk, B, KVH, bk, D], [nk, B, 1, 1, bk]
+  # [nk, B, KVH, bk, D], and [nk, B, 1, 1, bk] (the padding past kv_len False)
   to_blocks = lambda x: pad_to_multiple(x, block_k).reshape(
       batch, num_k, block_k, num_kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
   k_blocks, v_blocks = to_blocks(k), to_blocks(v)
@@ -92,14 +92,14 @@ def _scan_key_blocks(q, k, v, kv_mask, *, scale: float, block_q: int, block_k: i
 
   def query_block(qi, q_block):
     position = qi * block_q + jnp.arange(rows) % block_q + offset           # [R] aligned
-    # the last key a row of this block may see, and the first key block past it
+    # the last key any row of this block may see: the key blocks after it are skipped
     last_key = qi * block_q + block_q - 1 + offset - (0 if include_diagonal else 1)
 
     def key_block(carry, kj):
       def visit(carry):
         scores = tiles.dot_nt(q_block, k_blocks[kj]) * scale             # [B, KVH, R, bk]
         key = kj * block_k + jnp.arange(block_k)                          # [bk]
-        allowed = valid[kj] & (key < kv_len)
+        allowed = valid[kj]                                               # padding: False
         if causal:
           seen = (key[None, :] <= position[:, None]) if include_diagonal else (
               key[None, :] < position[:, None])
@@ -113,7 +113,7 @@ def _scan_key_blocks(q, k, v, kv_mask, *, scale: float, block_q: int, block_k: i
     return finish(carry)                                                  # [B, KVH, R, C]
 
   out = jax.lax.map(jax.checkpoint(lambda args: query_block(*args)),
-                    (jnp.arange(num_q), q_blocks))                          # [nq, B, KVH, R, D]
+                    (jnp.arange(num_q), q_blocks))                          # [nq, B, KVH, R, C]
   out = out.reshape(num_q, batch, num_kv_heads, group, block_q, -1)
   out = out.transpose(1, 0, 4, 2, 3, 5).reshape(batch, num_q * block_q, num_heads, -1)
   return out[:, :q_len]
