@@ -52,11 +52,14 @@ def assert_matches_oracle(*, q_len=13, kv_len=None, num_kv_heads=2, padded=True,
   q, k, v = random_qkv(seed, q_len=q_len, kv_len=kv_len, num_kv_heads=num_kv_heads)
   kv_mask = padding_mask(2, kv_len, hole=5, tail=3) if padded else jnp.ones((2, kv_len), bool)
   cotangent = normal(seed + 7, q.shape)
+  q_mask = kv_mask if q_len == kv_len else None      # padded query rows: zero output
   got = jax.jit(out_and_grads, static_argnums=0)(
-      lambda q, k, v: attn(q, k, v, kv_mask=kv_mask), q, k, v, cotangent)
+      lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask), q, k, v, cotangent)
   definition = {name: options[name] for name in ("attend_current", "remainder") if name in options}
   with jax.enable_x64(True):
-    want = out_and_grads(lambda q, k, v: oracle(q, k, v, kv_mask, **definition),
+    zero_padded = lambda out: out if q_mask is None else jnp.where(
+        q_mask[:, :, None, None], out, 0)
+    want = out_and_grads(lambda q, k, v: zero_padded(oracle(q, k, v, kv_mask, **definition)),
                          q, k, v, cotangent)
   for what, g, w in zip(("out", "dq", "dk", "dv"), got, want):
     assert g.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(g))), what
