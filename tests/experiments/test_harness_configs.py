@@ -86,6 +86,14 @@ def test_every_task_attention_config_builds(attention, task, preset):
   nnx.eval_shape(lambda: build.model_class(task)(model, rngs=nnx.Rngs(0)))
 
 
+def test_a_grid_marks_a_variant_that_cannot_run_a_task_not_applicable_with_the_reason():
+  assert reproduce.not_applicable("mqar", "linformer").startswith("linformer cannot be causal")
+  assert reproduce.not_applicable("listops", "stick_breaking").startswith(
+      "stick_breaking is causal only: the stick is broken")
+  assert reproduce.not_applicable("mqar", "stick_breaking") is None
+  assert reproduce.not_applicable("listops", "linformer") is None
+
+
 def test_paper_preset_has_the_released_hyperparameters():
   listops = get_config("listops", "performer")  # preset paper is the default
   assert listops.preset == "paper"
