@@ -131,6 +131,8 @@ class Attention(Registered):
   DECORATOR = "register"
   # Why causal=True is refused (for variants whose spec says supports_causal=False).
   WHY_NOT_CAUSAL: ClassVar[str] = "its formulation has no causal form"
+  # Why causal=False is refused (for variants whose spec says supports_bidirectional=False).
+  WHY_NOT_BIDIRECTIONAL: ClassVar[str] = "its formulation has no bidirectional form"
   # Why dropout_rate > 0 is refused (for variants whose spec says supports_dropout=False).
   WHY_NO_DROPOUT: ClassVar[str] = "it never forms attention weights"
   # Which keys a query sees is chosen from token contents across the whole sequence (e.g. LSH
@@ -146,6 +148,9 @@ class Attention(Registered):
                        f"variants that do: {', '.join(accepting('supports_softcap'))}")
     if causal and not spec.supports_causal:
       raise ValueError(f"{name} cannot be causal: {self.WHY_NOT_CAUSAL}")
+    if not causal and not spec.supports_bidirectional:
+      raise ValueError(f"{name} is causal only (pass causal=True; an encoder needs a variant "
+                       f"with a bidirectional form): {self.WHY_NOT_BIDIRECTIONAL}")
     if spec.needs_max_len and max_len is None:
       raise ValueError(f"{name} needs max_len: its parameters are sized by the longest sequence")
     self._construct(num_heads=num_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
@@ -408,12 +413,13 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
              supports_alibi: bool = False, shared_qk: bool = False,
              needs_max_len: bool = False, supports_dropout: bool = True,
              supports_softcap: bool = False, supports_segment_ids: bool = False,
-             supports_context_parallel: bool = False):
+             supports_context_parallel: bool = False, supports_bidirectional: bool = True):
   """Class decorator: `@register("cosine", exact=False, ...)` on an `Attention` subclass.
 
   supports_softcap adds the shared `softcap` option (SOFTCAP_OPTION) to the class's options;
   supports_segment_ids lets calls pass q_segment_ids / kv_segment_ids; supports_context_parallel
-  declares that it runs with the sequence split over a mesh's `context` axis (ops/context.py).
+  declares that it runs with the sequence split over a mesh's `context` axis (ops/context.py);
+  supports_bidirectional=False makes it causal only (causal=False refused, WHY_NOT_BIDIRECTIONAL).
 
   TypeError for a class that is not an `Attention`, options not declared as
   `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for
@@ -426,7 +432,8 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
                    supports_alibi=supports_alibi, shared_qk=shared_qk,
                    needs_max_len=needs_max_len, supports_dropout=supports_dropout,
                    supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids,
-                   supports_context_parallel=supports_context_parallel)
+                   supports_context_parallel=supports_context_parallel,
+                   supports_bidirectional=supports_bidirectional)
 
 
 def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True,

@@ -309,7 +309,7 @@ def swap_attention(model, name: str, *, causal: bool = False, max_len: int | Non
 def _probe(name: str):
   """The variant at its defaults and a small size."""
   spec = registry.spec(name, "attention")
-  return registry.create(name, num_heads=1, head_dim=8,
+  return registry.create(name, num_heads=1, head_dim=8, causal=not spec.supports_bidirectional,
                          max_len=8 if spec.needs_max_len else None, rngs=nnx.Rngs(0))
 
 

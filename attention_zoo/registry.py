@@ -52,6 +52,8 @@ class Spec:
   supports_dropout: bool = True  # forms attention weights that dropout_rate can drop
   # runs with its sequence split over a mesh's `context` axis (ops/context.py), equal to one device
   supports_context_parallel: bool = False
+  # accepts causal=False (an encoder); False: causal only, refused with WHY_NOT_BIDIRECTIONAL
+  supports_bidirectional: bool = True
 
   @property
   def option_types(self) -> dict[str, type]:

@@ -41,6 +41,8 @@ ATTENTION_SETTINGS = {
     # Its window beside the linear attention, as short as sliding_window's (its default, 64, is
     # the whole sequence here).
     "based": {"model.attention_options.window": 8},
+    # The paper's form: the order is in the weights themselves, no positional encoding.
+    "stick_breaking": {"model.positions": "none"},
 }
 
 

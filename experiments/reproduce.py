@@ -88,10 +88,14 @@ def expand_tasks(tasks) -> list[str]:
 
 
 def not_applicable(task: str, attention: str) -> str | None:
-  """Why `attention` cannot run `task` (a causal task needs a causal variant), or None."""
+  """Why `attention` cannot run `task` (a causal task needs a causal variant, an encoder task
+  one with a bidirectional form), or None."""
   spec = az.spec(attention)
-  if task_names.task_spec(task).objective == "next_token" and not spec.supports_causal:
+  causal_task = task_names.task_spec(task).objective == "next_token"
+  if causal_task and not spec.supports_causal:
     return f"{attention} cannot be causal: {az.registry.get(attention).WHY_NOT_CAUSAL}"
+  if not causal_task and not spec.supports_bidirectional:
+    return f"{attention} is causal only: {az.registry.get(attention).WHY_NOT_BIDIRECTIONAL}"
   return None
 
 

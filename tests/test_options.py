@@ -92,7 +92,8 @@ def build(name, **options):
   if az.spec(name).kind == "mixer":
     return az.create_mixer(name, emb_dim=16, num_heads=2, max_len=16, rngs=nnx.Rngs(0),
                            **options)
-  return az.create(name, num_heads=2, head_dim=8, max_len=16, rngs=nnx.Rngs(0), **options)
+  return az.create(name, num_heads=2, head_dim=8, max_len=16, rngs=nnx.Rngs(0),
+                   causal=not az.spec(name).supports_bidirectional, **options)
 
 
 def wrong_values(option):

@@ -13,7 +13,9 @@ The suite builds every module at small shapes (length 20, cross q_len 12, 4 head
 head_dim 8). Each class says how to build it there in its class attributes: `TEST_OPTIONS`
 (e.g. a block size below 20, so several blocks exist) and, for attention, `CONTENT_ROUTING`
 (which keys a query sees is chosen from token contents: causality is checked by changing future
-values only). `settings(name)` reads them.
+values only). `settings(name)` reads them. A causal-only variant (spec.supports_bidirectional
+False) is built causal wherever a check would build it with causal=False, and `options` checks
+that it refuses causal=False.
 
 Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows, determinism,
 dropout, forward_mode (jax.jvp agrees with the VJP and Hessian-vector products are symmetric, or
@@ -139,7 +141,10 @@ def settings(name: str) -> Settings:
 # -- building blocks ------------------------------------------------------------------------
 
 def build(name, *, causal=False, num_kv_heads=NUM_KV_HEADS, seed=0, max_len=MAX_LEN, **options):
+  """`name` at the suite's shapes; a causal-only variant (spec.supports_bidirectional False) is
+  built causal wherever a check asks for causal=False."""
   options = {**settings(name).options, **options}
+  causal = causal or not registry.spec(name).supports_bidirectional
   return registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, num_kv_heads=num_kv_heads,
                          causal=causal, max_len=max_len, rngs=nnx.Rngs(seed), **options)
 
@@ -224,6 +229,14 @@ def check_options(name):
     except ValueError:
       return 0.0
     raise CheckFailed("spec says supports_causal=False but causal=True was accepted")
+  if not spec.supports_bidirectional:
+    try:
+      registry.create(name, num_heads=NUM_HEADS, head_dim=HEAD_DIM, causal=False,
+                      rngs=nnx.Rngs(0), **settings(name).options)
+    except ValueError as e:
+      expect("causal" in str(e), f"the refusal of causal=False does not name causal: {e}")
+      return 0.0
+    raise CheckFailed("spec says supports_bidirectional=False but causal=False was accepted")
   return 0.0
 
 

@@ -111,10 +111,12 @@ if __name__ == "__main__":
                     "approximation: the error to exact attention; context_parallel: the longest "
                     "length per device count.")
   flags.DEFINE_string("out", None, "Output folder.")
-  flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one; "
-                    "attention mode: every attention variant; approximation: every one that is "
-                    "not exact). `full` is always measured too in train and attention mode: it is "
-                    "the speed-up baseline (and, in attention mode, jax.nn.dot_product_attention).")
+  flags.DEFINE_list("attentions", [], "Variants to measure (default: every registered one "
+                    "the Text model, an encoder, can build, i.e. not the causal-only ones; "
+                    "attention mode: those of them that are attention variants; approximation: "
+                    "every one that is not exact). `full` is always measured too in train and "
+                    "attention mode: it is the speed-up baseline (and, in attention mode, "
+                    "jax.nn.dot_product_attention).")
   flags.DEFINE_list("lengths", None, "Sequence lengths (default: 1K, 2K, 3K, 4K, 8K, 16K; flash: "
                     "without 3K; approximation: 1K).")
   flags.DEFINE_enum("dtype", None, ("float32", "bfloat16", "float16"), "Compute dtype "

@@ -59,8 +59,8 @@ def relative_error(name: str, *, length: int, num_heads: int, head_dim: int, std
 def approximation_table(names, *, length: int, num_heads: int, head_dim: int, stds,
                         draws: int, causal: bool) -> list[str]:
   """The markdown lines of one table: each variant's mean relative error at each q, k std."""
-  if causal:
-    names = [n for n in names if az.spec(n).supports_causal]
+  names = [n for n in names
+           if (az.spec(n).supports_causal if causal else az.spec(n).supports_bidirectional)]
   lines = [f"Relative error to exact {'causal ' if causal else ''}softmax attention at the "
            f"variants' defaults: length {length}, {num_heads} heads, head_dim {head_dim}, mean "
            f"of {draws} draws; jax {jax.__version__}, {jax.devices()[0].platform}.",

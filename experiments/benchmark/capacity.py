@@ -45,7 +45,7 @@ import attention_zoo as az
 from experiments.benchmark.outputs import table_row, write_csv
 from experiments.benchmark.programs import Workload
 from experiments.benchmark.settings import (DTYPES, REMATS, Settings, default_memory_limit_bytes,
-                                            length_label)
+                                            every_encoder_variant, length_label)
 from experiments.benchmark.train_step import train_workload
 from experiments.common import device, dry_run, provenance, records
 from experiments.common.errors import HarnessError
@@ -418,7 +418,7 @@ def plot(results: list[Capacity], path: str, facts: dict) -> None:
 
 def run_mode(values, command: str) -> int:
   """`--mode=capacity` from the parsed flags (the mode's defaults filled in)."""
-  names = tuple(values.attentions) or az.available()
+  names = tuple(values.attentions) or every_encoder_variant()
   for name in names:
     check_attention(name)
   for flag, given, choices in (("remats", values.remats, REMATS),

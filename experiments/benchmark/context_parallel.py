@@ -36,7 +36,7 @@ from absl import logging
 import attention_zoo as az
 from experiments.benchmark.capacity import LengthSearch, candidates, time_step
 from experiments.benchmark.outputs import table_row, write_csv
-from experiments.benchmark.settings import Settings, length_label
+from experiments.benchmark.settings import Settings, every_encoder_variant, length_label
 from experiments.benchmark.train_step import train_workload
 from experiments.common import device, dry_run, provenance, records
 from experiments.common.command_line import integers
@@ -214,7 +214,7 @@ def run_mode(values, command: str) -> int:
     raise HarnessError(f"--device_counts={','.join(values.device_counts)}: give positive "
                        "device counts, e.g. 1,2,4,8")
   simulate_devices(max(counts))   # first: building the settings may start JAX's backend
-  names = tuple(values.attentions) or az.available()
+  names = tuple(values.attentions) or every_encoder_variant()
   for name in names:
     check_attention(name)
   try:

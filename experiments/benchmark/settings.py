@@ -181,12 +181,18 @@ def lengths_text(lengths) -> str:
   return ",".join(map(str, lengths))
 
 
+def every_encoder_variant(kind: str | None = None) -> tuple[str, ...]:
+  """The registered names (of `kind`: None for every kind) that the Text model, an encoder, can
+  hold: those with a bidirectional form (a causal-only variant is refused there)."""
+  return tuple(n for n in az.available(kind) if az.spec(n).supports_bidirectional)
+
+
 def settings_from_flags(values) -> Settings:
   """Settings of the train and attention modes from the parsed flags with the mode's defaults
   (any object with the flags as attributes)."""
   return Settings(
-      attentions=tuple(values.attentions) or az.available(None if values.mode == "train"
-                                                           else "attention"),
+      attentions=tuple(values.attentions) or every_encoder_variant(
+          None if values.mode == "train" else "attention"),
       lengths=tuple(integers(values.lengths, "lengths")), mode=values.mode, dtype=values.dtype,
       remat=values.remat, batch_size=values.batch_size or default_batch_size(),
       repeats=values.repeats, warmup=values.warmup, time_budget_s=values.time_budget_s,

@@ -35,8 +35,8 @@ OPTIONS = presets.OPTIONS
 
 def check(config) -> tuple[ml_collections.ConfigDict, list[str]]:
   """A copy of `config` as the run uses it, and notes on what the check changed (see the module
-  docstring). HarnessError for a variant the settings were not made for, an unknown variant
-  or an option the variant does not have."""
+  docstring). HarnessError for a variant the settings were not made for, an unknown variant,
+  an option the variant does not have, or a causal-only variant in an encoder."""
   check_attention(config.model.attention)
   made = config.made
   if config.model.attention != made.variant:
@@ -55,6 +55,12 @@ def check(config) -> tuple[ml_collections.ConfigDict, list[str]]:
       raise HarnessError(
           f"model.attention_options.{name}: {config.model.attention} has no option {name!r}"
           f"{did_you_mean(name, spec.options)}; its options: {', '.join(sorted(spec.options))}")
+  encoder = model_class(config.task) not in (DecoderLM, BottleneckLM)
+  if encoder and not spec.supports_bidirectional:
+    raise HarnessError(
+        f"{config.model.attention} is causal only, and {config.task}'s model is an encoder "
+        f"({model_class(config.task).__name__}); run it on a causal task (the synthetic ones) "
+        f"or use a variant with a bidirectional form")
   return checked, notes
 
 

@@ -63,6 +63,10 @@ TASK_PRESETS = [(task, preset) for task in TASKS for preset in common.LRA_PRESET
 def test_every_task_attention_config_builds(attention, task, preset):
   config = get_config(task, f"{attention},{preset}")
   spec, task_spec = az.spec(attention), lra.task_spec(task)
+  if not spec.supports_bidirectional:   # an LRA model is an encoder
+    with pytest.raises(HarnessError, match=f"{attention} is causal only, and {task}'s model"):
+      check(config)
+    return
   for field in ("data_dir", "batch_size", "num_train_steps", "eval_every", "checkpoint_every",
                 "seed", "model", "optimizer", "schedule"):
     assert field in config
@@ -80,6 +84,14 @@ def test_every_task_attention_config_builds(attention, task, preset):
     assert model.attention_dropout_rate == 0
   # The model builds at this length (abstractly: no memory).
   nnx.eval_shape(lambda: build.model_class(task)(model, rngs=nnx.Rngs(0)))
+
+
+def test_a_grid_marks_a_variant_that_cannot_run_a_task_not_applicable_with_the_reason():
+  assert reproduce.not_applicable("mqar", "linformer").startswith("linformer cannot be causal")
+  assert reproduce.not_applicable("listops", "stick_breaking").startswith(
+      "stick_breaking is causal only: the stick is broken")
+  assert reproduce.not_applicable("mqar", "stick_breaking") is None
+  assert reproduce.not_applicable("listops", "linformer") is None
 
 
 def test_paper_preset_has_the_released_hyperparameters():
