@@ -129,7 +129,8 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
   geo = _DenseGeometry(q_len=q_len, kv_len=kv_len, causal=bool(causal),
                        scale=head_dim ** -0.5 if scale is None else float(scale),
                        dropout_rate=float(dropout_rate),
-                       softcap=None if softcap is None else float(softcap))
+                       softcap=None if softcap is None else float(softcap),
+                       uses_lse=sinks is not None)
   if segment_ids is not None:   # [b, 1, g·q, kv]: row m is query m mod q_len
     q_ids, kv_ids = segment_ids
     kv_mask = (kv_mask[:, None, None, :]
@@ -157,6 +158,7 @@ class _DenseGeometry:
   scale: float
   dropout_rate: float
   softcap: float | None = None
+  uses_lse: bool = False   # the log-sum-exp output is used (sinks): its cotangent enters Δ
 
 
 def _dense_probs(geo, q_rows, k, kv_mask, slopes):
@@ -216,7 +218,9 @@ def _dense_backward(geo, residuals, cotangents):
   dtype = v.dtype
   f32 = dict(preferred_element_type=jnp.float32)
   d_out = d_out / total                                                     # dO/ℓ [b, kvh, g·q, d]
-  delta = jnp.sum(d_out * out, axis=-1, keepdims=True) - d_lse / total      # [b, kvh, g·q, 1]
+  delta = jnp.sum(d_out * out, axis=-1, keepdims=True)                      # [b, kvh, g·q, 1]
+  if geo.uses_lse:   # static, so a call without sinks compiles as before (no d_lse term)
+    delta = delta - d_lse / total
   kept = _kept(geo, probs, dropout_rng)
   d_out = d_out.astype(dtype)
   # dVᵀ and dKᵀ [b, kvh, d, kv]: the [q, k] operand is read as laid out, the small results swapped.
