@@ -562,9 +562,9 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   logit per head in every row's denominator (softmax.apply_sinks on the finished rows).
 
   return_lse: also return each row's log-sum-exp of its (modified, masked) scores, natural
-  units, f32 [b, q_len, h] (-inf for a row that sees no key; of the weights before dropout),
-  as (out, lse); it is differentiable, so outputs over disjoint sets of keys can be merged
-  exactly (softmax over their lse weighs them).
+  units, f32 [b, q_len, h] (-inf for a row that sees no key; of the weights before dropout
+  and without the sinks), as (out, lse); it is differentiable, so outputs over disjoint sets
+  of keys can be merged exactly (softmax over their lse weighs them).
   """
   batch, q_len, num_heads, head_dim = q.shape
   kv_len, kv_heads = k.shape[1], k.shape[2]
