@@ -33,6 +33,12 @@ _MAX_LEN = Int(None, minimum=1, optional=True)
 # products before any bias (ALiBi) and mask; None: off. Declared by the variants registered with
 # supports_softcap=True (they read it as self.softcap).
 SOFTCAP_OPTION = Float(None, above=0, optional=True)
+# Attention sinks (gpt-oss; Xiao et al. 2023, StreamingLLM): a learned logit s_h per head in the
+# softmax's denominator, p_ij = e^{x_ij} / (e^{s_h} + Σ_k e^{x_ik}): mass that reaches no value.
+# Declared by the variants registered with supports_sinks=True; with sink=True the variant holds
+# `sink_logits` [num_heads] (zeros at first: the sink weighs as one key of score 0) and its
+# softmax divides by the sink too (ops/softmax.py's apply_sinks).
+SINK_OPTION = Bool(False)
 
 
 class Registered(nnx.Module):
@@ -146,6 +152,9 @@ class Attention(Registered):
     if "softcap" in options and not spec.supports_softcap:
       raise ValueError(f"{name} does not accept softcap (tanh soft-capping of softmax scores); "
                        f"variants that do: {', '.join(accepting('supports_softcap'))}")
+    if "sink" in options and not spec.supports_sinks:
+      raise ValueError(f"{name} does not accept sink (a learned attention sink per head); "
+                       f"variants that do: {', '.join(accepting('supports_sinks'))}")
     if causal and not spec.supports_causal:
       raise ValueError(f"{name} cannot be causal: {self.WHY_NOT_CAUSAL}")
     if not causal and not spec.supports_bidirectional:
@@ -163,6 +172,8 @@ class Attention(Registered):
       raise self.option_error("dropout_rate", f"0 ({name} cannot apply attention dropout: "
                                               f"{self.WHY_NO_DROPOUT})")
     self.rngs = rngs
+    self.sink_logits = (nnx.Param(jnp.zeros((num_heads,), jnp.float32))
+                        if self.options.get("sink") else nnx.data(None))
 
   @classmethod
   def state_size(cls, *, emb_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -177,6 +188,9 @@ class Attention(Registered):
                alibi_slopes=None, q_segment_ids=None, kv_segment_ids=None):
     name = self.spec.name
     self._require_context_parallel()
+    if self.sink_logits is not None and context_size() > 1:
+      raise ValueError(f"{name}: sink=True has no context-parallel form (ring attention merges "
+                       f"no sink); use a mesh with context=1, or sink=False")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
       raise ValueError(f"{name}: q, k, v must be [batch, len, heads, head_dim], got shapes "
                        f"{q.shape}, {k.shape}, {v.shape}")
@@ -227,6 +241,10 @@ class Attention(Registered):
     if deterministic or self.dropout_rate == 0.0:
       return None
     return self.rngs.dropout()
+
+  def sinks(self):
+    """The sink logits f32 [num_heads] for the softmax (option sink=True), or None."""
+    return None if self.sink_logits is None else self.sink_logits[...]
 
   def dropout(self, weights, deterministic: bool):
     rng = self.dropout_rng(deterministic)
@@ -413,10 +431,13 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
              supports_alibi: bool = False, shared_qk: bool = False,
              needs_max_len: bool = False, supports_dropout: bool = True,
              supports_softcap: bool = False, supports_segment_ids: bool = False,
-             supports_context_parallel: bool = False, supports_bidirectional: bool = True):
+             supports_context_parallel: bool = False, supports_bidirectional: bool = True,
+             supports_sinks: bool = False):
   """Class decorator: `@register("cosine", exact=False, ...)` on an `Attention` subclass.
 
   supports_softcap adds the shared `softcap` option (SOFTCAP_OPTION) to the class's options;
+  supports_sinks the shared `sink` option (SINK_OPTION: the variant passes `self.sinks()` to its
+  softmax);
   supports_segment_ids lets calls pass q_segment_ids / kv_segment_ids; supports_context_parallel
   declares that it runs with the sequence split over a mesh's `context` axis (ops/context.py);
   supports_bidirectional=False makes it causal only (causal=False refused, WHY_NOT_BIDIRECTIONAL).
@@ -425,15 +446,16 @@ def register(name: str, *, exact: bool, supports_causal: bool, supports_cross: b
   `attention_zoo.options` types, or exact=True without a `pattern` method; ValueError for
   TEST_OPTIONS its options do not allow, or a name already taken by another class.
   """
-  return _register(name, Attention, AttentionSpec,
-                   {"softcap": SOFTCAP_OPTION} if supports_softcap else {},
+  added = {**({"softcap": SOFTCAP_OPTION} if supports_softcap else {}),
+           **({"sink": SINK_OPTION} if supports_sinks else {})}
+  return _register(name, Attention, AttentionSpec, added,
                    exact=exact, supports_causal=supports_causal, supports_cross=supports_cross,
                    complexity=complexity, paper=paper, can_decode=can_decode,
                    supports_alibi=supports_alibi, shared_qk=shared_qk,
                    needs_max_len=needs_max_len, supports_dropout=supports_dropout,
                    supports_softcap=supports_softcap, supports_segment_ids=supports_segment_ids,
                    supports_context_parallel=supports_context_parallel,
-                   supports_bidirectional=supports_bidirectional)
+                   supports_bidirectional=supports_bidirectional, supports_sinks=supports_sinks)
 
 
 def register_mixer(name: str, *, complexity: str, paper: str, can_decode: bool = True,

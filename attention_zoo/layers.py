@@ -14,6 +14,10 @@ import attention_zoo.variants  # noqa: F401  (registers the built-in attention v
 from attention_zoo import positions, registry
 from attention_zoo.dropout import Dropout
 
+# The output gate (Qiu et al. 2025, Gated Attention for Large Language Models, arXiv:2505.06708):
+# none, one sigmoid gate per head, or one per channel of each head's output.
+OUTPUT_GATES = ("none", "headwise", "elementwise")
+
 
 class MultiHeadAttention(nnx.Module):
   """Projections around an attention variant chosen by name.
@@ -26,13 +30,24 @@ class MultiHeadAttention(nnx.Module):
   Packed sequences: `segment_ids` int [b, n] (self-attention; variants with
   spec.supports_segment_ids) keep each token's attention inside its segment, and `position_ids`
   [b, n] (default 0..n-1) are the positions RoPE rotates by.
+
+  `output_gate` (Qiu et al. 2025, arXiv:2505.06708, their G1 position): each head's output is
+  multiplied by sigmoid(x W_g + b_g) from the layer's input x (the query side) before the out
+  projection: "headwise" one gate per head (W_g [emb, heads]), "elementwise" one per channel
+  (W_g [emb, heads · head_dim]); "none" (default) no gate. W_g is initialised like the other
+  projections (as in Qwen3-Next, whose gate is part of the query projection) and b_g = 0; with
+  W_g = 0 every gate is sigmoid(0) = 1/2, so the layer gives exactly half its ungated output.
   """
 
   def __init__(self, emb_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                qkv_dim: int | None = None, attention: str = "full", attention_options=None,
                causal: bool = False, max_len: int | None = None, position_kind: str = "none",
-               rope_base: float = 10000.0, dtype=jnp.float32, rngs: nnx.Rngs):
+               rope_base: float = 10000.0, output_gate: str = "none", dtype=jnp.float32,
+               rngs: nnx.Rngs):
     qkv_dim = emb_dim if qkv_dim is None else qkv_dim
+    if output_gate not in OUTPUT_GATES:
+      raise ValueError(f"output_gate must be one of {', '.join(OUTPUT_GATES)}, got "
+                       f"{output_gate!r}")
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if qkv_dim % num_heads:
       raise ValueError(f"qkv_dim ({qkv_dim}) must be divisible by num_heads ({num_heads})")
@@ -57,6 +72,8 @@ class MultiHeadAttention(nnx.Module):
     self.key = None if spec.shared_qk else linear(emb_dim, num_kv_heads * self.head_dim)
     self.value = linear(emb_dim, num_kv_heads * self.head_dim)
     self.out = linear(num_heads * self.head_dim, emb_dim)
+    gates = {"none": 0, "headwise": num_heads, "elementwise": num_heads * self.head_dim}
+    self.gate = linear(emb_dim, gates[output_gate]) if gates[output_gate] else nnx.data(None)
     self.cache = nnx.data(None)   # set by init_cache
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
@@ -99,6 +116,8 @@ class MultiHeadAttention(nnx.Module):
       out = self.attention(q, k, v, q_mask=mask, kv_mask=kv_mask, deterministic=deterministic,
                            alibi_slopes=self.alibi_slopes, q_segment_ids=segment_ids,
                            kv_segment_ids=segment_ids)
+    if self.gate is not None:   # [b, n, h, 1] (headwise) or [b, n, h, d] (elementwise)
+      out = out * nnx.sigmoid(self.gate(x)).reshape(b, n, self.num_heads, -1).astype(out.dtype)
     return self.out(out.reshape(b, n, self.num_heads * self.head_dim))
 
 
@@ -120,21 +139,27 @@ class MLP(nnx.Module):
 
 def create_mixer(name: str, *, emb_dim: int, num_heads: int, num_kv_heads: int | None = None,
                  qkv_dim: int | None = None, causal: bool = False, max_len: int | None = None,
-                 position_kind: str = "none", dtype=None, rngs, **options):
+                 position_kind: str = "none", output_gate: str = "none", dtype=None, rngs,
+                 **options):
   """Builds any registered name as a layer x [b, n, emb] -> [b, n, emb]: a mixer, or an
   attention variant inside `MultiHeadAttention` (its q/k/v/out projections). Both are called
   `layer(x, mask=..., deterministic=..., decode=...)`.
 
   qkv_dim (default emb_dim) / num_heads is the head dimension. position_kind ("rope", "alibi")
   applies to attention scores; a mixer has none and accepts only "none" (RetNet rotates its own
-  q and k).
+  q and k). output_gate: MultiHeadAttention's, for an attention variant; a mixer owns its
+  gates and accepts only "none".
   """
   cls = registry.get(name)
   dtype = jnp.float32 if dtype is None else dtype
   if cls.spec.kind == "attention":
     return MultiHeadAttention(emb_dim, num_heads, num_kv_heads=num_kv_heads, qkv_dim=qkv_dim,
                               attention=name, attention_options=options, causal=causal,
-                              max_len=max_len, position_kind=position_kind, dtype=dtype, rngs=rngs)
+                              max_len=max_len, position_kind=position_kind,
+                              output_gate=output_gate, dtype=dtype, rngs=rngs)
+  if output_gate != "none":
+    raise ValueError(f"mixer {name!r} owns its projections and gates, so output_gate must be "
+                     f"'none' (got {output_gate!r}); the output gate wraps attention variants")
   if position_kind != "none":
     raise ValueError(f"mixer {name!r} forms no attention scores, so position_kind must be 'none' "
                      f"(got {position_kind!r}); add positions to the embeddings instead")

@@ -20,7 +20,7 @@ from flax import nnx
 from attention_zoo import positions, registry
 from attention_zoo.dropout import Dropout
 from attention_zoo.convolution import ShortConv
-from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
+from attention_zoo.layers import MLP, OUTPUT_GATES, MultiHeadAttention, create_mixer
 from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.ops.segments import positions_in_segments
 
@@ -76,6 +76,9 @@ class TransformerConfig:
   zero_token_is_padding: bool = False      # attention also masks token id 0 (LRA's `inputs > 0`)
   attention_ignores_padding: bool = False  # attention gets no padding masks (pooling still does)
   remat: str = "none"                      # none | block | dots: see REMAT_POLICIES
+  # The self-attention's output gate (layers.MultiHeadAttention; attention variants only):
+  # none | headwise | elementwise
+  output_gate: str = "none"
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
@@ -87,7 +90,8 @@ class TransformerConfig:
     for field, value, choices in (("pooling", self.pooling, POOLINGS),
                                   ("interaction", self.interaction, INTERACTIONS),
                                   ("dtype", self.dtype, tuple(DTYPES)),
-                                  ("remat", self.remat, tuple(REMAT_POLICIES))):
+                                  ("remat", self.remat, tuple(REMAT_POLICIES)),
+                                  ("output_gate", self.output_gate, OUTPUT_GATES)):
       if value not in choices:
         raise ValueError(f"TransformerConfig.{field}={value!r}; choose one of {', '.join(choices)}")
 
@@ -121,8 +125,8 @@ class Block(nnx.Module):
     self.conv_norm = norm() if config.short_conv else None
     self.self_attention = create_mixer(
         config.attention, emb_dim=config.emb_dim, causal=causal,
-        position_kind=config.positions if score_positions else "none", **dims,
-        **attention_options)
+        position_kind=config.positions if score_positions else "none",
+        output_gate=config.output_gate, **dims, **attention_options)
     self.self_norm = norm()
     self.cross_attention = (MultiHeadAttention(config.emb_dim, attention=config.cross_attention,
                                                **dims) if cross else None)

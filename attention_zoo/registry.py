@@ -46,6 +46,7 @@ class Spec:
   can_decode: bool = False    # one-token decoding against a cache (KV or recurrent state)
   supports_alibi: bool = False  # accepts a per-head linear score bias (ALiBi)
   supports_softcap: bool = False  # accepts the `softcap` option (tanh soft-capping of scores)
+  supports_sinks: bool = False  # accepts the `sink` option (a learned sink logit per head)
   supports_segment_ids: bool = False  # accepts q/kv_segment_ids (packed sequences)
   shared_qk: bool = False     # keys are derived from the queries: the layer projects one tensor
   needs_max_len: bool = False  # parameters sized by max_len (create() requires it)

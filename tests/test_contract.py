@@ -50,7 +50,8 @@ def test_unknown_option_names_it_and_the_accepted_ones():
 def test_spec_fields():
   spec = az.spec("full")
   assert spec.exact and spec.supports_causal and spec.supports_cross and spec.can_decode
-  assert spec.options == {"scale": None, "dropout_rate": 0.0, "impl": "auto", "softcap": None}
+  assert spec.options == {"scale": None, "dropout_rate": 0.0, "impl": "auto", "softcap": None,
+                          "sink": False}
   assert spec.supports_softcap and spec.supports_segment_ids
   assert "Vaswani" in spec.paper and spec.complexity == "O(n²)"
 

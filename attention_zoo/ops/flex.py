@@ -307,10 +307,11 @@ def pattern_attention(q, k, v, mask_mod: Callable, *, kv_mask, scale: float, sof
                       segment_ids=None, heads: int | None = None, block_q: int = DEFAULT_BLOCK,
                       block_k: int = DEFAULT_BLOCK,
                       sequence_lengths: tuple[int, int] | None = None, query_positions=None,
-                      key_positions=None):
+                      key_positions=None, sinks=None):
   """flex_attention over mask_mod (per head when `heads`) with the zoo's soft-capping (softcap:
   None or the cap), ALiBi, attention dropout, and the segment mask of packed sequences
-  (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by sequence position, or None). A
+  (segment_ids: (q ids [b, q_len], kv ids [b, kv_len]) by sequence position, or None) and the
+  attention sinks (sinks: None or a logit per head, f32 [h]). A
   pattern that reorders or repeats queries or keys passes their sequence positions and the
   sequence's (q_len, kv_len). A variant's `attend()` on it: attention_zoo.variants.masked."""
   q_len, kv_len = q.shape[1], k.shape[1]
@@ -325,7 +326,8 @@ def pattern_attention(q, k, v, mask_mod: Callable, *, kv_mask, scale: float, sof
                              q_len=sequence_q_len, kv_len=sequence_kv_len,
                              query_positions=query_positions, key_positions=key_positions)
   return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, scale=scale,
-                        kv_mask=kv_mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+                        kv_mask=kv_mask, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                        sinks=sinks)
 
 
 def kernel_lists(mask_mod: Callable | None, q_len: int, kv_len: int, *, block_q: int,
@@ -549,19 +551,20 @@ _attend.defvjp(_attend_fwd, _backward)
 def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
                    score_mod: Callable | None = None, scale: float | None = None, kv_mask=None,
                    tile_score: Callable | None = None, dropout_rate: float = 0.0,
-                   dropout_rng=None, return_lse: bool = False):
+                   dropout_rng=None, return_lse: bool = False, sinks=None):
   """Softmax attention over `block_mask`'s pattern. q [b, q_len, h, d']; k [b, kv_len, kvh, d'];
   v [b, kv_len, kvh, dv]; kv_mask bool [b, kv_len] (True = real key) or None. Returns
   [b, q_len, h, dv] in q's dtype; a query that sees no key gives 0.
 
   block_mask None: every key (blocks of DEFAULT_BLOCK). scale None: 1/sqrt(d'). score_mod,
   tile_score: see the module docstring. dropout_rate with a dropout_rng: attention dropout on
-  the tiles' weights (the same draws in the backward).
+  the tiles' weights (the same draws in the backward). sinks: None, or f32 [h], a learned sink
+  logit per head in every row's denominator (softmax.apply_sinks on the finished rows).
 
   return_lse: also return each row's log-sum-exp of its (modified, masked) scores, natural
-  units, f32 [b, q_len, h] (-inf for a row that sees no key; of the weights before dropout),
-  as (out, lse); it is differentiable, so outputs over disjoint sets of keys can be merged
-  exactly (softmax over their lse weighs them).
+  units, f32 [b, q_len, h] (-inf for a row that sees no key; of the weights before dropout
+  and without the sinks), as (out, lse); it is differentiable, so outputs over disjoint sets
+  of keys can be merged exactly (softmax over their lse weighs them).
   """
   batch, q_len, num_heads, head_dim = q.shape
   kv_len, kv_heads = k.shape[1], k.shape[2]
@@ -611,7 +614,10 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
     out, lse = _attend(plan, *args)                               # [nq, b, kvh, rows, ·]
 
   in_sequence = lambda x: from_query_blocks(x, group, q_len)
-  return (in_sequence(out), in_sequence(lse)[..., 0]) if return_lse else in_sequence(out)
+  out, lse = in_sequence(out), in_sequence(lse)[..., 0]
+  if sinks is not None:
+    out = softmax.apply_sinks(out, lse, sinks)
+  return (out, lse) if return_lse else out
 
 
 # -- the engine's layout, shared with the ring (context_parallel/ring.py) --------------------

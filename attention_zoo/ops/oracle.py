@@ -13,8 +13,10 @@ import jax.numpy as jnp
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def dense_attention(q, k, v, allowed, *, scale=None, bias=None):
+def dense_attention(q, k, v, allowed, *, scale=None, bias=None, sinks=None):
   """The oracle: plain f32 softmax attention over `allowed` (bool, broadcastable to [b, h, q, k]).
+  sinks: None, or a sink logit per head [h] that joins every row's denominator (attention
+  sinks: e^{s_h} + Σ_k e^{x_k}) with no value.
 
   Written independently of the variants' helpers: K/V heads are repeated, not grouped.
   """
@@ -32,5 +34,7 @@ def dense_attention(q, k, v, allowed, *, scale=None, bias=None):
   row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
   weights = jnp.where(allowed, jnp.exp(scores - row_max), 0.0)
   total = weights.sum(-1, keepdims=True)
+  if sinks is not None:
+    total = total + jnp.exp(jnp.asarray(sinks, jnp.float32)[:, None, None] - row_max)
   weights = weights / jnp.where(total > 0, total, 1.0)
   return jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=HIGHEST)  # [b, q, h, d]

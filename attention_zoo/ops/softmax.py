@@ -78,9 +78,21 @@ def group_heads(q, num_kv_heads: int):
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
+def apply_sinks(out, lse, sinks):
+  """Attention sinks (gpt-oss; StreamingLLM's learned sink) on a finished softmax: a logit s_h
+  per head joins each row's denominator, p_ij = e^{x_ij} / (e^{s_h} + Σ_k e^{x_ik}), taking mass
+  but adding no value. With lse = log Σ_k e^{x_ik}, every weight is the sink-free one times
+  e^lse / (e^lse + e^s) = sigmoid(lse - s): exact, and O(1) extra memory for a tiled softmax.
+
+  out [b, q, h, dv]; lse f32 [b, q, h], natural units (any value where a row sees no key: its
+  out is 0); sinks f32 [h] (-inf: no sink). Differentiable in all three."""
+  keep = jax.nn.sigmoid(lse - jnp.asarray(sinks, jnp.float32))             # [b, q, h]
+  return (out.astype(jnp.float32) * keep[..., None]).astype(out.dtype)
+
+
 def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False, scale=None,
                              alibi_slopes=None, dropout_rate=0.0, dropout_rng=None, softcap=None,
-                             segment_ids=None):
+                             segment_ids=None, sinks=None):
   """The plain dense path (O(n²) memory), GQA without copying K/V per head.
 
       S = cap(Q Kᵀ · scale) + B (MASK_VALUE where not allowed),   P = exp(S - rowmax(S)),
@@ -90,14 +102,17 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
   alibi_slopes: optional f32 [h] (ALiBi, Press et al. 2022), fixed constants with no gradient.
   softcap: None, or c for cap(s) = c · tanh(s / c) (Gemma 2); identity when None.
   segment_ids: None, or (int [b, q_len], int [b, kv_len]): a query sees only keys of its segment.
+  sinks: None, or f32 [h], a sink logit per head in every row's denominator (`apply_sinks`).
   Dropout (`keep` ~ Bernoulli(1 - rate)) on the attention weights when `dropout_rng` is given.
 
   The backward is written by hand (a custom VJP: FlashAttention-2's Alg. 2 in one tile), with
   ℓ = rowsum(P) and dS = (P ∘ keep / (1 - rate)) ∘ (dO/ℓ · Vᵀ) - P ∘ rowsum(dO/ℓ ∘ out).
   It saves only P besides the inputs, and each product is laid out so that no [q, k] array is
-  ever transposed. The query heads sharing a K/V head are stacked as rows ([b, kvh, g·q, d]),
-  so every product is one matmul per kv head. Under forward-mode differentiation (jax.jvp,
-  jacfwd; see autodiff.py) the forward runs as plain JAX, which JAX differentiates itself.
+  ever transposed. The log-sum-exp (for sinks) is a second output: its cotangent d_lse adds
+  P/ℓ · d_lse to dS, i.e. Δ - d_lse/ℓ in place of Δ. The query heads sharing a K/V head are
+  stacked as rows ([b, kvh, g·q, d]), so every product is one matmul per kv head. Under
+  forward-mode differentiation (jax.jvp, jacfwd; see autodiff.py) the forward runs as plain
+  JAX, which JAX differentiates itself.
   """
   b, q_len, num_heads, head_dim = q.shape
   kv_len, num_kv_heads = k.shape[1], k.shape[2]
@@ -114,18 +129,21 @@ def masked_softmax_attention(q, k, v, *, q_mask=None, kv_mask=None, causal=False
   geo = _DenseGeometry(q_len=q_len, kv_len=kv_len, causal=bool(causal),
                        scale=head_dim ** -0.5 if scale is None else float(scale),
                        dropout_rate=float(dropout_rate),
-                       softcap=None if softcap is None else float(softcap))
+                       softcap=None if softcap is None else float(softcap),
+                       uses_lse=sinks is not None)
   if segment_ids is not None:   # [b, 1, g·q, kv]: row m is query m mod q_len
     q_ids, kv_ids = segment_ids
     kv_mask = (kv_mask[:, None, None, :]
                & (jnp.tile(q_ids, (1, group))[:, None, :, None] == kv_ids[:, None, None, :]))
   if autodiff_modes()[:1] == ("forward",):   # the same forward, plain: JAX differentiates it
     slopes = None if slopes is None else jax.lax.stop_gradient(slopes)
-    out = _dense_forward(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)[0]
+    out, lse = _dense_forward(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)[0]
   else:
-    out = _dense_attention(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)
-  out = jnp.moveaxis(out.reshape(b, num_kv_heads, group, q_len, head_dim), 3, 1)
-  out = out.reshape(b, q_len, num_heads, head_dim)
+    out, lse = _dense_attention(geo, q_rows, k_heads, v_heads, kv_mask, slopes, dropout_rng)
+  in_sequence = lambda x: jnp.moveaxis(x.reshape(b, num_kv_heads, group, q_len, -1), 3, 1)
+  out = in_sequence(out).reshape(b, q_len, num_heads, head_dim)
+  if sinks is not None:
+    out = apply_sinks(out, in_sequence(lse).reshape(b, q_len, num_heads), sinks)
   if q_mask is not None:
     out = jnp.where(q_mask[:, :, None, None], out, 0.0)
   return out.astype(q.dtype)
@@ -140,12 +158,15 @@ class _DenseGeometry:
   scale: float
   dropout_rate: float
   softcap: float | None = None
+  uses_lse: bool = False   # the log-sum-exp output is used (sinks): its cotangent enters Δ
 
 
 def _dense_probs(geo, q_rows, k, kv_mask, slopes):
   """-> P [b, kvh, g·q, kv] f32 (0 where not allowed), ℓ = rowsum(P) [b, kvh, g·q, 1]
-  (1 for rows that see no key: their P is all 0) and the soft-cap's derivative 1 - tanh²
-  [b, kvh, g·q, kv] (None without a cap). kv_mask: [b, kv], or [b, 1, g·q, kv] with segments."""
+  (1 for rows that see no key: their P is all 0), the soft-cap's derivative 1 - tanh²
+  [b, kvh, g·q, kv] (None without a cap) and the max P was taken from [b, kvh, g·q, 1] (0 for
+  rows that see no key), so log ℓ plus it is the log-sum-exp. kv_mask: [b, kv], or
+  [b, 1, g·q, kv] with segments."""
   scores = jnp.einsum("bhmd,bhkd->bhmk", q_rows, k,
                       preferred_element_type=jnp.float32) * geo.scale       # [b, kvh, g·q, kv]
   cap_grad = None
@@ -165,9 +186,10 @@ def _dense_probs(geo, q_rows, k, kv_mask, slopes):
   # divide by its count of ties, 0/0 when XLA rounds the max and the scores apart (forward mode).
   row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))  # [b, kvh, g·q, 1]
   # A row that sees no key has row_max = MASK_VALUE; subtracting 0 there makes its P all 0.
-  probs = jnp.exp(scores - jnp.where(row_max == MASK_VALUE, 0.0, row_max))
+  row_max = jnp.where(row_max == MASK_VALUE, 0.0, row_max)
+  probs = jnp.exp(scores - row_max)
   total = jnp.sum(probs, axis=-1, keepdims=True)
-  return probs, jnp.where(total > 0, total, 1.0), cap_grad
+  return probs, jnp.where(total > 0, total, 1.0), cap_grad, row_max
 
 
 def _kept(geo, probs, dropout_rng):
@@ -177,23 +199,28 @@ def _kept(geo, probs, dropout_rng):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _dense_attention(geo, q_rows, k, v, kv_mask, slopes, dropout_rng):
-  """q_rows [b, kvh, g·q, d]; k, v [b, kvh, kv, d] -> out [b, kvh, g·q, d] f32."""
+  """q_rows [b, kvh, g·q, d]; k, v [b, kvh, kv, d] -> (out [b, kvh, g·q, d] f32, the rows'
+  log-sum-exp [b, kvh, g·q, 1] f32, 0 for a row that sees no key)."""
   return _dense_forward(geo, q_rows, k, v, kv_mask, slopes, dropout_rng)[0]
 
 
 def _dense_forward(geo, q_rows, k, v, kv_mask, slopes, dropout_rng):
-  probs, total, cap_grad = _dense_probs(geo, q_rows, k, kv_mask, slopes)
+  probs, total, cap_grad, row_max = _dense_probs(geo, q_rows, k, kv_mask, slopes)
   kept = _kept(geo, probs, dropout_rng).astype(v.dtype)
   out = jnp.einsum("bhmk,bhkd->bhmd", kept, v, preferred_element_type=jnp.float32) / total
-  return out, (q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, cap_grad, out)
+  lse = row_max + jnp.log(total)
+  return (out, lse), (q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, cap_grad, out)
 
 
-def _dense_backward(geo, residuals, d_out):
+def _dense_backward(geo, residuals, cotangents):
   q_rows, k, v, kv_mask, slopes, dropout_rng, probs, total, cap_grad, out = residuals
+  d_out, d_lse = cotangents
   dtype = v.dtype
   f32 = dict(preferred_element_type=jnp.float32)
   d_out = d_out / total                                                     # dO/ℓ [b, kvh, g·q, d]
   delta = jnp.sum(d_out * out, axis=-1, keepdims=True)                      # [b, kvh, g·q, 1]
+  if geo.uses_lse:   # static, so a call without sinks compiles as before (no d_lse term)
+    delta = delta - d_lse / total
   kept = _kept(geo, probs, dropout_rng)
   d_out = d_out.astype(dtype)
   # dVᵀ and dKᵀ [b, kvh, d, kv]: the [q, k] operand is read as laid out, the small results swapped.

@@ -21,7 +21,9 @@ Properties: shapes, options, jit, grad, bf16, gqa, padding, causal, masked_rows,
 dropout, forward_mode (jax.jvp agrees with the VJP and Hessian-vector products are symmetric, or
 the variant refuses forward mode with a ValueError: n/a), exact (spec.exact: output and
 gradients of a freshly built module equal `reference.dense_attention` over the variant's
-`pattern()`), decode (spec.can_decode: one-token steps equal the causal forward).
+`pattern()`), decode (spec.can_decode: one-token steps equal the causal forward), sinks
+(spec.supports_sinks: the `sink` option against no sink, a shrink of each row, and for exact
+variants the dense oracle with the sinks in its denominator).
 
 Sequence mixers (`register_mixer`) are built as layers on x [2, 20, 32] (4 heads, 2 kv heads,
 head_dim 8) and checked for MIXER_CHECKS: shapes, options, jit, grad (every parameter gets a
@@ -526,6 +528,57 @@ def check_decode(name):
     out, cache = step(attn, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], cache, slopes)
     outs.append(out)
   return expect_close(jnp.concatenate(outs, axis=1), full, "step-by-step decode vs causal forward")
+
+
+@_check
+def check_sinks(name):
+  """spec.supports_sinks: built with sink=True and the sink logits at -inf it equals the variant
+  without a sink; with finite logits each output row is the sink-free row shrunk by one factor
+  in (0, 1), and (spec.exact) output and gradients (q, k, v, the logits) equal the dense oracle
+  with the sinks in its denominator, causal too."""
+  spec = registry.spec(name)
+  if not spec.supports_sinks:
+    return "spec says supports_sinks=False"
+  worst = 0.0
+  mask = padding_mask(LEN)
+  logits = jnp.linspace(-1.0, 2.0, NUM_HEADS)
+  for i, causal in enumerate([False, True] if spec.supports_causal else [False]):
+    q, k, v = inputs(50 + i)
+    plain, sunk = build(name, causal=causal), build(name, causal=causal, sink=True)
+    base = apply(plain, q, k, v, q_mask=mask, kv_mask=mask)
+    sunk.sink_logits[...] = jnp.full((NUM_HEADS,), -jnp.inf)
+    worst = max(worst, expect_close(apply(sunk, q, k, v, q_mask=mask, kv_mask=mask), base,
+                                    f"sink logits -inf vs sink=False (causal={causal})"))
+    sunk.sink_logits[...] = logits
+    out = apply(sunk, q, k, v, q_mask=mask, kv_mask=mask)
+    norm2 = jnp.sum(base * base, axis=-1)                                   # [b, q, h]
+    factor = jnp.sum(out * base, axis=-1) / jnp.where(norm2 > 0, norm2, 1.0)
+    worst = max(worst, expect_close(out, factor[..., None] * base,
+                                    f"sink output vs a multiple of the sink-free row ({causal=})"))
+    shrinks = (factor > 0) & (factor < 1)
+    expect(bool(jnp.all(shrinks | (norm2 == 0))), "a sink factor outside (0, 1)")
+    if not spec.exact:
+      continue
+    allowed = (np.asarray(sunk.pattern(LEN, LEN))[None] & np.asarray(mask)[:, None, None, :])
+    ct = jax.random.normal(jax.random.key(60 + i), q.shape)
+
+    def oracle(q, k, v, sinks):
+      out = dense_attention(q, k, v, allowed, scale=sunk.scale, sinks=sinks)
+      return jnp.sum(jnp.where(mask[:, :, None, None], out, 0) * ct), out
+
+    def loss(m, q, k, v):
+      out = m(q, k, v, q_mask=mask, kv_mask=mask)
+      return jnp.sum(out * ct), out
+
+    (_, ref_out), ref_grads = jax.value_and_grad(oracle, argnums=(0, 1, 2, 3), has_aux=True)(
+        q, k, v, logits)
+    worst = max(worst, expect_close(out, jnp.where(mask[:, :, None, None], ref_out, 0),
+                                    f"sink output vs dense oracle ({causal=})"))
+    grads = nnx.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(sunk, q, k, v)[0]
+    for what, g, rg in zip(("dlogits", "dq", "dk", "dv"), (grads[0].sink_logits[...], *grads[1:]),
+                           (ref_grads[3], *ref_grads[:3])):
+      worst = max(worst, expect_close(g, rg, f"{what} with sinks vs dense oracle ({causal=})"))
+  return worst
 
 
 # -- sequence mixers ------------------------------------------------------------------------

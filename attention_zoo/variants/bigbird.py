@@ -67,7 +67,7 @@ def _draw_seed(key) -> int | None:
           paper="Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences "
                 "(arXiv:2007.14062)",
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
-          supports_context_parallel=True)
+          supports_context_parallel=True, supports_sinks=True)
 class BigBirdAttention(MaskAttention):
   # seed None: drawn from the params stream at construction.
   OPTIONS = {"block_size": Int(64, minimum=1),

@@ -28,10 +28,12 @@ Attention dropout is not supported (the kernels never form the weights as an arr
 are added inside the tiles (the Pallas kernels give them no gradient); `softcap` is applied in the
 tiles, forward and backward; segment ids (packed sequences) are compared in every visited tile
 by the Pallas kernels (read block by block like the padding mask) and skip the tiles between
-documents on the chunked path. The Pallas modules (and
-jax.experimental.pallas) are imported only when a module that uses them is built. Forward-mode
-autodiff (jax.jvp, jax.jacfwd, jax.hessian) works with "chunked" (flex's forward, plain JAX);
-"pallas" refuses it with a ValueError (Pallas kernels have no forward-mode rule).
+documents on the chunked path; attention sinks (sink=True) scale each finished row by
+sigmoid(lse - s_h) on every path (softmax.apply_sinks, with the log-sum-exp's gradient). The
+Pallas modules (and jax.experimental.pallas) are imported only when a module that uses them is
+built. Forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) works with "chunked" (flex's
+forward, plain JAX); "pallas" refuses it with a ValueError (Pallas kernels have no forward-mode
+rule).
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ BLOCK_OPTIONS = ("block_q", "block_k", "block_q_bwd", "block_k_bwd")
           paper="Dao et al. 2022, FlashAttention (arXiv:2205.14135); "
                 "Dao 2023, FlashAttention-2 (arXiv:2307.08691)",
           can_decode=True, supports_alibi=True, supports_dropout=False, supports_softcap=True,
-          supports_segment_ids=True, supports_context_parallel=True)
+          supports_segment_ids=True, supports_context_parallel=True, supports_sinks=True)
 class FlashAttention(Attention):
   # Block sizes None: the backend's default.
   OPTIONS = {"impl": Choice("auto", IMPLS),
@@ -116,4 +118,4 @@ class FlashAttention(Attention):
     blocks = {name: self.options[name] for name in BLOCK_OPTIONS}
     return kernel_module(self.kernels).flash_attention(
         q, k, v, kv_mask, alibi_slopes, causal=self.causal, scale=self.scale,
-        softcap=self.softcap, segment_ids=segment_ids, **blocks)
+        softcap=self.softcap, segment_ids=segment_ids, sinks=self.sinks(), **blocks)

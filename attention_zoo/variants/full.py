@@ -11,9 +11,9 @@ for a call it computes without rounding: on a GPU, bf16/f16 inputs, head_dim <= 
 multiple of 8, no attention dropout, no causal cross-attention, no `softcap`, no forward-mode
 autodiff (JAX's cuDNN attention is a custom VJP, which JAX cannot differentiate forward; the xla
 path can: ops/autodiff.py); every other call takes "xla", so f32 stays exact everywhere.
-jax.nn.dot_product_attention has no soft-capping, so impl="cudnn" refuses softcap (auto takes
-"xla" for it); segment ids (packed sequences) are a dense [b, 1, q, kv] mask for cuDNN and part
-of the mask on the xla path.
+jax.nn.dot_product_attention has no soft-capping and no attention sinks, so impl="cudnn" refuses
+softcap and sink=True (auto takes "xla" for them); segment ids (packed sequences) are a dense
+[b, 1, q, kv] mask for cuDNN and part of the mask on the xla path.
 """
 from __future__ import annotations
 
@@ -32,8 +32,10 @@ CUDNN_MAX_HEAD_DIM = 128
 
 
 def cudnn_refusal(q, k, *, causal: bool, dropout: bool, softcap=None,
-                  forward_mode: bool = False) -> str | None:
+                  forward_mode: bool = False, sinks: bool = False) -> str | None:
   """Why the cuDNN path cannot compute this call, or None when it can."""
+  if sinks:
+    return "jax.nn.dot_product_attention has no attention sinks; use impl='xla' with sink=True"
   if forward_mode:
     return ("JAX's cuDNN attention is a custom VJP, which JAX cannot differentiate in forward "
             "mode (jax.jvp, jax.jacfwd, jax.hessian); use impl='xla' or 'auto'")
@@ -48,19 +50,19 @@ def cudnn_refusal(q, k, *, causal: bool, dropout: bool, softcap=None,
 
 
 def auto_picks_cudnn(q, k, *, causal: bool, dropout: bool, backend: str, softcap=None,
-                     forward_mode: bool = False) -> bool:
+                     forward_mode: bool = False, sinks: bool = False) -> bool:
   """impl='auto': cuDNN only where it is exact to the inputs' precision and supported."""
   head_dim = q.shape[-1]
   return (backend == "gpu" and q.dtype in CUDNN_DTYPES
           and head_dim <= CUDNN_MAX_HEAD_DIM and head_dim % 8 == 0
           and cudnn_refusal(q, k, causal=causal, dropout=dropout, softcap=softcap,
-                            forward_mode=forward_mode) is None)
+                            forward_mode=forward_mode, sinks=sinks) is None)
 
 
 @register("full", exact=True, supports_causal=True, supports_cross=True, complexity="O(n²)",
           paper="Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)",
           can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
-          supports_context_parallel=True)
+          supports_context_parallel=True, supports_sinks=True)
 class FullAttention(Attention):
   OPTIONS = {"impl": Choice("auto", ("auto", "xla", "cudnn"))}
 
@@ -81,7 +83,7 @@ class FullAttention(Attention):
     dropout_rng = self.dropout_rng(deterministic)
     impl = self.options["impl"]
     cases = dict(causal=self.causal, dropout=dropout_rng is not None, softcap=self.softcap,
-                 forward_mode="forward" in autodiff_modes())
+                 forward_mode="forward" in autodiff_modes(), sinks=self.sink_logits is not None)
     if impl == "auto":
       impl = ("cudnn" if auto_picks_cudnn(q, k, backend=jax.default_backend(), **cases)
               else "xla")
@@ -94,7 +96,7 @@ class FullAttention(Attention):
     return softmax.masked_softmax_attention(
         q, k, v, kv_mask=kv_mask, causal=self.causal, scale=self.scale, alibi_slopes=alibi_slopes,
         dropout_rate=self.dropout_rate, dropout_rng=dropout_rng, softcap=self.softcap,
-        segment_ids=segment_ids)
+        segment_ids=segment_ids, sinks=self.sinks())
 
   def _cudnn(self, q, k, v, kv_mask, alibi_slopes, segment_ids):
     q_len, kv_len = q.shape[1], k.shape[1]

@@ -19,7 +19,7 @@ from attention_zoo.variants.masked import MaskAttention
           paper="Parmar et al. 2018, Image Transformer (arXiv:1802.05751); "
                 "as the LRA baseline in Tay et al. 2021 (arXiv:2011.04006)",
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
-          supports_context_parallel=True)
+          supports_context_parallel=True, supports_sinks=True)
 class LocalAttention(MaskAttention):
   OPTIONS = {"block_size": Int(50, minimum=1)}
   TEST_OPTIONS = dict(block_size=6)

@@ -38,7 +38,8 @@ from attention_zoo.variants.masked import MaskAttention, masked_attention
 @register("longformer", exact=True, supports_causal=True, supports_cross=False,
           complexity="O(n·(w + g))",
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150)",
-          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
+          supports_sinks=True)
 class LongformerAttention(MaskAttention):
   OPTIONS = {"window": Int(256, minimum=0), "dilation": Int(1, minimum=1),
              "num_global_tokens": Int(1, minimum=0), "global_projections": Bool(True)}

@@ -25,16 +25,16 @@ from attention_zoo.ops.ring import ring_attention
 
 def masked_attention(variant: Attention, q, k, v, mask_mod: Callable, *, kv_mask,
                      deterministic: bool, alibi_slopes, segment_ids=None, **engine):
-  """`pattern_attention` over mask_mod with the variant's scale, soft-capping (variant.softcap)
-  and attention dropout. `engine`: heads, block_q, block_k, sequence_lengths, query_positions,
-  key_positions (see attention_zoo.ops.flex.pattern_attention). Ring attention when the active
-  mesh splits the sequence."""
-  attention = ring_attention if context_size() > 1 else pattern_attention
-  return attention(q, k, v, mask_mod, kv_mask=kv_mask, scale=variant.scale,
-                   softcap=variant.softcap, alibi_slopes=alibi_slopes,
-                   dropout_rate=variant.dropout_rate,
-                   dropout_rng=variant.dropout_rng(deterministic), segment_ids=segment_ids,
-                   **engine)
+  """`pattern_attention` over mask_mod with the variant's scale, soft-capping (variant.softcap),
+  attention sinks (variant.sinks()) and attention dropout. `engine`: heads, block_q, block_k,
+  sequence_lengths, query_positions, key_positions (see attention_zoo.ops.flex.
+  pattern_attention). Ring attention when the active mesh splits the sequence."""
+  shared = dict(kv_mask=kv_mask, scale=variant.scale, softcap=variant.softcap,
+                alibi_slopes=alibi_slopes, dropout_rate=variant.dropout_rate,
+                dropout_rng=variant.dropout_rng(deterministic), segment_ids=segment_ids, **engine)
+  if context_size() > 1:   # the base class refuses sinks here
+    return ring_attention(q, k, v, mask_mod, **shared)
+  return pattern_attention(q, k, v, mask_mod, sinks=variant.sinks(), **shared)
 
 
 def attend_all(variant: Attention, q, k, v, *, kv_mask, deterministic: bool, alibi_slopes,

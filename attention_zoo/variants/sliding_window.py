@@ -22,7 +22,7 @@ from attention_zoo.variants.masked import MaskAttention
                 "(arXiv:2004.05150), "
                 "sliding window without global tokens",
           can_decode=True, supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
-          supports_context_parallel=True)
+          supports_context_parallel=True, supports_sinks=True)
 class SlidingWindowAttention(MaskAttention):
   OPTIONS = {"window": Int(128, minimum=0)}
   TEST_OPTIONS = dict(window=3)

@@ -30,7 +30,8 @@ from attention_zoo.variants.masked import MaskAttention, masked_attention
           complexity="O(n·(b + c·n/b))",
           paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers "
                 "(arXiv:1904.10509)",
-          supports_alibi=True, supports_softcap=True, supports_segment_ids=True)
+          supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
+          supports_sinks=True)
 class SparseTransformerAttention(MaskAttention):
   # query_chunk: query rows per tile of the engine.
   OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),

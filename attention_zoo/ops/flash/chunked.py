@@ -38,10 +38,11 @@ def block_mask(q_len: int, kv_len: int, *, causal: bool, block_q: int | None = N
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
                     softcap=None, segment_ids=None, block_q=None, block_k=None, block_q_bwd=None,
-                    block_k_bwd=None):
+                    block_k_bwd=None, sinks=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d];
   kv_mask bool [b, kv_len]; alibi_slopes f32 [h] or None; softcap: None or the cap c of
-  c · tanh(s / c); segment_ids None or (int [b, q_len], int [b, kv_len]). Returns
+  c · tanh(s / c); segment_ids None or (int [b, q_len], int [b, kv_len]); sinks None or a sink
+  logit per head f32 [h] (softmax.apply_sinks). Returns
   [b, q_len, h, d] in q's dtype.
   """
   for name, backward, forward in (("block_q_bwd", block_q_bwd, block_q),
@@ -57,4 +58,4 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
   score_mod = flex.score_function(softcap_value=softcap, alibi_slopes=alibi_slopes, q_len=q_len,
                                   kv_len=kv_len)
   return flex.flex_attention(q, k, v, block_mask=mask, score_mod=score_mod, scale=scale,
-                             kv_mask=kv_mask)
+                             kv_mask=kv_mask, sinks=sinks)

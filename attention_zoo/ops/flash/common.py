@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_zoo.ops.blocks import ceil_div, pad_to_multiple
+from attention_zoo.ops.softmax import apply_sinks
 from attention_zoo.ops.tiles import LOG2E, MASK_VALUE, dot_nt
 
 
@@ -105,29 +106,41 @@ def convert_mask(mask_mod, block_q: int, block_k: int):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def attention_with_vjp(kernels, q, k, v, kv_valid, segments, slopes, metadata):
   """Runs `kernels.forward` and differentiates through `kernels.backward` (which recomputes P).
+  -> (out, each row's log-sum-exp in natural units f32 [b, h, q_padded, 1], 0 for a row that
+  sees no key); either may go unused.
 
   kernels: a hashable object with forward(q, k, v, kv_valid, segments, slopes, metadata) ->
-  (out, lse) and backward(q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out) ->
-  (dq, dk, dv); segments: pad_inputs' (q ids, kv ids); metadata: the block lists and mask_mod's
-  arrays the kernels read. Only (out, lse) are saved besides the inputs, so memory stays linear
-  in length. ALiBi slopes are fixed constants (Press et al. 2022): they get no gradient; the int
-  kv_valid mask, the segment ids and the metadata get none either.
+  (out, lse₂) and backward(q, k, v, kv_valid, segments, slopes, metadata, out, lse₂, d_out,
+  d_lse) -> (dq, dk, dv), d_lse the natural log-sum-exp's cotangent (it adds P · d_lse to dS:
+  Δ - d_lse in place of Δ); segments: pad_inputs' (q ids, kv ids); metadata: the block lists
+  and mask_mod's arrays the kernels read. Only (out, lse₂) are saved besides the inputs, so
+  memory stays linear in length. ALiBi slopes are fixed constants (Press et al. 2022): they get
+  no gradient; the int kv_valid mask, the segment ids and the metadata get none either.
   """
-  return kernels.forward(q, k, v, kv_valid, segments, slopes, metadata)[0]
+  out, lse = kernels.forward(q, k, v, kv_valid, segments, slopes, metadata)
+  return out, lse / LOG2E
 
 
 def _attention_fwd(kernels, q, k, v, kv_valid, segments, slopes, metadata):
   out, lse = kernels.forward(q, k, v, kv_valid, segments, slopes, metadata)
-  return out, (q, k, v, kv_valid, segments, slopes, metadata, out, lse)
+  return (out, lse / LOG2E), (q, k, v, kv_valid, segments, slopes, metadata, out, lse)
 
 
-def _attention_bwd(kernels, residuals, d_out):
-  dq, dk, dv = kernels.backward(*residuals, d_out)
+def _attention_bwd(kernels, residuals, cotangents):
+  dq, dk, dv = kernels.backward(*residuals, *cotangents)
   no_grad = lambda tree: jax.tree.map(lambda _: None, tree)
   return dq, dk, dv, None, no_grad(residuals[4]), None, no_grad(residuals[6])
 
 
 attention_with_vjp.defvjp(_attention_fwd, _attention_bwd)
+
+
+def with_sinks(out, lse, sinks):
+  """out [b, q_len, h, d] (padding cut) with the attention sinks (None: out itself), from
+  attention_with_vjp's log-sum-exp [b, h, q_padded, 1]."""
+  if sinks is None:
+    return out
+  return apply_sinks(out, jnp.swapaxes(lse[:, :, :out.shape[1], 0], 1, 2), sinks)
 
 
 def pad_inputs(q, k, v, kv_mask, alibi_slopes, segment_ids=None, *, q_multiple: int,

@@ -90,7 +90,7 @@ class Kernels:
         name="flash_forward")(*lists, q, k, v, kv_valid, segments[1], segments[0], slopes,
                               *consts)
 
-  def backward(self, q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out):
+  def backward(self, q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out, d_lse):
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
@@ -98,7 +98,7 @@ class Kernels:
     _, lists, _, consts = metadata
     d_out = d_out.astype(q.dtype)
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32),
-                       d_out.astype(jnp.float32))[..., None]
+                       d_out.astype(jnp.float32))[..., None] - d_lse
     slopes_spec = pl.BlockSpec((num_heads,), lambda *_: (0,))
 
     q_tile = pl.BlockSpec((None, bq, None, head_dim), lambda i, b, h: (b, i, h, 0))
@@ -246,11 +246,13 @@ def _dkdv_kernel(counts_ref, indices_ref, full_ref, q_ref, k_ref, v_ref, kv_vali
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
                     softcap=None, segment_ids=None, block_q=None, block_k=None, block_q_bwd=None,
-                    block_k_bwd=None, interpret=None, mask_mod=None):
+                    block_k_bwd=None, interpret=None, mask_mod=None, sinks=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
   [b, kv_len]; alibi_slopes f32 [h] or None; softcap None or c (scores c · tanh(s / c), in the
   kernels, forward and backward); segment_ids None or (int [b, q_len], int [b, kv_len]) (a query
-  sees only keys of its own segment). Returns [b, q_len, h, d] in q's dtype.
+  sees only keys of its own segment); sinks None or a sink logit per head f32 [h] (applied to
+  the kernels' output and log-sum-exp: softmax.apply_sinks). Returns [b, q_len, h, d] in q's
+  dtype.
 
   mask_mod: None (every key, or the causal rule when causal), or a flex mask_mod
   (b, h, q_idx, kv_idx) -> bool; it is evaluated on padded indices too (their keys are masked
@@ -289,5 +291,5 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
       use_segments=segment_ids is not None, **blocks)
   kernels = Kernels(fwd=fwd, bwd=bwd, interpret=interpret,
                     num_warps=4 if padded_head_dim <= 64 else 8)
-  out = common.attention_with_vjp(kernels, q, k, v, kv_valid, segments, slopes, metadata)
-  return out[:, :q_len, :, :head_dim]
+  out, lse = common.attention_with_vjp(kernels, q, k, v, kv_valid, segments, slopes, metadata)
+  return common.with_sinks(out[:, :q_len, :, :head_dim], lse, sinks)

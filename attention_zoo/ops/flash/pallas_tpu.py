@@ -86,7 +86,7 @@ class Kernels:
         name="flash_forward")(*lists, q, k, v, kv_valid, segments[1], segments[0], slopes,
                               *consts)
 
-  def backward(self, q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out):
+  def backward(self, q, k, v, kv_valid, segments, slopes, metadata, out, lse, d_out, d_lse):
     batch, num_heads, q_len, head_dim = q.shape
     num_kv_heads, kv_len = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
@@ -95,7 +95,7 @@ class Kernels:
     _, lists, _, consts = metadata
     d_out = d_out.astype(q.dtype)
     delta = jnp.einsum("bhqd,bhqd->bhq", out.astype(jnp.float32),
-                       d_out.astype(jnp.float32))[..., None]
+                       d_out.astype(jnp.float32))[..., None] - d_lse
     slopes_spec = pl.BlockSpec(memory_space=pltpu.SMEM)
 
     q_tile = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, t, *_: (b, h, i, 0))
@@ -281,10 +281,10 @@ def _blocks(fwd: int, bwd: int, length: int, multiple: int, what: str, compiled:
 
 def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale: float,
                     softcap=None, segment_ids=None, block_q=None, block_k=None, block_q_bwd=None,
-                    block_k_bwd=None, interpret=None, mask_mod=None):
+                    block_k_bwd=None, interpret=None, mask_mod=None, sinks=None):
   """Exact softmax attention. q [b, q_len, h, d]; k, v [b, kv_len, kvh, d]; kv_mask bool
   [b, kv_len]; alibi_slopes f32 [h] or None. Returns [b, q_len, h, d] in q's dtype.
-  softcap, segment_ids, mask_mod: as for pallas_gpu.flash_attention.
+  softcap, segment_ids, mask_mod, sinks: as for pallas_gpu.flash_attention.
 
   interpret=None compiles on a TPU; elsewhere pass `interpret=pltpu.InterpretParams()`.
   """
@@ -311,6 +311,6 @@ def flash_attention(q, k, v, kv_mask, alibi_slopes=None, *, causal: bool, scale:
       block_k_bwd=bk_bwd)
   kernels = Kernels(fwd=fwd, bwd=bwd, interpret=interpret)
   heads_major = lambda x: jnp.swapaxes(x, 1, 2)           # [b, len, h, d] <-> [b, h, len, d]
-  out = common.attention_with_vjp(kernels, heads_major(q), heads_major(k), heads_major(v),
-                                  kv_valid, segments, slopes, metadata)
-  return heads_major(out)[:, :q_len]
+  out, lse = common.attention_with_vjp(kernels, heads_major(q), heads_major(k), heads_major(v),
+                                       kv_valid, segments, slopes, metadata)
+  return common.with_sinks(heads_major(out)[:, :q_len], lse, sinks)
