@@ -24,7 +24,7 @@ LINEAR_MEMORY = [
     ("reformer", False, {}), ("reformer", True, {}), ("sinkhorn", False, {}),
     ("sinkhorn", True, {}), ("nystromformer", False, {}), ("flash", False, {"impl": "chunked"}),
     ("flash", True, {"impl": "chunked"}), ("moba", False, {}), ("moba", True, {}),
-    ("nsa", True, {}),
+    ("nsa", True, {}), ("dsa", False, {}), ("dsa", True, {}),
 ]
 # Approximations (plus the kernel-based exact path) that must stay finite at 16K in bf16.
 LONG_BF16 = [("performer", False), ("performer", True), ("linear_transformer", True),
