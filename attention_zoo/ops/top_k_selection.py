@@ -65,14 +65,19 @@ def lightning_top_k(index_q, weights, index_k, *, kv_mask, top_k: int, causal: b
       k_position = kj * block_size + jnp.arange(block_size)                 # [B]
       seen = real_block[:, None, :] & (
           (k_position[None, :] <= q_position[:, None]) if causal else True)  # [b, B, B]
-      scores = jnp.where(seen[:, :, None], lightning_scores(q_block, w_block, k_block),
-                         -jnp.inf)                                          # [b, B, c, B]
-      # the best so far come first and hold lower positions: ties keep the lower position
-      values = jnp.concatenate([best[0], scores], -1)
-      positions = jnp.concatenate(
-          [best[1], jnp.broadcast_to(k_position, scores.shape).astype(jnp.int32)], -1)
-      top, where = jax.lax.top_k(values, slots)
-      return (top, jnp.take_along_axis(positions, where, -1)), None
+
+      def merged(best):
+        scores = jnp.where(seen[:, :, None], lightning_scores(q_block, w_block, k_block),
+                           -jnp.inf)                                        # [b, B, c, B]
+        # the best so far come first and hold lower positions: ties keep the lower position
+        values = jnp.concatenate([best[0], scores], -1)
+        positions = jnp.concatenate(
+            [best[1], jnp.broadcast_to(k_position, scores.shape).astype(jnp.int32)], -1)
+        top, where = jax.lax.top_k(values, slots)
+        return top, jnp.take_along_axis(positions, where, -1)
+
+      # a block no query of this block sees (causally: past the diagonal) is skipped
+      return jax.lax.cond(jnp.any(seen), merged, lambda best: best, best), None
 
     empty = (jnp.full((batch, block_size, channels, slots), -jnp.inf),
              jnp.full((batch, block_size, channels, slots), -1, jnp.int32))
