@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import attention_zoo as az
 from attention_zoo.ops.top_k_selection import lightning_top_k
-from helpers import (array_shapes, attention64, create_variant, normal, padding_mask,
-                     random_qkv)
+from mixers.test_mla import mla64, parameters
+from helpers import (array_shapes, assert_decoding_equals_forward, attention64, create_variant,
+                     normal, padding_mask, random_qkv)
 
 
 def build(causal, num_kv_heads=2, **options):
@@ -162,3 +164,70 @@ def test_no_intermediate_is_quadratic_in_the_length():
 def test_options_out_of_range_are_refused_naming_the_option():
   with pytest.raises(ValueError, match="top_k"):
     build(True, top_k=0)
+
+
+# -- DSA over MLA's latents (mla's option dsa_top_k), as the paper pairs them -----------------
+
+def build_mla(**options):
+  sizes = dict(kv_lora_rank=10, rope_head_dim=4, nope_head_dim=6, v_head_dim=5, block_size=4,
+               q_lora_rank=12, dsa_top_k=4, dsa_indexer_heads=2, dsa_indexer_dim=3)
+  return az.create_mixer("mla", emb_dim=32, num_heads=4, causal=True, rngs=nnx.Rngs(0),
+                         **{**sizes, **options})
+
+
+def mla_index_scores64(mla, x):
+  """I [1, 1, n, n] in float64 from the paper's indexer with the layer's weights: q^I from the
+  query latent, w from x, k^I = LayerNorm(W^IK x); x [n, emb]."""
+  value = lambda variable: np.asarray(variable[...], np.float64)
+  x = np.asarray(x, np.float64)
+  down = x @ value(mla.q_down.kernel)
+  c_q = down / np.sqrt((down ** 2).mean(-1, keepdims=True) + mla.options["norm_eps"])
+  c_q = c_q * value(mla.q_norm.scale)
+  index_q = (c_q @ value(mla.index_query.kernel)).reshape(x.shape[0], mla.options[
+      "dsa_indexer_heads"], -1)                                       # [n, H_I, e]
+  weights = x @ value(mla.index_weight.kernel)                        # [n, H_I]
+  key = x @ value(mla.index_key.kernel)
+  norm = mla.index_key_norm
+  key = (key - key.mean(-1, keepdims=True)) / np.sqrt(key.var(-1, keepdims=True) + norm.epsilon)
+  key = key * value(norm.scale) + value(norm.bias)                    # [n, e]
+  dots = np.maximum(np.einsum("tje,se->tjs", index_q, key), 0)
+  return np.einsum("tj,tjs->ts", weights, dots)[None, None]
+
+
+def test_mla_with_dsa_equals_the_float64_oracle_of_mla_over_the_chosen_keys():
+  """Output and the gradient of x: DeepSeek-V2's MLA (tests/mixers/test_mla.py's oracle)
+  restricted to each query's top dsa_top_k keys by the float64 indexer, with padding."""
+  mla = build_mla()
+  n = 13
+  x = normal(0, (2, n, 32))
+  mask = padding_mask(2, n, hole=4, tail=3)
+  cotangent = normal(1, x.shape)
+  out, back = jax.vjp(lambda x: mla(x, mask=mask), x)
+  (dx,) = back(cotangent)
+  patterns = [oracle_pattern(mla_index_scores64(mla, x[b]), mask[b:b + 1], heads=1,
+                             top_k=4, causal=True)[0, 0] for b in range(2)]
+  assert all(p.sum(-1).max() == 4 for p in patterns)                 # the selection bites
+  with jax.enable_x64(True):
+    p = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), parameters(mla))
+
+    def rows(x):
+      return jnp.stack([mla64(p, x[b], mask[b], causal=True, heads=4, sizes=mla.sizes,
+                              pattern=patterns[b]) for b in range(2)])
+
+    want, back64 = jax.vjp(rows, jnp.asarray(x, jnp.float64))
+    (want_dx,) = back64(jnp.asarray(cotangent, jnp.float64))
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(dx), np.asarray(want_dx), atol=2e-5, rtol=0)
+
+
+def test_mla_with_dsa_decodes_as_it_runs_and_caches_the_indexer_keys():
+  mla = build_mla()
+  x = normal(2, (2, 9, 32))
+  assert_decoding_equals_forward(mla, x, padding_mask(2, 9, hole=3, tail=1))
+  assert mla.cache.get_value()["index_key"].shape == (2, 9, 3)
+
+
+def test_mla_with_dsa_refuses_packed_sequences_naming_what_works():
+  mla = build_mla()
+  with pytest.raises(ValueError, match="use dsa_top_k=0"):
+    mla(normal(3, (1, 6, 32)), segment_ids=jnp.asarray([[0, 0, 0, 1, 1, 1]]))
