@@ -202,8 +202,8 @@ def test_mla_with_dsa_equals_the_float64_oracle_of_mla_over_the_chosen_keys():
   x = normal(0, (2, n, 32))
   mask = padding_mask(2, n, hole=4, tail=3)
   cotangent = normal(1, x.shape)
-  out, back = jax.vjp(lambda x: mla(x, mask=mask), x)
-  (dx,) = back(cotangent)
+  out, dx = nnx.jit(lambda mla, x: out_and_grads(
+      lambda x, *_: mla(x, mask=mask), x, None, None, cotangent)[:2])(mla, x)
   patterns = [oracle_pattern(mla_index_scores64(mla, x[b]), mask[b:b + 1], heads=1,
                              top_k=4, causal=True)[0, 0] for b in range(2)]
   assert all(p.sum(-1).max() == 4 for p in patterns)                 # the selection bites
@@ -214,8 +214,8 @@ def test_mla_with_dsa_equals_the_float64_oracle_of_mla_over_the_chosen_keys():
       return jnp.stack([mla64(p, x[b], mask[b], causal=True, heads=4, sizes=mla.sizes,
                               pattern=patterns[b]) for b in range(2)])
 
-    want, back64 = jax.vjp(rows, jnp.asarray(x, jnp.float64))
-    (want_dx,) = back64(jnp.asarray(cotangent, jnp.float64))
+    want, want_dx = jax.jit(lambda x: out_and_grads(lambda x, *_: rows(x), x, None, None,
+                                                    cotangent)[:2])(jnp.asarray(x, jnp.float64))
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=0)
   np.testing.assert_allclose(np.asarray(dx), np.asarray(want_dx), atol=2e-5, rtol=0)
 
