@@ -65,9 +65,10 @@ class MultiHeadAttention(nnx.Module):
     self.key = None if spec.shared_qk else linear(emb_dim, num_kv_heads * self.head_dim)
     self.value = linear(emb_dim, num_kv_heads * self.head_dim)
     self.out = linear(num_heads * self.head_dim, emb_dim)
-    # point B: the q, (k,) v features in one depthwise convolution
-    projected = (num_heads + (0 if spec.shared_qk else num_kv_heads) + num_kv_heads) * self.head_dim
-    self.canon = Canon(projected, dtype=dtype, rngs=rngs) if canon else None
+    # point B: the q, k (unless shared) and v features in one depthwise convolution
+    kv_heads = (1 if spec.shared_qk else 2) * num_kv_heads
+    qkv_features = (num_heads + kv_heads) * self.head_dim
+    self.canon = Canon(qkv_features, dtype=dtype, rngs=rngs) if canon else None
     self.cache = nnx.data(None)   # set by init_cache
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
