@@ -1,5 +1,5 @@
-"""The short causal convolution: beside attention in a model's block, and inside the sequence
-mixers."""
+"""The short causal convolution: beside attention in a model's block, inside the sequence
+mixers, and as Canon layers (a residual around it) at the block's points A-D."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -22,13 +22,14 @@ class ShortConv(nnx.Module):
   were alone.
   """
 
-  def __init__(self, features: int, kernel_size: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(self, features: int, kernel_size: int, *, bias: bool = True, dtype=jnp.float32,
+               rngs: nnx.Rngs):
     if kernel_size < 1:
       raise ValueError(f"short_conv must be a kernel size >= 1 (0 = none), got {kernel_size}")
     self.kernel_size, self.dtype = kernel_size, dtype
     self.weight = nnx.Param(nnx.initializers.normal(kernel_size ** -0.5)(
         rngs.params(), (kernel_size, features)))
-    self.bias = nnx.Param(jnp.zeros((features,)))
+    self.bias = nnx.Param(jnp.zeros((features,))) if bias else None
     self.state = nnx.data(None)   # [b, k - 1, emb] in decoding, set by init_cache
 
   def init_cache(self, batch_size: int, dtype=jnp.float32):
@@ -58,7 +59,37 @@ class ShortConv(nnx.Module):
         kept.append(jnp.where(crossed[..., None], 0, tap))
         crossed = crossed | start_window[:, k - 1 - i:k - 1 - i + n]
       taps = kept
-    return sum(w * tap for w, tap in zip(weight, taps)) + self.bias[...].astype(self.dtype)
+    out = sum(w * tap for w, tap in zip(weight, taps))
+    return out if self.bias is None else out + self.bias[...].astype(self.dtype)
+
+
+# The authors' kernel (PhysicsLM4's canon_kernel default; their code allows 2 to 4).
+CANON_KERNEL = 4
+
+
+class Canon(nnx.Module):
+  """A Canon layer (Allen-Zhu 2025, "Physics of Language Models: Part 4.1, Architecture Design
+  and the Magic of Canon Layers"): a causal depthwise convolution with a residual,
+
+      h'_t = h_t + Σ_{i < 4} w_i ⊙ h_{t-i} · m_{t-i}       h [b, n, f]; w [4, f]; m: 1 = real
+
+  bias-free and without an activation (the authors' defaults, canon_bias=False,
+  canon_activation=False). A masked token (m = 0) enters the convolution as zero, so padding
+  contributes nothing to a real token; its own output is its input plus its neighbours' (the
+  layers after it mask it). Decoding keeps the last 3 inputs (ShortConv's cache); packed
+  sequences (`segment_ids`) keep each tap inside its run. The weights start as ShortConv's,
+  N(0, 1/4) (PyTorch's Conv1d default, which the authors keep, is U(±1/2))."""
+
+  def __init__(self, features: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.conv = ShortConv(features, CANON_KERNEL, bias=False, dtype=dtype, rngs=rngs)
+
+  def init_cache(self, batch_size: int, dtype=jnp.float32):
+    self.conv.init_cache(batch_size, dtype)
+
+  def __call__(self, x, mask=None, *, decode: bool = False, segment_ids=None):
+    """x [b, n, f], mask bool [b, n] or None (all real) -> [b, n, f]."""
+    real = x if mask is None else jnp.where(mask[..., None], x, 0)
+    return x + self.conv(real, decode=decode, segment_ids=segment_ids).astype(x.dtype)
 
 
 class TokenShift(nnx.Module):

@@ -19,7 +19,7 @@ from flax import nnx
 
 from attention_zoo import positions, registry
 from attention_zoo.dropout import Dropout
-from attention_zoo.convolution import ShortConv
+from attention_zoo.convolution import Canon, ShortConv
 from attention_zoo.layers import MLP, OUTPUT_GATES, MultiHeadAttention, create_mixer
 from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.ops.segments import positions_in_segments
@@ -33,6 +33,10 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # and recomputes the rest (attention's own products, norms, activations).
 REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+# Canon layers' points in a block (Allen-Zhu 2025; convolution.Canon): A before the
+# self-attention (after its norm), B on its q/k/v projections, C before the MLP (after its
+# norm), D on the MLP's up projection.
+CANON_POINTS = "ABCD"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,7 @@ class TransformerConfig:
   # The self-attention's output gate (layers.MultiHeadAttention; attention variants only):
   # none | headwise | elementwise
   output_gate: str = "none"
+  canon: str = ""                          # Canon layers at these of CANON_POINTS, e.g. "ABCD"
 
   def __post_init__(self):
     registry.get(self.attention)            # unknown names -> ValueError listing the choices
@@ -94,6 +99,9 @@ class TransformerConfig:
                                   ("output_gate", self.output_gate, OUTPUT_GATES)):
       if value not in choices:
         raise ValueError(f"TransformerConfig.{field}={value!r}; choose one of {', '.join(choices)}")
+    if set(self.canon) - set(CANON_POINTS) or len(set(self.canon)) != len(self.canon):
+      raise ValueError(f"TransformerConfig.canon={self.canon!r}; give each of the points "
+                       f"{CANON_POINTS} at most once (e.g. 'ABCD', 'AC', or '' for none)")
 
   @property
   def compute_dtype(self):
@@ -123,16 +131,20 @@ class Block(nnx.Module):
     self.short_conv = (ShortConv(config.emb_dim, config.short_conv, dtype=dtype, rngs=rngs)
                        if config.short_conv else None)
     self.conv_norm = norm() if config.short_conv else None
+    canon = lambda point: (Canon(config.emb_dim, dtype=dtype, rngs=rngs)
+                           if point in config.canon else None)
+    self.canon_attention, self.canon_mlp = canon("A"), canon("C")
     self.self_attention = create_mixer(
         config.attention, emb_dim=config.emb_dim, causal=causal,
         position_kind=config.positions if score_positions else "none",
-        output_gate=config.output_gate, **dims, **attention_options)
+        output_gate=config.output_gate, canon="B" in config.canon, **dims, **attention_options)
     self.self_norm = norm()
     self.cross_attention = (MultiHeadAttention(config.emb_dim, attention=config.cross_attention,
                                                **dims) if cross else None)
     self.cross_norm = norm() if cross else None
     self.mlp = MLP(config.emb_dim, config.mlp_dim, dropout_rate=config.dropout_rate,
-                   approximate_gelu=config.gelu_approximate, dtype=dtype, rngs=rngs)
+                   approximate_gelu=config.gelu_approximate, canon="D" in config.canon,
+                   dtype=dtype, rngs=rngs)
     self.mlp_norm = norm()
     self.dropout = Dropout(config.dropout_rate, rngs=rngs)
 
@@ -146,13 +158,25 @@ class Block(nnx.Module):
     if self.short_conv is not None:
       x = self._residual(self.conv_norm, x, deterministic,
                          lambda h: self.short_conv(h, decode=decode, segment_ids=segment_ids))
+    canon = lambda layer, h: h if layer is None else layer(h, mask, decode=decode,
+                                                           segment_ids=segment_ids)
     x = self._residual(self.self_norm, x, deterministic, lambda h: self.self_attention(
-        h, mask=mask, deterministic=deterministic, decode=decode, **packed))
+        canon(self.canon_attention, h), mask=mask, deterministic=deterministic, decode=decode,
+        **packed))
     if self.cross_attention is not None:
       x = self._residual(self.cross_norm, x, deterministic, lambda h: self.cross_attention(
           h, context, mask=mask, context_mask=context_mask, deterministic=deterministic))
-    return self._residual(self.mlp_norm, x, deterministic,
-                          lambda h: self.mlp(h, deterministic=deterministic))
+    return self._residual(self.mlp_norm, x, deterministic, lambda h: self.mlp(
+        canon(self.canon_mlp, h), deterministic=deterministic, mask=mask, decode=decode,
+        segment_ids=segment_ids))
+
+  def init_cache(self, batch_size: int, max_len: int, dtype):
+    """Prepares one-token decoding: the self-attention's cache and the convolutions'."""
+    self.self_attention.init_cache(batch_size, max_len, dtype)
+    self.mlp.init_cache(batch_size, dtype)
+    for conv in (self.short_conv, self.canon_attention, self.canon_mlp):
+      if conv is not None:
+        conv.init_cache(batch_size, dtype)
 
   def _residual(self, norm, x, deterministic, branch):
     if self.pre_ln:
@@ -248,9 +272,7 @@ class Stack(nnx.Module):
 
   def init_cache(self, batch_size: int, max_len: int):
     for block in self.blocks:
-      block.self_attention.init_cache(batch_size, max_len, self.config.compute_dtype)
-      if block.short_conv is not None:
-        block.short_conv.init_cache(batch_size, self.config.compute_dtype)
+      block.init_cache(batch_size, max_len, self.config.compute_dtype)
     self.decode_position = nnx.Cache(jnp.zeros((), jnp.int32))
 
   def decode_step(self, token, *, context=None, context_mask=None):

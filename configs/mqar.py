@@ -38,6 +38,9 @@ ATTENTION_SETTINGS = {
     "nsa": {"model.attention_options.block_length": 8, "model.attention_options.block_stride": 4,
             "model.attention_options.selection_block": 8,
             "model.attention_options.selected_blocks": 4, "model.attention_options.window": 8},
+    # A query attends to 16 of its up to 64 keys, the indexer's top 16 (its default, 256, is
+    # every key here).
+    "dsa": {"model.attention_options.top_k": 16, "model.attention_options.block_size": 16},
     # Its window beside the linear attention, as short as sliding_window's (its default, 64, is
     # the whole sequence here).
     "based": {"model.attention_options.window": 8},

@@ -44,12 +44,27 @@ nope_head_dim = v_head_dim = d, rope_head_dim = d / 2 (rounded down to an even n
 2) and kv_lora_rank = 4·d, the paper's ratios (d_h^R = d_h / 2, d_c = 4·d_h); q_lora_rank = 0 as
 V2-Lite (V2: 1536 = 12·d_h). Projections are bias-free (as DeepSeek's); W^DKV and W^KR are one
 matmul, as are W^UK and W^UV. No YaRN (a context-extension rescaling of RoPE).
+
+DeepSeek Sparse Attention over the latent cache (DeepSeek-V3.2-Exp, as the paper pairs them;
+option `dsa_top_k` > 0, 0 = off): a lightning indexer,
+
+    I_ts = Σ_{j < H_I} w_tj · ReLU(q^I_tj · k^I_s),   q^I_tj = W^IQ_j c_t^Q,  w_t = W^Iw h_t,
+    k^I_s = LayerNorm(W^IK h_s)              H_I = dsa_indexer_heads, e = dsa_indexer_dim
+
+picks each query's top dsa_top_k keys (causally s <= t; all it sees when fewer), and the
+attention runs over those only, in the absorbed (MQA) form in training as in decoding: one
+selection per token for every head, as the paper's. The cache keeps k^I too. The indexer gets no
+gradient (the selection is integers; the paper's KL loss that trains it is not implemented here,
+see variants/dsa.py); no RoPE on the indexer (the paper rotates part of q^I and k^I). Tiled as
+`dsa` (ops/top_k_selection.py: a running top-k, then a gather). Not with packed sequences or
+context parallelism.
 """
 from __future__ import annotations
 
 import dataclasses
 
 import jax.numpy as jnp
+from flax import nnx
 
 from attention_zoo import positions
 from attention_zoo.contract import Mixer, register_mixer
@@ -58,6 +73,7 @@ from attention_zoo.norms import GatedRMSNorm
 from attention_zoo.ops import flex, ring
 from attention_zoo.ops.context import context_size
 from attention_zoo.ops.flash import chunked
+from attention_zoo.ops.top_k_selection import attend_selected, lightning_top_k
 from attention_zoo.ops.segments import positions_in_segments, segment_runs
 from attention_zoo.options import Float, Int
 
@@ -92,7 +108,9 @@ _SIZE = Int(None, minimum=1, optional=True)   # None: derived from head_dim
 class MultiHeadLatentAttention(Mixer):
   OPTIONS = {"kv_lora_rank": _SIZE, "q_lora_rank": Int(0, minimum=0),
              "rope_head_dim": Int(None, minimum=2, optional=True), "nope_head_dim": _SIZE,
-             "v_head_dim": _SIZE, "block_size": _SIZE, "norm_eps": Float(1e-6, above=0)}
+             "v_head_dim": _SIZE, "block_size": _SIZE, "norm_eps": Float(1e-6, above=0),
+             "dsa_top_k": Int(0, minimum=0), "dsa_indexer_heads": Int(4, minimum=1),
+             "dsa_indexer_dim": Int(32, minimum=1)}
   # Tiles of 8 at the suite's length 20 (several, a partial last one); a query latent; sizes
   # that differ from each other, so a mixed-up axis fails.
   TEST_OPTIONS = dict(block_size=8, q_lora_rank=12, kv_lora_rank=10, rope_head_dim=4,
@@ -106,7 +124,8 @@ class MultiHeadLatentAttention(Mixer):
   def state_size(cls, *, head_dim, seq_len, options, **dims) -> int:
     """The cache: the KV latent and the shared RoPE key of every token."""
     size = sizes_of(head_dim, options)
-    return seq_len * (size.kv_rank + size.rope)
+    index_key = options["dsa_indexer_dim"] if options["dsa_top_k"] else 0
+    return seq_len * (size.kv_rank + size.rope + index_key)
 
   def __init__(self, *, rngs, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
@@ -123,6 +142,13 @@ class MultiHeadLatentAttention(Mixer):
     self.kv_up = linear(size.kv_rank, h * (size.nope + size.v))                 # W^UK | W^UV
     self.out = linear(h * size.v, emb)                                          # W^O
     self.scale = (size.nope + size.rope) ** -0.5
+    self.dsa_top_k = self.options["dsa_top_k"]
+    if self.dsa_top_k:
+      heads, dim = self.options["dsa_indexer_heads"], self.options["dsa_indexer_dim"]
+      self.index_query = linear(size.q_rank or emb, heads * dim)                 # W^IQ
+      self.index_weight = linear(emb, heads)                                     # W^Iw
+      self.index_key = linear(emb, dim)                                          # W^IK
+      self.index_key_norm = nnx.LayerNorm(dim, rngs=rngs)
 
   def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
@@ -137,10 +163,21 @@ class MultiHeadLatentAttention(Mixer):
     latent, rope_key = jnp.split(self.kv_down(x), [size.kv_rank], axis=-1)  # [b, n, r], [.., rope]
     latent = self.kv_norm(latent).astype(self.dtype)
     rope_key = positions.rope(rope_key[:, :, None], position_ids)[:, :, 0]   # [b, n, rope]
-    if state is None:
+    if self.dsa_top_k:
+      if segment_ids is not None or context_size() > 1:
+        raise ValueError("mla with dsa_top_k > 0 takes neither packed sequences (segment_ids) "
+                         "nor a sequence split over the mesh; use dsa_top_k=0 for them")
+      index_q = self.index_query(c_q).reshape(b, n, 1, self.options["dsa_indexer_heads"], -1)
+      index = (index_q, self.index_weight(x)[:, :, None],             # [b, n, 1, H_I, e], [.., H_I]
+               self.index_key_norm(self.index_key(x)))                # k^I [b, n, e]
+    if state is None and self.dsa_top_k:
+      o = self._absorbed(q_nope, q_rope, latent, rope_key, mask, causal=not self.bidirectional,
+                         index=index)
+    elif state is None:
       o = self._attend(q_nope, q_rope, latent, rope_key, mask, segment_ids)
     else:
-      o, state = self._decode(q_nope, q_rope, latent, rope_key, mask, state)
+      o, state = self._decode(q_nope, q_rope, latent, rope_key, mask, state,
+                              index if self.dsa_top_k else None)
     return self.out(o.reshape(b, n, h * size.v).astype(self.dtype)), state
 
   def _attend(self, q_nope, q_rope, latent, rope_key, mask, segment_ids=None):
@@ -152,27 +189,45 @@ class MultiHeadLatentAttention(Mixer):
     k = jnp.concatenate([k_nope, shared], axis=-1)                      # [b, n, h, nope + rope]
     return self._softmax(q, k, v, mask, causal=not self.bidirectional, segment_ids=segment_ids)
 
-  def _decode(self, q_nope, q_rope, latent, rope_key, mask, cache):
+  def _decode(self, q_nope, q_rope, latent, rope_key, mask, cache, index=None):
     """n new tokens against the cache, the up-projections absorbed -> (o [b, n, h, v], cache).
     The cache is right-aligned (the newest token in the last slot), so the bottom-right causal
-    rule places the new queries; slots never written are not `filled`."""
+    rule places the new queries; slots never written are not `filled`. index: DSA's indexer
+    (q^I, w, k^I of the new tokens), whose keys the cache keeps."""
     n, length = latent.shape[1], cache["latent"].shape[1]
     if n > length:
       raise ValueError(f"mla: {n} tokens do not fit a cache of {length} (init_cache's max_len)")
     shift = lambda buffer, new: jnp.concatenate([buffer[:, n:], new.astype(buffer.dtype)], 1)
-    cache = {"latent": shift(cache["latent"], latent),
+    cache = {**cache, "latent": shift(cache["latent"], latent),
              "rope_key": shift(cache["rope_key"], rope_key),
              "filled": shift(cache["filled"], mask), "position": cache["position"] + n}
+    if index is not None:
+      cache["index_key"] = shift(cache["index_key"], index[2])
+      index = (*index[:2], cache["index_key"])
+    o = self._absorbed(q_nope, q_rope, cache["latent"], cache["rope_key"], cache["filled"],
+                       causal=True, index=index)
+    return o, cache
+
+  def _absorbed(self, q_nope, q_rope, latent, rope_key, kv_mask, *, causal: bool, index=None):
+    """Multi-query attention over the latents, the up-projections absorbed: every head reads
+    one key [c^KV; k^R] and one value c^KV per token -> o [b, n, h, v]. index: None (every
+    visible key), or DSA's (q^I [b, n, 1, H_I, e], w [b, n, 1, H_I], k^I [b, L, e]): each query
+    attends to its top dsa_top_k keys by I only."""
     r, h, size = self.sizes.kv_rank, self.num_heads, self.sizes
     up = self.kv_up.kernel[...].reshape(r, h, size.nope + size.v).astype(q_nope.dtype)
     w_uk, w_uv = jnp.split(up, [size.nope], axis=-1)                   # [r, h, nope], [r, h, v]
     q_latent = jnp.einsum("bnhd,rhd->bnhr", q_nope, w_uk)              # [b, n, h, r]
     q = jnp.concatenate([q_latent, q_rope], axis=-1)                   # [b, n, h, r + rope]
-    k = jnp.concatenate([cache["latent"], cache["rope_key"]], -1)[:, :, None]  # [b, L, 1, r+rope]
-    values = cache["latent"][:, :, None]                               # [b, L, 1, r]
-    o_latent = self._softmax(q, k.astype(q.dtype), values.astype(q.dtype), cache["filled"],
-                             causal=True)                              # [b, n, h, r]
-    return jnp.einsum("bnhr,rhd->bnhd", o_latent, w_uv), cache         # [b, n, h, v]
+    k = jnp.concatenate([latent, rope_key], -1)[:, :, None].astype(q.dtype)  # [b, L, 1, r+rope]
+    values = latent[:, :, None].astype(q.dtype)                        # [b, L, 1, r]
+    if index is None:
+      o_latent = self._softmax(q, k, values, kv_mask, causal=causal)  # [b, n, h, r]
+    else:
+      block = self.options["block_size"] or 128
+      chosen = lightning_top_k(index[0], index[1], index[2][:, :, None], kv_mask=kv_mask,
+                               top_k=self.dsa_top_k, causal=causal, block_size=block)
+      o_latent = attend_selected(q, k, values, chosen, scale=self.scale, block_size=block)
+    return jnp.einsum("bnhr,rhd->bnhd", o_latent.astype(q.dtype), w_uv)  # [b, n, h, v]
 
   def _softmax(self, q, k, v, kv_mask, *, causal: bool, segment_ids=None):
     """softmax(q kᵀ · scale) v over kv_mask's keys on the engine (bottom-right causal; with
@@ -192,4 +247,6 @@ class MultiHeadLatentAttention(Mixer):
     return {"latent": jnp.zeros((batch_size, max_len, self.sizes.kv_rank), dtype),
             "rope_key": jnp.zeros((batch_size, max_len, self.sizes.rope), dtype),
             "filled": jnp.zeros((batch_size, max_len), bool),
-            "position": jnp.zeros((), jnp.int32)}
+            "position": jnp.zeros((), jnp.int32),
+            **({"index_key": jnp.zeros((batch_size, max_len, self.options["dsa_indexer_dim"]),
+                                       dtype)} if self.dsa_top_k else {})}

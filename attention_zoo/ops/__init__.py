@@ -16,10 +16,12 @@ recurrence returns (o, final_state [B, H, K, V]; mLSTM's tuple); all take packed
 The attention maths, in its modules: softmax.py (the numerics the variants share and the dense
 path), oracle.py (the dense oracle), blocks.py (lengths in blocks), tiles.py (the online
 softmax of one tile), flex.py (the block-mask engine, flex_attention), flash/ (FlashAttention:
-chunked, and the Pallas kernels); segments.py, what a packed sequence is (its starts, runs and
-positions), for the layers that must not cross one (short convolutions, token shifts);
-key_scan.py, attention whose weights are not a softmax (stick-breaking, softpick) over key
-blocks. The linear approximations' sums over the sequence, on one device and context-parallel:
+chunked, and the Pallas kernels), top_k_selection.py (attention over each query's top-k keys by
+a scorer: DeepSeek Sparse Attention's lightning indexer, a running top-k, a gather);
+segments.py, what a packed sequence is (its starts, runs and positions), for the layers that
+must not cross one (short convolutions, token shifts); key_scan.py, attention whose weights are
+not a softmax (stick-breaking, softpick) over key blocks. The linear approximations' sums over
+the sequence, on one device and context-parallel:
 kernelized.py (Performer, Linear Transformer), length_projection.py (Linformer), nystrom.py.
 """
 from attention_zoo.ops.delta_rule import (chunk_delta_rule, chunk_gated_delta_product,

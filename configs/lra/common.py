@@ -192,6 +192,7 @@ def base_config(task: str, attention: str, preset: str) -> ml_collections.Config
   config.model.share_attention_across_layers = False   # one set of the variant's own parameters
   config.model.remat = "none"                     # none | block | dots
   config.model.output_gate = "none"               # none | headwise | elementwise (attention)
+  config.model.canon = ""                         # Canon layers at points of "ABCD"; "" = none
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = "adamw"                 # adamw: decoupled weight decay (LRA's) | adam

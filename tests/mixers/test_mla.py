@@ -48,10 +48,11 @@ def rope64(x, positions):
                           second * jnp.cos(angle) + first * jnp.sin(angle)], axis=-1)
 
 
-def mla64(p, x, mask, *, causal, heads, sizes, eps=1e-6):
+def mla64(p, x, mask, *, causal, heads, sizes, eps=1e-6, pattern=True):
   """DeepSeek-V2 §2.1 eqs. (9)-(19) for one sequence x [n, emb] with the weights p, dense (in
   float64 under jax.enable_x64): masked keys are not attended, masked query rows are 0. sizes:
-  the layer's head and latent sizes (`mla.sizes`)."""
+  the layer's head and latent sizes (`mla.sizes`); pattern: bool [n, n], the keys each query
+  may see besides (DSA's selection, tests/variants/test_dsa.py)."""
   n = x.shape[0]
   nope, rope, v_dim, kv_rank = sizes.nope, sizes.rope, sizes.v, sizes.kv_rank
   rms = lambda a, scale: a / jnp.sqrt(jnp.mean(a * a, -1, keepdims=True) + eps) * scale
@@ -66,7 +67,7 @@ def mla64(p, x, mask, *, causal, heads, sizes, eps=1e-6):
   q_full = jnp.concatenate([q_c, q_r], -1)                                    # (16)
   k_full = jnp.concatenate([k_c, jnp.broadcast_to(k_r[:, None], (n, heads, rope))], -1)  # (17)
   scores = jnp.einsum("ihd,jhd->hij", q_full, k_full) / jnp.sqrt(nope + rope)
-  allowed = mask[None, None, :] & (jnp.tril(jnp.ones((n, n), bool)) if causal else True)
+  allowed = mask[None, None, :] & (jnp.tril(jnp.ones((n, n), bool)) if causal else True) & pattern
   scores = jnp.where(allowed, scores, -jnp.inf)
   top = jax.lax.stop_gradient(jnp.max(jnp.where(allowed, scores, 0.0), -1, keepdims=True))
   weights = jnp.where(allowed, jnp.exp(scores - top), 0.0)

@@ -26,6 +26,7 @@ LINEAR_MEMORY = [
     ("flash", True, {"impl": "chunked"}), ("moba", False, {}), ("moba", True, {}),
     ("nsa", True, {}), ("stick_breaking", True, {}), ("softpick", False, {}),
     ("softpick", True, {}), ("diff", False, {}), ("diff", True, {}),
+    ("dsa", False, {}), ("dsa", True, {}),
 ]
 # Approximations (plus the kernel-based exact path) that must stay finite at 16K in bf16.
 LONG_BF16 = [("performer", False), ("performer", True), ("linear_transformer", True),
