@@ -21,6 +21,7 @@ from attention_zoo import positions, registry
 from attention_zoo.dropout import Dropout
 from attention_zoo.convolution import ShortConv
 from attention_zoo.layers import MLP, MultiHeadAttention, create_mixer
+from attention_zoo.ops import fsdp
 from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.ops.segments import positions_in_segments
 
@@ -33,6 +34,13 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # and recomputes the rest (attention's own products, norms, activations).
 REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveable,
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+# What the block keeps under "none" when the mesh cuts the parameters over fsdp: every activation
+# but the outputs of these operations, which the backward recomputes. A parameter gathered over
+# fsdp (a sharding constraint), and a cast or a change of shape of one, is then gathered again
+# in the backward pass rather than kept whole from the forward: one block's parameters whole at
+# a time. An activation's cast or change of shape is recomputed too, at no cost worth counting.
+_RECOMPUTED_UNDER_FSDP = frozenset({"sharding_constraint", "convert_element_type", "reshape",
+                                    "transpose", "broadcast_in_dim", "squeeze", "expand_dims"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,9 +231,9 @@ class Stack(nnx.Module):
       packing = (segment_ids, positions_in_segments(segment_ids))
     mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask, bool)
     attention_mask = mask & (tokens != 0) if self.config.zero_token_is_padding else mask
-    x = self.embed(tokens)
+    x = _gathered(self.embed)(tokens)
     if self.cls is not None:
-      cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1]))   # [b, 1, emb]
+      cls = jnp.broadcast_to(fsdp.gathered(self.cls[...]).astype(x.dtype), (b, 1, x.shape[-1]))
       x = jnp.concatenate([cls, x], axis=1)
       mask, attention_mask = (jnp.concatenate([jnp.ones((b, 1), bool), m], axis=1)
                               for m in (mask, attention_mask))
@@ -233,12 +241,15 @@ class Stack(nnx.Module):
       attention_mask = None
     position_ids = jnp.arange(x.shape[1]) if packing is None else packing[1]
     x = self.dropout(self._add_positions(x, position_ids), deterministic=deterministic)
+    # Parameters cut over fsdp are gathered block by block (_gathered), and the backward pass
+    # gathers them again rather than keep them (_rematerialised with _remat_policy).
+    remat, gathering = self.config.remat, fsdp.fsdp_size() > 1
     for block in self.blocks:
-      if self.config.remat == "none":
+      if remat == "none" and not gathering:
         x = block(x, attention_mask, context=context, context_mask=context_mask,
                   deterministic=deterministic, packing=packing)
       else:
-        x = _rematerialised(block, REMAT_POLICIES[self.config.remat], x, attention_mask, context,
+        x = _rematerialised(block, _remat_policy(remat, gathering), x, attention_mask, context,
                             context_mask, packing, deterministic=deterministic)
     return self._finish(x), mask
 
@@ -266,11 +277,31 @@ class Stack(nnx.Module):
     if kind == "sinusoidal":
       x = x + positions.sinusoidal(position_ids, x.shape[-1]).astype(x.dtype)
     elif kind == "learned":
-      x = x + self.learned_positions(position_ids).astype(x.dtype)
+      x = x + _gathered(self.learned_positions)(position_ids).astype(x.dtype)
     return x
 
   def _finish(self, x):
-    return x if self.final_norm is None else self.final_norm(x)
+    return x if self.final_norm is None else _gathered(self.final_norm)(x)
+
+
+def _gathered(module: nnx.Module) -> nnx.Module:
+  """`module` with its state whole on every device, where the active mesh cuts the training
+  state over fsdp: a layer's parameters gathered just before it runs (ops/fsdp.py); `module`
+  itself otherwise. The copy shares the module's RNG
+  streams, so that what it draws advances them."""
+  if fsdp.fsdp_size() == 1:
+    return module
+  graphdef, state, rngs = nnx.split(module, nnx.Not(nnx.RngState), ...)
+  return nnx.merge(graphdef, fsdp.gathered(state), rngs)
+
+
+def _remat_policy(remat: str, gathering: bool):
+  """The block's rematerialisation policy: REMAT_POLICIES[remat], or under "none" with the
+  parameters cut over fsdp (`gathering`) every activation but _RECOMPUTED_UNDER_FSDP's. The
+  other policies keep no gathered parameter already."""
+  if remat != "none" or not gathering:
+    return REMAT_POLICIES[remat]
+  return lambda primitive, *_, **__: primitive.name not in _RECOMPUTED_UNDER_FSDP
 
 
 def _rematerialised(block: Block, policy, x, mask, context, context_mask, packing=None, *,
@@ -296,8 +327,8 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
   def pure(state, x, mask, context, context_mask, packing):
     values = [value_of(leaf) for leaf in variables_of(state)]
     block = nnx.merge(graphdef, state)
-    out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic,
-                packing=packing)
+    out = _gathered(block)(x, mask, context=context, context_mask=context_mask,
+                           deterministic=deterministic, packing=packing)
     # each variable's new value, None where the block left it as it was (the same traced value)
     written = [None if value_of(leaf) is value else value_of(leaf)
                for leaf, value in zip(variables_of(nnx.state(block)), values, strict=True)]
@@ -309,12 +340,11 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
   def run(*args):
     return pure(*args)
 
-  def forward(*args):
-    return jax.vjp(recomputed, *args)          # (outputs, pullback holding what policy saved)
+  def forward(*args):   # (outputs, pullback holding what policy saved)
+    return _in_branch(lambda *args: jax.vjp(recomputed, *args), args[1], *args)
 
   def backward(pullback, cotangents):
-    unknown = jnp.isnan(cotangents[0].ravel()[0])   # any value XLA cannot fold: both branches agree
-    return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
+    return _in_branch(lambda p, c: p(c), cotangents[0], pullback, cotangents)
 
   run.defvjp(forward, backward)
   # Forward-mode autodiff, which a custom_vjp refuses, saves nothing for a backward: plain block.
@@ -324,6 +354,21 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
     if value is not None:
       variable.set_value(value)
   return out
+
+
+def _in_branch(fn, key, *args):
+  """fn(*args) run inside a `lax.cond` whose two branches are fn, on a predicate XLA cannot
+  fold (read from the array `key`): XLA neither merges the work inside with work outside
+  (common subexpressions) nor moves it out (e.g. every block's parameter gathers to the
+  program's start)."""
+  structure = []
+
+  def branch(*args):
+    leaves, treedef = jax.tree.flatten(fn(*args))
+    structure.append(treedef)
+    return leaves
+  leaves = jax.lax.cond(jnp.isnan(key.ravel()[0]), branch, branch, *args)
+  return jax.tree.unflatten(structure[0], leaves)
 
 
 class Encoder(Stack):
@@ -379,8 +424,11 @@ class Classifier(nnx.Module):
     hidden, mask = self.encoder(tokens, mask, deterministic=deterministic)
     return pool(hidden, mask, self.config.pooling, self.config.max_len)
 
+  def _head(self, features):
+    return _gathered(self.head)(features)
+
   def __call__(self, tokens, mask=None, *, deterministic=True):
-    return self.head(self.encode(tokens, mask, deterministic=deterministic))
+    return self._head(self.encode(tokens, mask, deterministic=deterministic))
 
 
 class DualEncoderClassifier(Classifier):
@@ -394,7 +442,7 @@ class DualEncoderClassifier(Classifier):
     u = self.encode(tokens1, mask1, deterministic=deterministic)
     v = self.encode(tokens2, mask2, deterministic=deterministic)
     features = [u, v, u * v, u - v] if self.config.interaction == "nli" else [u, v]
-    return self.head(jnp.concatenate(features, axis=-1))
+    return self._head(jnp.concatenate(features, axis=-1))
 
 
 class DecoderLM(nnx.Module):
@@ -408,7 +456,7 @@ class DecoderLM(nnx.Module):
   def __call__(self, tokens, mask=None, *, deterministic=True, segment_ids=None):
     """segment_ids: packed sequences (Stack); each token's logits see its own sequence only."""
     hidden, _ = self.decoder(tokens, mask, deterministic=deterministic, segment_ids=segment_ids)
-    return self.lm_head(hidden.astype(jnp.float32))
+    return _gathered(self.lm_head)(hidden.astype(jnp.float32))
 
   def init_cache(self, batch_size: int, max_len: int):
     """Empty caches for `decode_step`, one token at a time up to `max_len` positions."""
@@ -453,9 +501,10 @@ class BottleneckLM(nnx.Module):
     last = jnp.maximum(mask.sum(axis=1) - 1, 0)                                     # [b]
     state = jnp.take_along_axis(hidden.astype(jnp.float32), last[:, None, None], 1)  # [b, 1, emb]
     x = state + positions.sinusoidal(jnp.arange(tokens.shape[1]), self.config.emb_dim)
-    for norm, linear in zip(self.norms[:2], self.hidden):                           # [b, n, emb]
+    norms, hidden = _gathered(self.norms), _gathered(self.hidden)
+    for norm, linear in zip(norms[:2], hidden):                                     # [b, n, emb]
       x = nnx.gelu(linear(norm(x)))
-    return self.lm_head(self.norms[2](x))                                           # [b, n, vocab]
+    return _gathered(self.lm_head)(norms[2](x))                                     # [b, n, vocab]
 
 
 class EncoderDecoder(nnx.Module):
@@ -472,7 +521,7 @@ class EncoderDecoder(nnx.Module):
     memory, source_mask = self.encoder(source, source_mask, deterministic=deterministic)
     hidden, _ = self.decoder(target, target_mask, context=memory, context_mask=source_mask,
                              deterministic=deterministic)
-    return self.lm_head(hidden.astype(jnp.float32))
+    return _gathered(self.lm_head)(hidden.astype(jnp.float32))
 
   def generate(self, source, prompt, max_new_tokens: int, *, source_mask=None,
                temperature: float = 0.0, rng=None, use_cache=None):

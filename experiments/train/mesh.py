@@ -32,6 +32,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import attention_zoo as az
 from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, DATA_AXIS, FSDP_AXIS
+from attention_zoo.ops.fsdp import shard_spec
 from experiments.common.dry_run import count
 from experiments.common import tasks
 from experiments.common.errors import HarnessError
@@ -121,16 +122,6 @@ def describe(mesh_sizes: dict[str, int]) -> str:
           + f" ({count(math.prod(mesh_sizes.values()), 'device')})")
 
 
-def shard_spec(shape, fsdp: int) -> PartitionSpec:
-  """Where an array of the training state is cut: along its largest axis that `fsdp` divides
-  (the last of equal ones), over the fsdp axis; copied when no axis is divisible."""
-  axes = [i for i, n in enumerate(shape) if fsdp > 1 and n % fsdp == 0]
-  if not axes:
-    return PartitionSpec()
-  cut = max(axes, key=lambda i: (shape[i], i))
-  return PartitionSpec(*(FSDP_AXIS if i == cut else None for i in range(len(shape))))
-
-
 class Layout:
   """A mesh over `devices` with the sizes {axis: size} (sizes()), and the shardings of a run's
   arrays on it: the training state's (`state`, `constrain`), the batch's (`batch`)."""
@@ -158,10 +149,6 @@ class Layout:
   def constrain(self, tree):
     """`tree` (inside jit) placed as `state` says, leaf by leaf."""
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.state(x)), tree)
-
-  def gathered(self, tree):
-    """`tree` (inside jit) whole on every device."""
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.replicated), tree)
 
   def batch(self, ndim: int) -> NamedSharding:
     """The sharding of a batch array: rows over data and fsdp, positions (a second axis, as in
