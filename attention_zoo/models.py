@@ -287,8 +287,8 @@ class Stack(nnx.Module):
 def _gathered(module: nnx.Module) -> nnx.Module:
   """`module` with its state whole on every device, where the active mesh cuts the training
   state over fsdp: a layer's parameters gathered just before it runs (ops/fsdp.py); `module`
-  itself otherwise. The copy shares the module's RNG
-  streams, so that what it draws advances them."""
+  itself otherwise. The copy shares the module's RNG streams, so that what it draws advances
+  them."""
   if fsdp.fsdp_size() == 1:
     return module
   graphdef, state, rngs = nnx.split(module, nnx.Not(nnx.RngState), ...)
@@ -310,14 +310,16 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
 
   jax.checkpoint alone marks what to recompute, but XLA:CPU drops the barriers that keep the
   recomputation apart and merges it back into the forward pass (common-subexpression
-  elimination), so every activation is kept. Here the backward runs inside a `lax.cond` whose
-  two branches are the same pullback: XLA never merges across computations, so the
-  recomputation stays in the backward pass on every backend. The block runs as a pure function
-  of its state's values (parameters and RNG counters); the recomputation replays the same RNG
-  keys, so dropout masks are the same. Only the variables the block wrote (dropout's RNG
-  counters in training) are written back, as a call without remat would: a model merged from
-  `nnx.split` inside plain `jax.grad` holds RNG state of an outer trace, which must not be
-  written when nothing drew from it.
+  elimination), so every activation is kept. Here the forward and the backward each run inside
+  a `lax.cond` whose two branches are the same (_in_branch): XLA never merges across
+  computations, so the recomputation stays in the backward pass on every backend, and it moves
+  no work out of one, so a block's parameter gathers (fsdp: every block runs here, whatever
+  its remat) stay where the block runs instead of all at the program's start. The block runs
+  as a pure function of its state's values (parameters and RNG counters); the recomputation
+  replays the same RNG keys, so dropout masks are the same. Only the variables the block wrote
+  (dropout's RNG counters in training) are written back, as a call without remat would: a
+  model merged from `nnx.split` inside plain `jax.grad` holds RNG state of an outer trace,
+  which must not be written when nothing drew from it.
   """
   graphdef, state = nnx.split(block)
   # the state's leaves: Variables, and plain arrays a layer holds as constants (RetNet's decays)
@@ -337,8 +339,8 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
   recomputed = jax.checkpoint(pure, policy=policy)
 
   @jax.custom_vjp
-  def run(*args):
-    return pure(*args)
+  def run(*args):   # without differentiation (evaluation)
+    return _in_branch(pure, args[1], *args)
 
   def forward(*args):   # (outputs, pullback holding what policy saved)
     return _in_branch(lambda *args: jax.vjp(recomputed, *args), args[1], *args)

@@ -5,18 +5,24 @@
   data     the batch is split over it; everything else is copied on each of its devices
   fsdp     the batch is split over it too, and so are the parameters and the optimiser state
            (fully sharded data parallelism): each array is cut along its largest axis that
-           the fsdp size divides (an array with no such axis is copied); the train step asks
-           for the parameters whole inside the model (`gathered`), so XLA's SPMD partitioner
-           all-gathers each where it is used and reduce-scatters its gradient, and the
-           activations stay split over the batch
+           the fsdp size divides (an array with no such axis is copied; shard_spec, in
+           attention_zoo/ops/fsdp.py); the model gathers each layer's parameters just before
+           that layer runs and again in its backward pass, and its gradient is reduced back to
+           the cut, so a device holds one block's parameters whole at a time, not the model's;
+           the activations stay split over the batch
   context  the sequence is split over it (context parallelism): inputs [b, n] are sharded
            P(("data", "fsdp"), "context"); the attention variants and mixers whose spec has
            `supports_context_parallel` switch to their context-parallel form when the active
            mesh has this axis (attention_zoo/ops/context.py); others are refused
 
 The rule that shards the parameters reads an array's shape alone, so the optimiser's moments
-(shaped like the parameters) land where their parameter does, and the library's models carry
-no knowledge of the harness. A run is traced and compiled under `jax.set_mesh(layout.mesh)`,
+(shaped like the parameters) land where their parameter does, the library's models carry no
+knowledge of the harness, and a plug-in's parameters are cut with no annotation. NNX's sharding
+metadata (`nnx.with_partitioning` names per parameter axis, mapped to mesh axes by logical
+axis rules) would say the same for fsdp only after every variant's and mixer's parameters were
+annotated, and the moments would need the names carried over from their parameters; it earns
+its place once an axis must be chosen by meaning rather than size, as a `tensor` axis over the
+heads would be. A run is traced and compiled under `jax.set_mesh(layout.mesh)`,
 so that the ops see the mesh.
 
 Every check here runs before the data is read or anything compiles (trainer.check_config);
