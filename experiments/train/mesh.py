@@ -168,6 +168,9 @@ class Layout:
       return [f"  {prefix}{jax.tree_util.keystr(path).replace('.value', '')} {list(x.shape)} "
               f"{x.dtype}: "
               f"{sharding_of(x).spec}" for path, x in jax.tree_util.tree_leaves_with_path(tree)]
-    return [f"mesh: {self.describe()}", *rows("params", params, self.state),
+    gathering = (["  params cut over fsdp: the model gathers a layer's whole just before it runs "
+                  "it (and again in its backward pass), one layer at a time"]
+                 if self.sizes[FSDP_AXIS] > 1 else [])
+    return [f"mesh: {self.describe()}", *gathering, *rows("params", params, self.state),
             *rows("opt_state", opt_state, self.state),
             *rows("batch", batch, lambda x: self.batch(x.ndim))]

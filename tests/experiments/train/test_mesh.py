@@ -143,6 +143,7 @@ def test_the_dry_run_prints_the_mesh_and_each_arrays_sharding(tmp_path):
                          *(f"--config.{k}={v}" for k, v in SMALL.items())], devices=4))
   assert "mesh data 2 × fsdp 2 × context 1 (4 devices)" in stdout
   assert "mesh: data 2 × fsdp 2 × context 1 (4 devices)" in stdout
+  assert "params cut over fsdp: the model gathers a layer's whole just before it runs" in stdout
   assert re.search(r"params\['encoder'\]\['embed'\]\['embedding'\] \[\d+, 16\] float32: "
                    r"P\(None, 'fsdp'\)", stdout)
   assert re.search(r"opt_state.*\.mu\['encoder'\]\['embed'\]\['embedding'\] .*P\(None, 'fsdp'\)",
