@@ -5,10 +5,11 @@ The harness cuts every array of the training state over `fsdp` (`shard_spec`: al
 largest axis that the fsdp size divides) and splits the batch over it too. A model asks for a
 layer's parameters whole just before it runs that layer (`gathered`): XLA's SPMD partitioner
 all-gathers them there, and their gradient, which each device holds summed over its share of
-the batch, is reduce-scattered back to the cut. So a device holds one layer's parameters whole
-at a time, not the whole model's (models.py keeps the backward pass from saving them: it gathers
-them again). With no mesh, or a mesh without an `fsdp` axis of size > 1, both are the
-identity.
+the batch, is summed over the devices and cut back (a reduce-scatter; XLA:CPU compiles it as an
+all-reduce and a slice). So a device holds one layer's parameters whole at a time, not the
+whole model's (models.py runs each block in a computation of its own, and its backward pass
+gathers them again rather than keep them). With no mesh, or a mesh without an `fsdp` axis of
+size > 1, `gathered` is the identity.
 
 The rule reads an array's shape alone, so the optimiser's moments (shaped like the parameters)
 are cut as their parameter is, a layer and its gradient agree without a table of axis names,
@@ -20,6 +21,7 @@ import jax
 from jax.sharding import PartitionSpec
 
 from attention_zoo.ops.context import FSDP_AXIS
+
 
 def fsdp_size() -> int:
   """The size of the active mesh's `fsdp` axis (1 without a mesh or without the axis)."""

@@ -7,9 +7,9 @@
            (fully sharded data parallelism): each array is cut along its largest axis that
            the fsdp size divides (an array with no such axis is copied; shard_spec, in
            attention_zoo/ops/fsdp.py); the model gathers each layer's parameters just before
-           that layer runs and again in its backward pass, and its gradient is reduced back to
-           the cut, so a device holds one block's parameters whole at a time, not the model's;
-           the activations stay split over the batch
+           that layer runs (a block's again in its backward pass), and their gradient is
+           summed over the devices and cut back, so a device holds one block's parameters
+           whole at a time, not the model's; the activations stay split over the batch
   context  the sequence is split over it (context parallelism): inputs [b, n] are sharded
            P(("data", "fsdp"), "context"); the attention variants and mixers whose spec has
            `supports_context_parallel` switch to their context-parallel form when the active
@@ -22,8 +22,8 @@ metadata (`nnx.with_partitioning` names per parameter axis, mapped to mesh axes 
 axis rules) would say the same for fsdp only after every variant's and mixer's parameters were
 annotated, and the moments would need the names carried over from their parameters; it earns
 its place once an axis must be chosen by meaning rather than size, as a `tensor` axis over the
-heads would be. A run is traced and compiled under `jax.set_mesh(layout.mesh)`,
-so that the ops see the mesh.
+heads would be. A run is traced and compiled under `jax.set_mesh(layout.mesh)`, so that the
+ops see the mesh.
 
 Every check here runs before the data is read or anything compiles (trainer.check_config);
 each names the field and the values that would work.
