@@ -265,6 +265,50 @@ def test_fsdp_gathers_the_parameters_block_by_block_so_a_device_never_holds_them
   assert sum(count > 0 for count in compiled["gathers"]) >= 2 * layers, compiled["gathers"]
 
 
+FSDP_MODELS = """
+import dataclasses, json
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from attention_zoo.models import BottleneckLM, DecoderLM, EncoderDecoder, TransformerConfig
+from experiments.train import mesh
+
+config = TransformerConfig(vocab_size=32, max_len=16, num_layers=2, emb_dim=32, num_heads=4,
+                           mlp_dim=64, dropout_rate=0.0, positions="learned")
+tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, (4, 16)), jnp.int32)
+calls = {"DecoderLM": (DecoderLM, lambda model: model(tokens)),
+         "EncoderDecoder": (EncoderDecoder, lambda model: model(tokens, tokens[:, ::-1])),
+         "BottleneckLM": (BottleneckLM, lambda model: model(tokens))}
+layout = mesh.Layout({"fsdp": 4})
+errors = {}
+for name, (kind, call) in calls.items():
+  for remat in ("none", "block"):
+    graphdef, params, rest = nnx.split(
+        kind(dataclasses.replace(config, remat=remat), rngs=nnx.Rngs(0)), nnx.Param, ...)
+    loss = lambda params: jnp.sum(call(nnx.merge(graphdef, params, rest)) ** 2)
+    one = jax.jit(jax.value_and_grad(loss))(params)
+    with jax.set_mesh(layout.mesh):
+      split = jax.jit(jax.value_and_grad(loss))(
+          jax.tree.map(lambda x: jax.device_put(x, layout.state(x)), params))
+    # Relative to the largest gradient: one that is zero but for rounding (the key bias:
+    # softmax ignores a shift) differs by rounding alone.
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(one[1]))
+    errors[f"{name} remat={remat}"] = max(
+        [abs(float(one[0] - split[0]) / float(one[0]))]
+        + [float(jnp.max(jnp.abs(a - b))) / scale
+           for a, b in zip(jax.tree.leaves(one[1]), jax.tree.leaves(split[1]), strict=True)])
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.slow
+def test_every_stack_on_fsdp_4_gives_the_loss_and_gradients_of_one_device():
+  """The library's models with their parameters cut over fsdp 4 (each block gathered on its
+  own): a decoder LM, an encoder-decoder (both stacks, cross-attention), the bottleneck LM (its
+  read-out layers), with learned positions, remat none and block; against no mesh."""
+  errors = json.loads(finish(start([], devices=4, code=FSDP_MODELS)).strip().splitlines()[-1])
+  assert len(errors) == 6 and max(errors.values()) < 1e-5, errors
+
+
 @pytest.mark.slow
 def test_two_processes_checkpoint_resumes_on_4_2_and_1_devices_with_the_same_losses(
     listops_dir, tmp_path):
