@@ -21,6 +21,7 @@ from attention_zoo import positions, registry
 from attention_zoo.dropout import Dropout
 from attention_zoo.convolution import Canon, ShortConv
 from attention_zoo.layers import MLP, OUTPUT_GATES, MultiHeadAttention, create_mixer
+from attention_zoo.ops import fsdp
 from attention_zoo.ops.autodiff import autodiff_modes
 from attention_zoo.ops.segments import positions_in_segments
 
@@ -37,6 +38,13 @@ REMAT_POLICIES = {"none": None, "block": jax.checkpoint_policies.nothing_saveabl
 # self-attention (after its norm), B on its q/k/v projections, C before the MLP (after its
 # norm), D on the MLP's up projection.
 CANON_POINTS = "ABCD"
+# What the block keeps under "none" when the mesh cuts the parameters over fsdp: every activation
+# but the outputs of these operations, which the backward recomputes. A parameter gathered over
+# fsdp (a sharding constraint), and a cast or a change of shape of one, is then gathered again
+# in the backward pass rather than kept whole from the forward: one block's parameters whole at
+# a time. An activation's cast or change of shape is recomputed too, at no cost worth counting.
+_RECOMPUTED_UNDER_FSDP = frozenset({"sharding_constraint", "convert_element_type", "reshape",
+                                    "transpose", "broadcast_in_dim", "squeeze", "expand_dims"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,9 +259,9 @@ class Stack(nnx.Module):
       packing = (segment_ids, positions_in_segments(segment_ids))
     mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask, bool)
     attention_mask = mask & (tokens != 0) if self.config.zero_token_is_padding else mask
-    x = self.embed(tokens)
+    x = _gathered(self.embed)(tokens)
     if self.cls is not None:
-      cls = jnp.broadcast_to(self.cls[...].astype(x.dtype), (b, 1, x.shape[-1]))   # [b, 1, emb]
+      cls = jnp.broadcast_to(fsdp.gathered(self.cls[...]).astype(x.dtype), (b, 1, x.shape[-1]))
       x = jnp.concatenate([cls, x], axis=1)
       mask, attention_mask = (jnp.concatenate([jnp.ones((b, 1), bool), m], axis=1)
                               for m in (mask, attention_mask))
@@ -261,12 +269,15 @@ class Stack(nnx.Module):
       attention_mask = None
     position_ids = jnp.arange(x.shape[1]) if packing is None else packing[1]
     x = self.dropout(self._add_positions(x, position_ids), deterministic=deterministic)
+    # Parameters cut over fsdp are gathered block by block (_gathered), and the backward pass
+    # gathers them again rather than keep them (_rematerialised with _remat_policy).
+    remat, gathering = self.config.remat, fsdp.fsdp_size() > 1
     for block in self.blocks:
-      if self.config.remat == "none":
+      if remat == "none" and not gathering:
         x = block(x, attention_mask, context=context, context_mask=context_mask,
                   deterministic=deterministic, packing=packing)
       else:
-        x = _rematerialised(block, REMAT_POLICIES[self.config.remat], x, attention_mask, context,
+        x = _rematerialised(block, _remat_policy(remat, gathering), x, attention_mask, context,
                             context_mask, packing, deterministic=deterministic)
     return self._finish(x), mask
 
@@ -292,11 +303,31 @@ class Stack(nnx.Module):
     if kind == "sinusoidal":
       x = x + positions.sinusoidal(position_ids, x.shape[-1]).astype(x.dtype)
     elif kind == "learned":
-      x = x + self.learned_positions(position_ids).astype(x.dtype)
+      x = x + _gathered(self.learned_positions)(position_ids).astype(x.dtype)
     return x
 
   def _finish(self, x):
-    return x if self.final_norm is None else self.final_norm(x)
+    return x if self.final_norm is None else _gathered(self.final_norm)(x)
+
+
+def _gathered(module: nnx.Module) -> nnx.Module:
+  """`module` with its state whole on every device, where the active mesh cuts the training
+  state over fsdp: a layer's parameters gathered just before it runs (ops/fsdp.py); `module`
+  itself otherwise. The copy shares the module's RNG streams, so that what it draws advances
+  them."""
+  if fsdp.fsdp_size() == 1:
+    return module
+  graphdef, state, rngs = nnx.split(module, nnx.Not(nnx.RngState), ...)
+  return nnx.merge(graphdef, fsdp.gathered(state), rngs)
+
+
+def _remat_policy(remat: str, gathering: bool):
+  """The block's rematerialisation policy: REMAT_POLICIES[remat], or under "none" with the
+  parameters cut over fsdp (`gathering`) every activation but _RECOMPUTED_UNDER_FSDP's. The
+  other policies keep no gathered parameter already."""
+  if remat != "none" or not gathering:
+    return REMAT_POLICIES[remat]
+  return lambda primitive, *_, **__: primitive.name not in _RECOMPUTED_UNDER_FSDP
 
 
 def _rematerialised(block: Block, policy, x, mask, context, context_mask, packing=None, *,
@@ -305,14 +336,16 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
 
   jax.checkpoint alone marks what to recompute, but XLA:CPU drops the barriers that keep the
   recomputation apart and merges it back into the forward pass (common-subexpression
-  elimination), so every activation is kept. Here the backward runs inside a `lax.cond` whose
-  two branches are the same pullback: XLA never merges across computations, so the
-  recomputation stays in the backward pass on every backend. The block runs as a pure function
-  of its state's values (parameters and RNG counters); the recomputation replays the same RNG
-  keys, so dropout masks are the same. Only the variables the block wrote (dropout's RNG
-  counters in training) are written back, as a call without remat would: a model merged from
-  `nnx.split` inside plain `jax.grad` holds RNG state of an outer trace, which must not be
-  written when nothing drew from it.
+  elimination), so every activation is kept. Here the forward and the backward each run inside
+  a `lax.cond` whose two branches are the same (_in_branch): XLA never merges across
+  computations, so the recomputation stays in the backward pass on every backend, and it moves
+  no work out of one, so a block's parameter gathers (fsdp: every block runs here, whatever
+  its remat) stay where the block runs instead of all at the program's start. The block runs
+  as a pure function of its state's values (parameters and RNG counters); the recomputation
+  replays the same RNG keys, so dropout masks are the same. Only the variables the block wrote
+  (dropout's RNG counters in training) are written back, as a call without remat would: a
+  model merged from `nnx.split` inside plain `jax.grad` holds RNG state of an outer trace,
+  which must not be written when nothing drew from it.
   """
   graphdef, state = nnx.split(block)
   # the state's leaves: Variables, and plain arrays a layer holds as constants (RetNet's decays)
@@ -322,8 +355,8 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
   def pure(state, x, mask, context, context_mask, packing):
     values = [value_of(leaf) for leaf in variables_of(state)]
     block = nnx.merge(graphdef, state)
-    out = block(x, mask, context=context, context_mask=context_mask, deterministic=deterministic,
-                packing=packing)
+    out = _gathered(block)(x, mask, context=context, context_mask=context_mask,
+                           deterministic=deterministic, packing=packing)
     # each variable's new value, None where the block left it as it was (the same traced value)
     written = [None if value_of(leaf) is value else value_of(leaf)
                for leaf, value in zip(variables_of(nnx.state(block)), values, strict=True)]
@@ -332,15 +365,14 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
   recomputed = jax.checkpoint(pure, policy=policy)
 
   @jax.custom_vjp
-  def run(*args):
-    return pure(*args)
+  def run(*args):   # without differentiation (evaluation)
+    return _in_branch(pure, args[1], *args)
 
-  def forward(*args):
-    return jax.vjp(recomputed, *args)          # (outputs, pullback holding what policy saved)
+  def forward(*args):   # (outputs, pullback holding what policy saved)
+    return _in_branch(lambda *args: jax.vjp(recomputed, *args), args[1], *args)
 
   def backward(pullback, cotangents):
-    unknown = jnp.isnan(cotangents[0].ravel()[0])   # any value XLA cannot fold: both branches agree
-    return jax.lax.cond(unknown, lambda p, c: p(c), lambda p, c: p(c), pullback, cotangents)
+    return _in_branch(lambda p, c: p(c), cotangents[0], pullback, cotangents)
 
   run.defvjp(forward, backward)
   # Forward-mode autodiff, which a custom_vjp refuses, saves nothing for a backward: plain block.
@@ -350,6 +382,21 @@ def _rematerialised(block: Block, policy, x, mask, context, context_mask, packin
     if value is not None:
       variable.set_value(value)
   return out
+
+
+def _in_branch(fn, key, *args):
+  """fn(*args) run inside a `lax.cond` whose two branches are fn, on a predicate XLA cannot
+  fold (read from the array `key`): XLA neither merges the work inside with work outside
+  (common subexpressions) nor moves it out (e.g. every block's parameter gathers to the
+  program's start)."""
+  structure = []
+
+  def branch(*args):
+    leaves, treedef = jax.tree.flatten(fn(*args))
+    structure.append(treedef)
+    return leaves
+  leaves = jax.lax.cond(jnp.isnan(key.ravel()[0]), branch, branch, *args)
+  return jax.tree.unflatten(structure[0], leaves)
 
 
 class Encoder(Stack):
@@ -405,8 +452,11 @@ class Classifier(nnx.Module):
     hidden, mask = self.encoder(tokens, mask, deterministic=deterministic)
     return pool(hidden, mask, self.config.pooling, self.config.max_len)
 
+  def _head(self, features):
+    return _gathered(self.head)(features)
+
   def __call__(self, tokens, mask=None, *, deterministic=True):
-    return self.head(self.encode(tokens, mask, deterministic=deterministic))
+    return self._head(self.encode(tokens, mask, deterministic=deterministic))
 
 
 class DualEncoderClassifier(Classifier):
@@ -420,7 +470,7 @@ class DualEncoderClassifier(Classifier):
     u = self.encode(tokens1, mask1, deterministic=deterministic)
     v = self.encode(tokens2, mask2, deterministic=deterministic)
     features = [u, v, u * v, u - v] if self.config.interaction == "nli" else [u, v]
-    return self.head(jnp.concatenate(features, axis=-1))
+    return self._head(jnp.concatenate(features, axis=-1))
 
 
 class DecoderLM(nnx.Module):
@@ -434,7 +484,7 @@ class DecoderLM(nnx.Module):
   def __call__(self, tokens, mask=None, *, deterministic=True, segment_ids=None):
     """segment_ids: packed sequences (Stack); each token's logits see its own sequence only."""
     hidden, _ = self.decoder(tokens, mask, deterministic=deterministic, segment_ids=segment_ids)
-    return self.lm_head(hidden.astype(jnp.float32))
+    return _gathered(self.lm_head)(hidden.astype(jnp.float32))
 
   def init_cache(self, batch_size: int, max_len: int):
     """Empty caches for `decode_step`, one token at a time up to `max_len` positions."""
@@ -479,9 +529,10 @@ class BottleneckLM(nnx.Module):
     last = jnp.maximum(mask.sum(axis=1) - 1, 0)                                     # [b]
     state = jnp.take_along_axis(hidden.astype(jnp.float32), last[:, None, None], 1)  # [b, 1, emb]
     x = state + positions.sinusoidal(jnp.arange(tokens.shape[1]), self.config.emb_dim)
-    for norm, linear in zip(self.norms[:2], self.hidden):                           # [b, n, emb]
+    norms, hidden = _gathered(self.norms), _gathered(self.hidden)
+    for norm, linear in zip(norms[:2], hidden):                                     # [b, n, emb]
       x = nnx.gelu(linear(norm(x)))
-    return self.lm_head(self.norms[2](x))                                           # [b, n, vocab]
+    return _gathered(self.lm_head)(norms[2](x))                                     # [b, n, vocab]
 
 
 class EncoderDecoder(nnx.Module):
@@ -498,7 +549,7 @@ class EncoderDecoder(nnx.Module):
     memory, source_mask = self.encoder(source, source_mask, deterministic=deterministic)
     hidden, _ = self.decoder(target, target_mask, context=memory, context_mask=source_mask,
                              deterministic=deterministic)
-    return self.lm_head(hidden.astype(jnp.float32))
+    return _gathered(self.lm_head)(hidden.astype(jnp.float32))
 
   def generate(self, source, prompt, max_new_tokens: int, *, source_mask=None,
                temperature: float = 0.0, rng=None, use_cache=None):

@@ -5,19 +5,25 @@
   data     the batch is split over it; everything else is copied on each of its devices
   fsdp     the batch is split over it too, and so are the parameters and the optimiser state
            (fully sharded data parallelism): each array is cut along its largest axis that
-           the fsdp size divides (an array with no such axis is copied); the train step asks
-           for the parameters whole inside the model (`gathered`), so XLA's SPMD partitioner
-           all-gathers each where it is used and reduce-scatters its gradient, and the
-           activations stay split over the batch
+           the fsdp size divides (an array with no such axis is copied; shard_spec, in
+           attention_zoo/ops/fsdp.py); the model gathers each layer's parameters just before
+           that layer runs (a block's again in its backward pass), and their gradient is
+           summed over the devices and cut back, so a device holds one block's parameters
+           whole at a time, not the model's; the activations stay split over the batch
   context  the sequence is split over it (context parallelism): inputs [b, n] are sharded
            P(("data", "fsdp"), "context"); the attention variants and mixers whose spec has
            `supports_context_parallel` switch to their context-parallel form when the active
            mesh has this axis (attention_zoo/ops/context.py); others are refused
 
 The rule that shards the parameters reads an array's shape alone, so the optimiser's moments
-(shaped like the parameters) land where their parameter does, and the library's models carry
-no knowledge of the harness. A run is traced and compiled under `jax.set_mesh(layout.mesh)`,
-so that the ops see the mesh.
+(shaped like the parameters) land where their parameter does, the library's models carry no
+knowledge of the harness, and a plug-in's parameters are cut with no annotation. NNX's sharding
+metadata (`nnx.with_partitioning` names per parameter axis, mapped to mesh axes by logical
+axis rules) would say the same for fsdp only after every variant's and mixer's parameters were
+annotated, and the moments would need the names carried over from their parameters; it earns
+its place once an axis must be chosen by meaning rather than size, as a `tensor` axis over the
+heads would be. A run is traced and compiled under `jax.set_mesh(layout.mesh)`, so that the
+ops see the mesh.
 
 Every check here runs before the data is read or anything compiles (trainer.check_config);
 each names the field and the values that would work.
@@ -32,6 +38,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import attention_zoo as az
 from attention_zoo.ops.context import BATCH_AXES, CONTEXT_AXIS, DATA_AXIS, FSDP_AXIS
+from attention_zoo.ops.fsdp import shard_spec
 from experiments.common.dry_run import count
 from experiments.common import tasks
 from experiments.common.errors import HarnessError
@@ -121,16 +128,6 @@ def describe(mesh_sizes: dict[str, int]) -> str:
           + f" ({count(math.prod(mesh_sizes.values()), 'device')})")
 
 
-def shard_spec(shape, fsdp: int) -> PartitionSpec:
-  """Where an array of the training state is cut: along its largest axis that `fsdp` divides
-  (the last of equal ones), over the fsdp axis; copied when no axis is divisible."""
-  axes = [i for i, n in enumerate(shape) if fsdp > 1 and n % fsdp == 0]
-  if not axes:
-    return PartitionSpec()
-  cut = max(axes, key=lambda i: (shape[i], i))
-  return PartitionSpec(*(FSDP_AXIS if i == cut else None for i in range(len(shape))))
-
-
 class Layout:
   """A mesh over `devices` with the sizes {axis: size} (sizes()), and the shardings of a run's
   arrays on it: the training state's (`state`, `constrain`), the batch's (`batch`)."""
@@ -159,10 +156,6 @@ class Layout:
     """`tree` (inside jit) placed as `state` says, leaf by leaf."""
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.state(x)), tree)
 
-  def gathered(self, tree):
-    """`tree` (inside jit) whole on every device."""
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.replicated), tree)
-
   def batch(self, ndim: int) -> NamedSharding:
     """The sharding of a batch array: rows over data and fsdp, positions (a second axis, as in
     inputs [b, n]) over context."""
@@ -175,6 +168,9 @@ class Layout:
       return [f"  {prefix}{jax.tree_util.keystr(path).replace('.value', '')} {list(x.shape)} "
               f"{x.dtype}: "
               f"{sharding_of(x).spec}" for path, x in jax.tree_util.tree_leaves_with_path(tree)]
-    return [f"mesh: {self.describe()}", *rows("params", params, self.state),
+    gathering = (["  params cut over fsdp: the model gathers a layer's whole just before it runs "
+                  "it (and again in its backward pass), one layer at a time"]
+                 if self.sizes[FSDP_AXIS] > 1 else [])
+    return [f"mesh: {self.describe()}", *gathering, *rows("params", params, self.state),
             *rows("opt_state", opt_state, self.state),
             *rows("batch", batch, lambda x: self.batch(x.ndim))]

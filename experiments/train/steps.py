@@ -104,10 +104,9 @@ class Steps:
   def _grads(self, params, rest, batch):
     """Summed loss, correct count, target count and the gradient of the summed loss on one
     batch; the advanced model state."""
-    # Parameters cut over fsdp are gathered where they are used: asked for whole, XLA keeps the
-    # activations split over the batch (left to itself it split some over the parameters' cut
-    # axis instead, a third more temporary memory for the Text model at 1K on fsdp 2).
-    model = nnx.merge(self.graphdef, self.layout.gathered(params), rest)
+    # Parameters cut over fsdp: the model gathers each layer's just before it runs it
+    # (attention_zoo/ops/fsdp.py), so the activations stay split over the batch.
+    model = nnx.merge(self.graphdef, params, rest)
 
     def loss_fn(model):
       losses, correct, weights = score(model, batch, deterministic=False)
@@ -159,7 +158,7 @@ class Steps:
 
   def _eval_sums(self, model_state, batch):
     params, rest = model_state
-    model = nnx.merge(self.graphdef, self.layout.gathered(params), rest)   # as in _grads
+    model = nnx.merge(self.graphdef, params, rest)   # as in _grads
     losses, correct, weights = score(model, batch, deterministic=True)
     return {"loss": losses.sum(), "correct": correct.sum(), "count": weights.sum()}
 

@@ -143,6 +143,7 @@ def test_the_dry_run_prints_the_mesh_and_each_arrays_sharding(tmp_path):
                          *(f"--config.{k}={v}" for k, v in SMALL.items())], devices=4))
   assert "mesh data 2 × fsdp 2 × context 1 (4 devices)" in stdout
   assert "mesh: data 2 × fsdp 2 × context 1 (4 devices)" in stdout
+  assert "params cut over fsdp: the model gathers a layer's whole just before it runs" in stdout
   assert re.search(r"params\['encoder'\]\['embed'\]\['embedding'\] \[\d+, 16\] float32: "
                    r"P\(None, 'fsdp'\)", stdout)
   assert re.search(r"opt_state.*\.mu\['encoder'\]\['embed'\]\['embedding'\] .*P\(None, 'fsdp'\)",
@@ -187,11 +188,14 @@ print(json.dumps(results))
 
 
 @pytest.mark.slow
-def test_a_train_step_on_fsdp_4_equals_the_replicated_one_with_a_quarter_of_the_state():
+@pytest.mark.parametrize("remat", ["none", "block"])
+def test_a_train_step_on_fsdp_4_equals_the_replicated_one_with_a_quarter_of_the_state(remat):
   # Adam divides by the gradient's own size: a gradient that is zero but for rounding (the key
   # bias: softmax ignores a shift) would become a full step of rounding's sign. eps=1 keeps the
-  # update proportional to the gradient, so the two steps compare to rounding.
-  overrides = [f"{k}={v}" for k, v in SMALL.items()] + ["batch_size=8", "optimizer.eps=1.0"]
+  # update proportional to the gradient, so the two steps compare to rounding. Two blocks, each
+  # gathered on its own (and under remat "none" gathered again in the backward pass).
+  overrides = [f"{k}={v}" for k, v in SMALL.items()] + [
+      "batch_size=8", "optimizer.eps=1.0", "model.num_layers=2", f"model.remat={remat}"]
   stdout = finish(start([], devices=4, code=textwrap.dedent(FSDP_STEP.format(
       overrides=overrides))))
   results = json.loads(stdout.strip().splitlines()[-1])
@@ -203,6 +207,106 @@ def test_a_train_step_on_fsdp_4_equals_the_replicated_one_with_a_quarter_of_the_
   # Per device: parameters, Adam's two moments, the step; a few vectors (10 classes) are copied.
   ratio = fsdp["state_bytes"] / replicated["state_bytes"]
   assert 0.2 < ratio < 0.3, (fsdp["state_bytes"], replicated["state_bytes"])
+
+
+FSDP_COMPILED = """
+import json, re
+import jax
+from flax import nnx
+from experiments.common import task_configs
+from experiments.train import build, mesh, trainer, steps as train_steps
+
+config, _ = build.check(task_configs.task_config("listops", "full", "tiny", 0, {overrides!r}))
+layout = mesh.Layout({{"fsdp": 4}})
+with jax.set_mesh(layout.mesh):
+  steps = train_steps.make_steps(config, nnx.split(trainer.abstract_model(config))[0], layout)
+  def initial():
+    _, params, rest = nnx.split(trainer.build_model(config)[0], nnx.Param, ...)
+    return train_steps.initial_state(steps, params, rest)
+  state = jax.eval_shape(initial)
+  placed = lambda tree, sharding_of: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding_of(x)), tree)
+  n = config.model.max_len
+  batch = {{"inputs": jax.ShapeDtypeStruct((4, n), "int32"),
+           "masks": jax.ShapeDtypeStruct((4, n), bool),
+           "targets": jax.ShapeDtypeStruct((4,), "int32"),
+           "weights": jax.ShapeDtypeStruct((4,), "float32")}}
+  compiled = steps.train.lower(placed(state, layout.state),
+                               placed(batch, lambda x: layout.batch(x.ndim))).compile()
+memory = compiled.memory_analysis()
+# The program's computations (each begins with a header line that ends in "{{": the entry's, a
+# branch's...), and how many all-gathers each holds.
+gathers = []
+for line in compiled.as_text().splitlines():
+  if line.endswith("{{") and line.startswith(("%", "ENTRY")):
+    gathers.append(0)
+  elif re.search(r" all-gather(-start)?[(]", line):
+    gathers[-1] += 1
+print(json.dumps({{
+    "temp": memory.temp_size_in_bytes, "arguments": memory.argument_size_in_bytes,
+    "parameters": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)),
+    "gathers": gathers}}))
+"""
+
+
+def test_fsdp_gathers_the_parameters_block_by_block_so_a_device_never_holds_them_all():
+  """Compiled (never run) on fsdp 4, a train step of 8 blocks whose parameters are most of its
+  memory: each block's forward and backward gathers its parameters in a computation of its own,
+  and the temporaries per device stay below the whole model's parameters, which a device would
+  hold at once if they were gathered together (the train step did so before: twice them)."""
+  layers = 8
+  overrides = [f"{k}={v}" for k, v in {
+      **SMALL, "model.num_layers": layers, "model.emb_dim": 256, "model.num_heads": 4,
+      "model.mlp_dim": 512, "model.max_len": 16, "model.pooling": "mean"}.items()]
+  stdout = finish(start([], devices=4, code=textwrap.dedent(FSDP_COMPILED.format(
+      overrides=overrides))))
+  compiled = json.loads(stdout.strip().splitlines()[-1])
+  assert compiled["temp"] < compiled["parameters"], compiled
+  assert sum(count > 0 for count in compiled["gathers"]) >= 2 * layers, compiled["gathers"]
+
+
+FSDP_MODELS = """
+import dataclasses, json
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from attention_zoo.models import BottleneckLM, DecoderLM, EncoderDecoder, TransformerConfig
+from experiments.train import mesh
+
+config = TransformerConfig(vocab_size=32, max_len=16, num_layers=2, emb_dim=32, num_heads=4,
+                           mlp_dim=64, dropout_rate=0.0, positions="learned")
+tokens = jnp.asarray(np.random.default_rng(0).integers(1, 32, (4, 16)), jnp.int32)
+calls = {"DecoderLM": (DecoderLM, lambda model: model(tokens)),
+         "EncoderDecoder": (EncoderDecoder, lambda model: model(tokens, tokens[:, ::-1])),
+         "BottleneckLM": (BottleneckLM, lambda model: model(tokens))}
+layout = mesh.Layout({"fsdp": 4})
+errors = {}
+for name, (kind, call) in calls.items():
+  for remat in ("none", "block"):
+    graphdef, params, rest = nnx.split(
+        kind(dataclasses.replace(config, remat=remat), rngs=nnx.Rngs(0)), nnx.Param, ...)
+    loss = lambda params: jnp.sum(call(nnx.merge(graphdef, params, rest)) ** 2)
+    one = jax.jit(jax.value_and_grad(loss))(params)
+    with jax.set_mesh(layout.mesh):
+      split = jax.jit(jax.value_and_grad(loss))(
+          jax.tree.map(lambda x: jax.device_put(x, layout.state(x)), params))
+    # Relative to the largest gradient: one that is zero but for rounding (the key bias:
+    # softmax ignores a shift) differs by rounding alone.
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(one[1]))
+    errors[f"{name} remat={remat}"] = max(
+        [abs(float(one[0] - split[0]) / float(one[0]))]
+        + [float(jnp.max(jnp.abs(a - b))) / scale
+           for a, b in zip(jax.tree.leaves(one[1]), jax.tree.leaves(split[1]), strict=True)])
+print(json.dumps(errors))
+"""
+
+
+@pytest.mark.slow
+def test_every_stack_on_fsdp_4_gives_the_loss_and_gradients_of_one_device():
+  """The library's models with their parameters cut over fsdp 4 (each block gathered on its
+  own): a decoder LM, an encoder-decoder (both stacks, cross-attention), the bottleneck LM (its
+  read-out layers), with learned positions, remat none and block; against no mesh."""
+  errors = json.loads(finish(start([], devices=4, code=FSDP_MODELS)).strip().splitlines()[-1])
+  assert len(errors) == 6 and max(errors.values()) < 1e-5, errors
 
 
 @pytest.mark.slow
