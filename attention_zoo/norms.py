@@ -25,7 +25,7 @@ class GatedRMSNorm(nnx.Module):
                              y = x / rms(x) ⊙ w ⊙ act(gate)
       norm_before_gate=False (Mamba2's RMSNormGated)   y = (x ⊙ act(gate)) / rms(..) ⊙ w
 
-  Computed in float32 whatever the compute dtype."""
+  Computed in float32 whatever the compute dtype (float64 for float64 inputs)."""
 
   def __init__(self, features: int, *, group_size: int | None = None, eps: float = 1e-5,
                norm_before_gate: bool = True, activation: str = "silu"):
@@ -39,9 +39,9 @@ class GatedRMSNorm(nnx.Module):
     self.scale = nnx.Param(jnp.ones((features,)))
 
   def __call__(self, x, gate=None):
-    x = x.astype(jnp.float32)
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     if gate is not None:
-      gate = GATE_ACTIVATIONS[self.activation](gate.astype(jnp.float32))
+      gate = GATE_ACTIVATIONS[self.activation](gate.astype(x.dtype))
     if gate is not None and not self.norm_before_gate:
       x = x * gate
     groups = x.reshape(*x.shape[:-1], -1, self.group_size)                 # [..., G, group]

@@ -47,10 +47,11 @@ def rope(x, positions, base: float = 10000.0):
   if d % 2:
     raise ValueError(f"RoPE needs an even head_dim, got {d}")
   inv_freq = 1.0 / (base ** (np.arange(0, d, 2) / d))                          # [d/2]
-  angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq            # [b?, n, d/2]
+  compute = jnp.promote_types(x.dtype, jnp.float32)   # float32, float64 for float64 inputs
+  angles = jnp.asarray(positions, compute)[..., None] * inv_freq                # [b?, n, d/2]
   angles = jnp.broadcast_to(angles, (x.shape[0], x.shape[1], d // 2))[:, :, None, :]
   cos, sin = jnp.cos(angles), jnp.sin(angles)
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  x1, x2 = jnp.split(x.astype(compute), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 

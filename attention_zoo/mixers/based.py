@@ -39,10 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_zoo import ops, positions
-from attention_zoo.ops import flex
+from attention_zoo.ops import flex, ring
 from attention_zoo.ops import softmax
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
+from attention_zoo.ops.context import context_size
 from attention_zoo.ops.segments import positions_in_segments, segment_runs
 from attention_zoo.options import Int
 
@@ -67,7 +68,7 @@ def taylor_features(x):
 @register_mixer("based", complexity="O(n·f²·(C + d) + n·w·d)",
                 paper="Arora et al. 2024, Simple linear attention language models balance the "
                       "recall-throughput tradeoff (arXiv:2402.18668)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class Based(Mixer):
   OPTIONS = {"feature_dim": Int(16, minimum=1), "window": Int(64, minimum=0),
              "chunk_size": Int(64, minimum=1)}
@@ -136,8 +137,9 @@ class Based(Mixer):
       values = jnp.concatenate([state["value"], v.astype(state["value"].dtype)], axis=1)
       filled = jnp.concatenate([state["filled"], mask], axis=1)                # [b, m + n]
     window = softmax.window_allowed(self.window, n, keys.shape[1], causal=True)
-    o = flex.pattern_attention(q, keys.astype(q.dtype), values.astype(q.dtype), window,
-                               kv_mask=filled, scale=d ** -0.5, segment_ids=runs)
+    attend = ring.ring_attention if context_size() > 1 else flex.pattern_attention
+    o = attend(q, keys.astype(q.dtype), values.astype(q.dtype), window, kv_mask=filled,
+               scale=d ** -0.5, segment_ids=runs)
     if state is None:
       return o, None
     m = state["key"].shape[1]

@@ -31,7 +31,7 @@ from attention_zoo.options import Bool, Float, Int
 @register_mixer("gla", complexity="O(n·C·d + n·d²)",
                 paper="Yang et al. 2023, Gated Linear Attention Transformers with "
                       "Hardware-Efficient Training (arXiv:2312.06635)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class GLA(Mixer):
   OPTIONS = {"expand_k": Float(0.5, above=0), "expand_v": Float(1.0, above=0),
              "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
@@ -65,7 +65,7 @@ class GLA(Mixer):
     q = q.reshape(b, n, h, d_k)                                                  # [b, n, h, dk]
     k = parts.repeat_kv(k.reshape(b, n, kvh, d_k), h)                            # [b, n, h, dk]
     v = parts.repeat_kv(v.reshape(b, n, kvh, d_v), h)                            # [b, n, h, dv]
-    logits = self.gate_up(self.gate_down(x)).astype(jnp.float32)                 # [b, n, kvh·dk]
+    logits = self.gate_up(self.gate_down(x)).astype(jnp.promote_types(x.dtype, jnp.float32))
     g = jax.nn.log_sigmoid(logits) / self.options["gate_logit_normalizer"]
     g = parts.repeat_kv(g.reshape(b, n, kvh, d_k), h)                            # [b, n, h, dk]
     o, state = parts.recurrence(ops.chunk_gla, ops.recurrent_gla, q, k, v, g, mask=mask,

@@ -36,7 +36,7 @@ from attention_zoo.options import Bool, Float, Int
 @register_mixer("retnet", complexity="O(n·C·d + n·d²)",
                 paper="Sun et al. 2023, Retentive Network: A Successor to Transformer for Large "
                       "Language Models (arXiv:2307.08621)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class RetNet(Mixer):
   OPTIONS = {"expand_k": Float(1.0, above=0), "expand_v": Float(2.0, above=0),
              "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
@@ -73,7 +73,8 @@ class RetNet(Mixer):
     q = positions.rope(q.reshape(b, n, h, d_k), position_ids)                    # [b, n, h, dk]
     k = parts.repeat_kv(positions.rope(k.reshape(b, n, kvh, d_k), position_ids), h)
     v = parts.repeat_kv(v.reshape(b, n, kvh, d_v), h)                            # [b, n, h, dv]
-    g = jnp.broadcast_to(jnp.asarray(self.log_gamma, jnp.float32), (b, n, h))
+    g = jnp.broadcast_to(jnp.asarray(self.log_gamma, jnp.promote_types(x.dtype, jnp.float32)),
+                         (b, n, h))
     o, kv_state = parts.recurrence(ops.chunk_simple_gla, ops.recurrent_simple_gla, q, k, v, g,
                                    mask=mask, state=None if state is None else state["state"],
                                    chunk_size=self.options["chunk_size"],

@@ -22,8 +22,17 @@ queries and keys are first regrouped by residue mod δ, where the dilated window
 (tiles of different residues are empty and skipped), so time and memory are O(n·(w + g)).
 LRA's "window 512" is w = 256. Self-attention only (global tokens are positions of one
 sequence).
+
+With the sequence split over a mesh's `context` axis, `attend_split` runs the ring (ops/ring.py)
+over `mask_mod` at global positions (no regrouping, no copies: a dilated window's tiles are
+partial) and, with the global maps, a second ring for the g global rows. The global keys sit
+on the first shard and every shard needs them, and the global rows need every shard, so both
+rings take all C - 1 steps: full attention's K/V traffic (twice with the maps), while each
+device computes only its window tiles, the global keys' tile and (the first) the global rows.
 """
 from __future__ import annotations
+
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +40,7 @@ from flax import nnx
 
 from attention_zoo.contract import register
 from attention_zoo.ops import softmax
+from attention_zoo.ops.context import context_size
 from attention_zoo.options import Bool, Int
 from attention_zoo.variants.masked import MaskAttention, masked_attention
 
@@ -39,7 +49,7 @@ from attention_zoo.variants.masked import MaskAttention, masked_attention
           complexity="O(n·(w + g))",
           paper="Beltagy et al. 2020, Longformer: The Long-Document Transformer (arXiv:2004.05150)",
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
-          supports_sinks=True)
+          supports_sinks=True, supports_context_parallel=True)
 class LongformerAttention(MaskAttention):
   OPTIONS = {"window": Int(256, minimum=0), "dilation": Int(1, minimum=1),
              "num_global_tokens": Int(1, minimum=0), "global_projections": Bool(True)}
@@ -79,6 +89,9 @@ class LongformerAttention(MaskAttention):
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
+    if context_size() > 1:
+      return self.attend_split(q, k, v, kv_mask=kv_mask, deterministic=deterministic,
+                               alibi_slopes=alibi_slopes, segment_ids=segment_ids)
     n, window, dilation = q.shape[1], self.window, self.dilation
     num_global = min(self.num_global, n)
     # positions in residue order (0, δ, 2δ, ..., 1, 1 + δ, ...), then the global keys' copies
@@ -112,3 +125,18 @@ class LongformerAttention(MaskAttention):
                             deterministic=deterministic, alibi_slopes=alibi_slopes,
                             segment_ids=global_segments, sequence_lengths=(n, n))
     return out.at[:, :num_global].set(rows)
+
+  def attend_split(self, q, k, v, *, kv_mask, deterministic, alibi_slopes, segment_ids):
+    """With the sequence split over the mesh's `context` axis: the ring (ops/ring.py) over
+    `mask_mod` at global positions, then, with the global maps, a second ring of the mapped
+    q, k, v whose only visible rows are the g global ones, which replace the first's."""
+    n, num_global = q.shape[1], min(self.num_global, q.shape[1])
+    ring = functools.partial(masked_attention, self, kv_mask=kv_mask, deterministic=deterministic,
+                             alibi_slopes=alibi_slopes, segment_ids=segment_ids)
+    out = ring(q, k, v, self.mask_mod(n, n))
+    if self.global_query is None:
+      return out
+    causal = self.causal
+    global_rows = lambda b, h, i, j: (i < num_global) & ((j <= i) if causal else True)
+    rows = ring(*self.global_inputs(q, k, v), global_rows)
+    return jnp.where((jnp.arange(n) < num_global)[None, :, None, None], rows, out)

@@ -14,6 +14,10 @@ make it quadratic, about c/B of full attention (Child et al. take B ~ sqrt(n)). 
 are seen outside the query's own block and the originals inside it, so no key counts twice and
 the tiles visited are the diagonal ones and the summary copies. Memory is linear (flex's tiles:
 `query_chunk` query rows by 128 keys).
+
+With the sequence split over a mesh's `context` axis, `attend` is the ring (ops/ring.py) over
+`mask_mod` at global positions, without the copies: every shard holds summaries, so every ring
+step and nearly every tile is visited (dense attention's work and traffic, O(n/C) memory).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import numpy as np
 
 from attention_zoo.contract import register
 from attention_zoo.ops import softmax
+from attention_zoo.ops.context import context_size
 from attention_zoo.options import Int
 from attention_zoo.variants.masked import MaskAttention, masked_attention
 
@@ -31,7 +36,7 @@ from attention_zoo.variants.masked import MaskAttention, masked_attention
           paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers "
                 "(arXiv:1904.10509)",
           supports_alibi=True, supports_softcap=True, supports_segment_ids=True,
-          supports_sinks=True)
+          supports_sinks=True, supports_context_parallel=True)
 class SparseTransformerAttention(MaskAttention):
   # query_chunk: query rows per tile of the engine.
   OPTIONS = {"block_size": Int(50, minimum=1), "num_summary": Int(10, minimum=1),
@@ -58,6 +63,9 @@ class SparseTransformerAttention(MaskAttention):
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic, alibi_slopes=None,
              segment_ids=None):
+    if context_size() > 1:   # split over the mesh: the ring over mask_mod (no copied keys)
+      return super().attend(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic,
+                            alibi_slopes=alibi_slopes, segment_ids=segment_ids)
     q_len, kv_len, block = q.shape[1], k.shape[1], self.block_size
     summaries = np.flatnonzero(np.arange(kv_len) % block >= block - self.num_summary)
     with_copies = lambda x: jnp.concatenate([x, x[:, summaries]], axis=1)

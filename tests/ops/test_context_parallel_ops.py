@@ -30,7 +30,9 @@ OPS = ("chunk_gated_delta_rule", "chunk_simple_gla", "chunk_gla", "recurrent_gla
 # (op whose per-device memory is measured, lane)
 MEMORY_OPS = {"fast": ("chunk_gla",), "slow": ("chunk_delta_rule",)}
 MEMORY_LENGTH, MEMORY_CONTEXT = 32768, 8   # at the ops' default chunk size
-MEMORY_MIXER = "gated_deltanet"            # its layer's memory, in the slow lane
+# Whole layers, in the slow lane: their memory, and what their compiled programs move across
+# devices (retnet, gla: the op's split; based: the split and the ring of its window)
+MEMORY_MIXERS = ("gated_deltanet", "retnet", "gla", "based")
 # Chunks of 8: the equality cases' shards hold several and a partial one
 EQUAL_CHUNK = 8
 
@@ -106,9 +108,16 @@ def test_per_device_memory_of_the_delta_rule_is_linear_and_a_fraction(slow):
 
 
 @pytest.mark.slow
-def test_per_device_memory_of_a_chunk_mixer_is_linear_and_a_fraction(slow):
-  """The whole layer (projections, short convolutions, gates, the op) as the harness runs it."""
-  _check_memory(slow, MEMORY_MIXER)
+@pytest.mark.parametrize("mixer", MEMORY_MIXERS)
+def test_per_device_memory_of_a_chunk_mixer_is_linear_and_a_fraction(slow, mixer):
+  """The whole layer (projections, short convolutions, gates, the op) as the harness runs it;
+  its program moves nothing that grows with the length (the same collectives at both lengths:
+  the summaries, halos, parameter gradients; a ring's K/V blocks grow with the shard and
+  arrive by collective-permute, never by an all-gather)."""
+  _check_memory(slow, mixer)
+  half, full = (slow[("collectives", mixer, key)]["found"] for key in ("half", "full"))
+  gathered = lambda found: sorted(str(c) for c in found if c[0] != "collective-permute")
+  assert gathered(half) == gathered(full), (mixer, half, full)
 
 
 # ---- the child: everything below runs with DEVICES simulated devices -------------------------
@@ -233,10 +242,15 @@ def _memory(op: str) -> list[dict]:
 
 
 def _mixer_memory(name: str) -> list[dict]:
-  from attention_zoo.testing.context_parallel import temp_bytes_per_device
-  return [{"key": ["memory", name, key],
-           "bytes": temp_bytes_per_device(name, length=T, context=context)}
-          for key, (T, context) in MEMORY_SIZES.items()]
+  from attention_zoo.testing.context_parallel import collectives, compile_step
+  results = []
+  for key, (T, context) in MEMORY_SIZES.items():
+    compiled = compile_step(name, length=T, context=context)
+    results.append({"key": ["memory", name, key],
+                    "bytes": compiled.memory_analysis().temp_size_in_bytes})
+    if context > 1:
+      results.append({"key": ["collectives", name, key], "found": collectives(compiled)})
+  return results
 
 
 def _refusal() -> dict:
@@ -267,7 +281,8 @@ def _main(lane: str) -> None:
   for op in MEMORY_OPS[lane]:
     results += _memory(op)
   if lane == "slow":
-    results += _mixer_memory(MEMORY_MIXER)
+    for mixer in MEMORY_MIXERS:
+      results += _mixer_memory(mixer)
   for result in results:
     print(json.dumps(result), flush=True)
 

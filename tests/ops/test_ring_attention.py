@@ -241,10 +241,31 @@ def check_memory():
   return {"ring": [memory(n, 8) for n in (16384, 32768)], "one_device": memory(32768, 1)}
 
 
+# The variants whose engine calls rearrange keys (copies of global keys or summaries) and that
+# run the ring over their mask_mod when the sequence is split
+MASK_VARIANTS = ("longformer", "sparse_transformer")
+MASK_LENGTHS = (4096, 8192)
+
+
+def check_mask_variants():
+  """Each of MASK_VARIANTS' compiled forward+backward (testing/context_parallel's shapes) on
+  context 8 at MASK_LENGTHS: its temp memory per device and how many collectives of each kind
+  it has."""
+  from attention_zoo.testing import context_parallel
+  found = {}
+  for name in MASK_VARIANTS:
+    for length in MASK_LENGTHS:
+      compiled = context_parallel.compile_step(name, length=length, context=8)
+      kinds = [opcode for opcode, _ in context_parallel.collectives(compiled)]
+      found[f"{name}@{length}"] = {"bytes": compiled.memory_analysis().temp_size_in_bytes,
+                                   **{kind: kinds.count(kind) for kind in set(kinds)}}
+  return found
+
+
 FAST_CHECKS = ("check_causal_packed_alibi_softcap", "check_window_steps", "check_hlo")
 SLOW_CHECKS = ("check_zigzag_causal_packed", "check_window_not_causal", "check_data_and_context",
                "check_heads_mask_zigzag_window", "check_fox", "check_head_parallel",
-               "check_zigzag_balance", "check_memory")
+               "check_zigzag_balance", "check_memory", "check_mask_variants")
 
 
 def main(names) -> int:
@@ -279,8 +300,8 @@ def test_ring_equals_one_device():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in SLOW_CHECKS if n not in ("check_zigzag_balance",
-                                                                     "check_memory")])
+@pytest.mark.parametrize("name", [n for n in SLOW_CHECKS if n not in (
+    "check_zigzag_balance", "check_memory", "check_mask_variants")])
 def test_ring_equals_one_device_slow(name):
   assert slow(name) <= TOL
 
@@ -321,6 +342,17 @@ def test_memory_per_device_is_linear_in_length_and_a_fraction_of_one_device():
   at_16k, at_32k = memory["ring"]
   assert at_32k <= 2.2 * at_16k, memory                  # linear in the length, not quadratic
   assert at_32k <= memory["one_device"] / 4, memory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MASK_VARIANTS)
+def test_a_rearranging_mask_variant_takes_the_ring_in_linear_memory(name):
+  """Split over the mesh, longformer and sparse_transformer pass K/V around the ring and
+  gather nothing, and their memory per device grows linearly with the length."""
+  found = slow("check_mask_variants")
+  short, long = (found[f"{name}@{length}"] for length in MASK_LENGTHS)
+  assert short.get("collective-permute", 0) > 0 and "all-gather" not in short, short
+  assert long["bytes"] <= 2.2 * short["bytes"], (short, long)
 
 
 if __name__ == "__main__":

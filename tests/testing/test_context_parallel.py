@@ -42,7 +42,7 @@ SLOW = (pytest.mark.slow, pytest.mark.xdist_group("context_parallel"))
 def test_context_parallel_equals_one_device(name):
   group = (FAST,) if name == FAST else tuple(n for n in DECLARED if n != FAST)
   results = _results(group)[name]
-  assert len(results) == len(context_parallel.CASES)
+  assert len(results) == len(context_parallel.cases_of(name))
   failed = [f"{r.case}: error {r.error} {r.note}" for r in results if not r.passed]
   assert not failed, f"{name}: " + "; ".join(failed)
 
