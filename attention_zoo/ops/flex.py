@@ -66,11 +66,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo.ops import softmax, tiles
+from attention_zoo.ops import block_schedule, softmax, tiles
 from attention_zoo.ops.autodiff import autodiff_modes
+from attention_zoo.ops.block_schedule import EMPTY, FULL, PARTIAL
 from attention_zoo.ops.blocks import ceil_div, pad_to_multiple
-
-EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is under a mask
 DEFAULT_BLOCK = 128
 
 
@@ -584,6 +583,13 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
 
   q_blocks = query_blocks(q, kv_heads, bq)
   k, v = key_layout(k, bk), key_layout(v, bk)
+  in_sequence = lambda x: from_query_blocks(x, group, q_len)
+  passes = None if tile_score is not None else _schedule(block_mask, kv_heads, group)
+  if passes is not None:
+    out, lse = _scheduled(passes, q_blocks, k, v, block_mask, kv_mask=kv_mask, scale=scale,
+                          score_mod=score_mod, dropout_rate=dropout_rate,
+                          dropout_rng=dropout_rng)
+    return (in_sequence(out), in_sequence(lse)[..., 0]) if return_lse else in_sequence(out)
   kv_valid = key_validity(kv_mask, batch, kv_len, bk)
 
   # The arrays the functions close over become explicit arguments of the custom VJP.
@@ -609,9 +615,45 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
     out, _, lse = _forward(plan, *args)
   else:
     out, lse = _attend(plan, *args)                               # [nq, b, kvh, rows, ·]
-
-  in_sequence = lambda x: from_query_blocks(x, group, q_len)
   return (in_sequence(out), in_sequence(lse)[..., 0]) if return_lse else in_sequence(out)
+
+
+def _schedule(block_mask: BlockMask, kv_heads: int, group: int):
+  """block_schedule's passes for a block mask whose lists are concrete (a pattern known while
+  tracing), or None: lists that are data (segment ids, blocks chosen from the input), or a
+  pattern too dense for a static schedule (block_schedule.MAX_KEYS_PER_QUERY)."""
+  if isinstance(block_mask.kv_num_blocks, jax.core.Tracer):
+    return None
+  with jax.ensure_compile_time_eval():
+    states = np.asarray(block_mask.states())                     # [B|1, H|1, nq, nk]
+  listed, full = np.any(states != EMPTY, axis=0), np.all(states == FULL, axis=0)
+  if listed.shape[0] > 1:   # per query head -> per kv head: the union over its group
+    listed = listed.reshape(kv_heads, group, *listed.shape[1:]).any(1)
+    full = full.reshape(kv_heads, group, *full.shape[1:]).all(1)
+  states = np.where(full, FULL, np.where(listed, PARTIAL, EMPTY)).astype(np.int8)
+  return block_schedule.build_schedule(
+      states, rows_per_block=group * block_mask.block_q, block_k=block_mask.block_k,
+      q_rows=group * block_mask.num_q_blocks * block_mask.block_q)
+
+
+def _scheduled(passes, q_blocks, k, v, block_mask: BlockMask, *, kv_mask, scale, score_mod,
+               dropout_rate, dropout_rng):
+  """flex_attention's inputs in its layout (q_blocks [nq, b, kvh, rows, d'], k, v
+  [b, kvh, kv_len', c]) through block_schedule -> (out, natural lse) [nq, b, kvh, rows, ·]."""
+  nq, batch, kv_heads, rows, _ = q_blocks.shape
+  bq, bk = block_mask.block_q, block_mask.block_k
+  nk = k.shape[2] // bk
+  layout = block_schedule.Layout(batch, kv_heads, rows // bq, bq, bk, nq, nk)
+  blocked = lambda x: x.reshape(batch, kv_heads, nk, bk, x.shape[-1])
+  kv_valid = None
+  if kv_mask is not None or block_mask.kv_len % bk:
+    kv_valid = key_validity(kv_mask, batch, block_mask.kv_len, bk).reshape(batch, nk, bk)
+  out, lse = block_schedule.scheduled_attention(
+      passes, layout, jnp.moveaxis(q_blocks, 0, 2), blocked(k), blocked(v),
+      mask_mod=block_mask.mask_mod, kv_valid=kv_valid, scale=scale, score_mod=score_mod,
+      dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+      plain=autodiff_modes()[:1] == ("forward",))
+  return jnp.moveaxis(out, 2, 0), jnp.moveaxis(lse, 2, 0)
 
 
 # -- the engine's layout, shared with the ring (context_parallel/ring.py) --------------------
