@@ -184,9 +184,14 @@ class Layout:
     most = max(1, CHUNK_BYTES // per_block)
     return max(c for c in range(1, min(most, len(pass_.rows)) + 1) if len(pass_.rows) % c == 0)
 
+  def step_states(self, pass_: Pass) -> np.ndarray:
+    """The slots' tile states in the steps' layout, int8 [R, 1, H, 1, S]."""
+    states = np.stack([s.state for s in pass_.slots], axis=-1)           # [H, R, S]
+    return np.transpose(states, (1, 0, 2))[:, None, :, None, :]
+
   def chunk_indices(self, pass_: Pass):
-    """score_mod's index arrays in the steps' layout [R, b, kvh, rows, ·]: (b, h) whole, (q, kv)
-    to be split along R with the step's inputs."""
+    """mask_mod's and score_mod's index arrays in the steps' layout [R, b, kvh, rows, ·]:
+    (b, h) whole, (q, kv) to be split along R with the step's inputs."""
     b, h, q, kv = self.indices(pass_)
     first = lambda x: np.moveaxis(x, 2, 0)
     return (first(b), first(h)), (first(q), first(kv))
@@ -225,28 +230,24 @@ def pass_keys(x, pass_: Pass):
   return views[0] if len(views) == 1 else jnp.concatenate(views, axis=3)
 
 
-def allowed_keys(layout: Layout, pass_: Pass, mask_mod, kv_valid):
-  """bool [b|1, kvh|1, R, rows|1, S·bk]: which computed scores of the pass are kept (the slot's
-  tile state; mask_mod only in slots holding a partial tile; key padding and kv_mask where
-  kv_valid [b, nk, bk] is given), or None when every one is."""
-  parts, needed = [], kv_valid is not None
-  for slot in pass_.slots:
-    state = slot.state[None, :, :, None, None]                            # [1, H, R, 1, 1]
-    if np.all(slot.state == FULL):
-      keep = np.ones((1, 1, 1, 1, layout.block_k), bool)
-    else:
-      needed = True
-      keep = state == FULL
-      if np.any(slot.state == PARTIAL):
-        keep = keep | ((state == PARTIAL) & mask_mod(*layout.indices(pass_, [slot])))
-    if kv_valid is not None:
-      valid = kv_valid[:, slot.blocks]                                    # [b, H, R, bk]
-      keep = keep & valid[:, :, :, None, :]
-    parts.append(keep)
-  if not needed:
-    return None
-  shape = np.broadcast_shapes(*(p.shape[:-1] for p in parts)) + (layout.block_k,)
-  return jnp.concatenate([jnp.broadcast_to(p, shape) for p in parts], axis=-1)
+def key_validity(pass_: Pass, kv_valid):
+  """kv_valid bool [b, nk, bk] (key padding and kv_mask) -> the pass's keys' validity in the
+  steps' layout [R, b, H, 1, S·bk]."""
+  valid = jnp.concatenate([kv_valid[:, s.blocks] for s in pass_.slots], axis=-1)  # [b, H, R, ·]
+  return jnp.transpose(valid, (2, 0, 1, 3))[:, :, :, None, :]
+
+
+def hoist_all(fn, *example):
+  """(fn', consts): fn'(*args, *consts) == fn(*args), with every array fn closes over in
+  consts. jax.closure_convert hoists only values that may carry a tangent, so an integer array
+  traced in a loop body (a mask's data: segment ids, a selection) would stay closed over and
+  leak into a backward traced outside that body; a mask gets no gradient, so all of its arrays
+  can travel as arguments."""
+  closed = jax.make_jaxpr(fn)(*example)
+
+  def converted(*args):
+    return jax.core.eval_jaxpr(closed.jaxpr, args[len(example):], *args[:len(example)])[0]
+  return converted, list(closed.consts)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -257,11 +258,31 @@ class Plan:
   layout: Layout
   scale: float
   score_mods: tuple
+  masks: tuple
   dropout_rate: float
 
-  def scores(self, p: int, q_rows, keys, allowed, index, mod_consts):
+  def keep(self, p: int, index, states, valid, mask_consts):
+    """bool [C, b|1, kvh|1, rows|1, S·bk] of a step: the slots' tile states [C, 1, H, 1, S],
+    mask_mod only in the slots holding a partial tile, the keys' validity (or None); None
+    when every score is kept."""
+    slots, bk = self.passes[p].slots, self.layout.block_k
+    if valid is None and all(np.all(s.state == FULL) for s in slots):
+      return None
+    parts = []
+    for t, slot in enumerate(slots):
+      state = states[..., t:t + 1]
+      keep = state == FULL
+      if np.any(slot.state == PARTIAL):
+        kv = index[3][..., t * bk:(t + 1) * bk]
+        keep = keep | ((state == PARTIAL) & self.masks[p](*index[:3], kv, *mask_consts))
+      parts.append(keep)
+    shape = np.broadcast_shapes(*(x.shape[:-1] for x in parts)) + (bk,)
+    keep = jnp.concatenate([jnp.broadcast_to(x, shape) for x in parts], axis=-1)
+    return keep if valid is None else keep & valid
+
+  def scores(self, p: int, q_rows, keys, keep, index, mod_consts):
     """(base-2 masked scores [C, b, kvh, rows, S·bk] of a chunk of C query blocks, the
-    score_mod's pullback or None); index: the chunk's score_mod indices (`chunk_indices`)."""
+    score_mod's pullback or None); index: the chunk's indices (`chunk_indices`)."""
     raw = tiles.dot_nt(q_rows, keys) * self.scale
     pull = None
     if self.score_mods[p] is not None:
@@ -269,7 +290,7 @@ class Plan:
                                               s.shape).astype(jnp.float32)
       raw, pull = jax.vjp(modify, raw, *mod_consts)
     base2 = raw * tiles.LOG2E
-    return (base2 if allowed is None else jnp.where(allowed, base2, tiles.MASK_VALUE)), pull
+    return (base2 if keep is None else jnp.where(keep, base2, tiles.MASK_VALUE)), pull
 
   def chunk(self, p: int) -> int:
     return self.layout.chunk(self.passes[p])
@@ -307,15 +328,15 @@ def _steps(plan: Plan, p: int, step, *arrays):
   [R, ...] each."""
   size = plan.chunk(p)
   def split(x):
+    x = x[0] if isinstance(x, tuple) else None if x is None else jnp.moveaxis(x, 2, 0)
     if x is None:
       return None
-    x = x[0] if isinstance(x, tuple) else jnp.moveaxis(x, 2, 0)
     return x.reshape((x.shape[0] // size, size) + x.shape[1:])
   results = jax.lax.map(lambda xs: step(*xs), [split(x) for x in arrays])
   return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), results)
 
 
-def _forward(plan: Plan, q, k, v, allowed, rng, mod_consts):
+def _forward(plan: Plan, q, k, v, valid, rng, mask_consts, mod_consts):
   """q [b, kvh, nq, rows, d'], k [b, kvh, nk, bk, d'], v [b, kvh, nk, bk, dv] -> (out like q
   with dv channels, in q's dtype; lse₂ f32 [b, kvh, nq, rows, 1], 0 for a row that saw no key;
   the natural-unit log-sum-exp, -inf for such a row)."""
@@ -324,8 +345,10 @@ def _forward(plan: Plan, q, k, v, allowed, rng, mod_consts):
     whole, (q_index, kv_index) = plan.chunk_indices(p)
     num_chunks = len(pass_.rows) // plan.chunk(p)
 
-    def step(q_rows, keys, values, keep, q_at, kv_at, chunk):
-      scores, _ = plan.scores(p, q_rows, keys, keep, (*whole, q_at, kv_at), mod_consts[p])
+    def step(q_rows, keys, values, states, valid_at, q_at, kv_at, chunk):
+      index = (*whole, q_at, kv_at)
+      keep = plan.keep(p, index, states, valid_at, mask_consts[p])
+      scores, _ = plan.scores(p, q_rows, keys, keep, index, mod_consts[p])
       init = tuple(jnp.broadcast_to(x, scores.shape[:-2] + x.shape)
                    for x in tiles.softmax_init(scores.shape[-2], values.shape[-1]))
       state = tiles.softmax_update(init, scores, values, plan.kept(rng, p, chunk, scores.shape))
@@ -333,7 +356,8 @@ def _forward(plan: Plan, q, k, v, allowed, rng, mod_consts):
       return out.astype(q.dtype), lse, state[2] > 0
 
     out, lse, seen = _steps(plan, p, step, pass_rows(q, pass_), pass_keys(k, pass_),
-                            pass_keys(v, pass_), allowed[p], (q_index,), (kv_index,),
+                            pass_keys(v, pass_), (plan.layout.step_states(pass_),), (valid[p],),
+                            (q_index,), (kv_index,),
                             (np.arange(num_chunks * plan.chunk(p)),))
     for results, x in ((outs, out), (lses, lse), (seens, seen)):
       results.append(jnp.moveaxis(x, 0, 2))
@@ -341,16 +365,16 @@ def _forward(plan: Plan, q, k, v, allowed, rng, mod_consts):
   return plan.assemble(outs, 0), lse, jnp.where(seen, lse / tiles.LOG2E, -jnp.inf)
 
 
-def _attend_fwd(plan, q, k, v, allowed, rng, mod_consts):
-  out, lse, natural_lse = _forward(plan, q, k, v, allowed, rng, mod_consts)
-  return (out, natural_lse), (q, k, v, allowed, rng, mod_consts, out, lse)
+def _attend_fwd(plan, q, k, v, valid, rng, mask_consts, mod_consts):
+  out, lse, natural_lse = _forward(plan, q, k, v, valid, rng, mask_consts, mod_consts)
+  return (out, natural_lse), (q, k, v, valid, rng, mask_consts, mod_consts, out, lse)
 
 
 def _backward(plan: Plan, residuals, cotangents):
   """Each pass's tiles recomputed from the forward's log-sum-exp (FlashAttention-2's backward,
   the whole pass at once); the keys' gradients return through the transpose of each slot's
   view. The log-sum-exp's cotangent enters as Δ - d_lse (see flex._backward)."""
-  q, k, v, allowed, rng, mod_consts, out, lse = residuals
+  q, k, v, valid, rng, mask_consts, mod_consts, out, lse = residuals
   d_out, d_lse = cotangents
   d_out = d_out.astype(q.dtype)
   delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1,
@@ -364,9 +388,11 @@ def _backward(plan: Plan, residuals, cotangents):
     keys, pull_k = jax.vjp(lambda x: pass_keys(x, pass_), k)
     values, pull_v = jax.vjp(lambda x: pass_keys(x, pass_), v)
 
-    def step(q_rows, keys, values, keep, q_at, kv_at, chunk, lse_rows, delta_rows, d_out_rows):
-      scores, pull_mod = plan.scores(p, q_rows, keys, keep, (*whole, q_at, kv_at),
-                                     mod_consts[p])
+    def step(q_rows, keys, values, states, valid_at, q_at, kv_at, chunk, lse_rows, delta_rows,
+             d_out_rows):
+      index = (*whole, q_at, kv_at)
+      keep = plan.keep(p, index, states, valid_at, mask_consts[p])
+      scores, pull_mod = plan.scores(p, q_rows, keys, keep, index, mod_consts[p])
       probs, d_scores = tiles.tile_probs_and_dscores(
           scores, lse_rows, delta_rows, d_out_rows, values,
           plan.kept(rng, p, chunk, scores.shape))
@@ -381,7 +407,8 @@ def _backward(plan: Plan, residuals, cotangents):
 
     rows = lambda x: pass_rows(x, pass_)
     d_q_rows, d_keys, d_values, d_mod = _steps(
-        plan, p, step, q_rows, keys, values, allowed[p], (q_index,), (kv_index,),
+        plan, p, step, q_rows, keys, values, (plan.layout.step_states(pass_),), (valid[p],),
+        (q_index,), (kv_index,),
         (np.arange(num_chunks * plan.chunk(p)),), rows(lse), rows(delta), rows(d_out))
     back = lambda x: jnp.moveaxis(x, 0, 2)
     dq += pull_q(back(d_q_rows).astype(q.dtype))[0]
@@ -389,7 +416,7 @@ def _backward(plan: Plan, residuals, cotangents):
     dv += pull_v(back(d_values).astype(v.dtype))[0]
     d_mods.append([d.sum(0).astype(c.dtype) for d, c in zip(d_mod, mod_consts[p])])
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-          [None] * len(allowed), None, d_mods)
+          [None] * len(valid), None, [[None] * len(c) for c in mask_consts], d_mods)
 
 
 _attend = jax.custom_vjp(lambda plan, *args: _forward(plan, *args)[::2], nondiff_argnums=(0,))
@@ -404,23 +431,29 @@ def scheduled_attention(passes, layout: Layout, q, k, v, *, mask_mod, kv_valid, 
   flex's (b, h, q, kv indices as Layout.indices). plain: the forward as plain JAX (forward-mode
   autodiff, which a custom VJP refuses). -> (out [b, kvh, nq, rows, dv], natural-unit lse
   [b, kvh, nq, rows, 1])."""
-  allowed = [allowed_keys(layout, p, mask_mod, kv_valid) for p in passes]
-  mods, mod_consts = [], []
+  valid = [None if kv_valid is None else key_validity(p, kv_valid) for p in passes]
+  # the functions as one step sees them, the arrays they close over as explicit arguments
+  masks, mask_consts, mods, mod_consts = [], [], [], []
   for pass_ in passes:
-    if score_mod is None:
-      mods.append(None)
-      mod_consts.append([])
-      continue
     (b, h), (q_at, kv_at) = layout.chunk_indices(pass_)
-    index = (b, h, q_at[:layout.chunk(pass_)], kv_at[:layout.chunk(pass_)])   # one step's
-    scores = (layout.chunk(pass_), layout.batch, layout.kv_heads, layout.group * layout.block_q,
-              len(pass_.slots) * layout.block_k)
-    fn, consts = jax.closure_convert(score_mod, jnp.zeros(scores, jnp.float32), *index)
-    mods.append(fn)
+    size = layout.chunk(pass_)
+    index = (b, h, q_at[:size], kv_at[:size])
+    mask, consts = None, []
+    if mask_mod is not None and any(np.any(s.state == PARTIAL) for s in pass_.slots):
+      mask, consts = hoist_all(mask_mod, *index[:3], index[3][..., :layout.block_k])
+    masks.append(mask)
+    mask_consts.append(consts)
+    mod, consts = None, []
+    if score_mod is not None:
+      scores = (size, layout.batch, layout.kv_heads, layout.group * layout.block_q,
+                len(pass_.slots) * layout.block_k)
+      mod, consts = jax.closure_convert(score_mod, jnp.zeros(scores, jnp.float32), *index)
+    mods.append(mod)
     mod_consts.append(consts)
-  plan = Plan(tuple(passes), layout, scale, tuple(mods), float(dropout_rate))
+  plan = Plan(tuple(passes), layout, scale, tuple(mods), tuple(masks), float(dropout_rate))
   rng = dropout_rng if dropout_rate > 0 else None
+  args = (q, k, v, valid, rng, mask_consts, mod_consts)
   if plain:
-    out, _, lse = _forward(plan, q, k, v, allowed, rng, mod_consts)
+    out, _, lse = _forward(plan, *args)
     return out, lse
-  return _attend(plan, q, k, v, allowed, rng, mod_consts)
+  return _attend(plan, *args)

@@ -522,19 +522,6 @@ def _backward(plan: _Plan, residuals, cotangents):
           d_consts[:len(tile_consts)], d_consts[len(tile_consts):])
 
 
-def _hoist_all(fn: Callable, *example):
-  """(fn', consts): fn'(*args, *consts) == fn(*args), with every array fn closes over in
-  consts. jax.closure_convert hoists only values that may carry a tangent, so an integer array
-  traced in a loop body (a mask's data: segment ids, a selection) would stay closed over and
-  leak into the backward, which is traced outside that body; a mask gets no gradient, so all of
-  its arrays can travel as arguments."""
-  closed = jax.make_jaxpr(fn)(*example)
-
-  def converted(*args):
-    return jax.core.eval_jaxpr(closed.jaxpr, args[len(example):], *args[:len(example)])[0]
-  return converted, list(closed.consts)
-
-
 def _attend_fwd(plan, *args):
   out, lse, natural_lse = _forward(plan, *args)
   return (out, natural_lse), (*args, out, lse)
@@ -598,8 +585,8 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
   tile_fn, tile_consts = convert(tile_score, q_blocks[0], k[:, :, :bk], index[1])
   scores_example = jnp.zeros((batch, kv_heads, group * bq, bk), jnp.float32)
   mod_fn, mod_consts = convert(score_mod, scores_example, *index)
-  mask_fn, mask_consts = (None, []) if block_mask.mask_mod is None else _hoist_all(
-      block_mask.mask_mod, *index)
+  mask_fn, mask_consts = ((None, []) if block_mask.mask_mod is None
+                           else block_schedule.hoist_all(block_mask.mask_mod, *index))
   plan = _Plan(tile_fn, mod_fn, mask_fn, scale, bq, bk, group, float(dropout_rate))
   rng = dropout_rng if dropout_rate > 0 else None
   args = (q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts, tile_consts,
