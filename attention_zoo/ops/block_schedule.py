@@ -26,7 +26,8 @@ flash does, and returns the keys' gradients through the transpose of each slot's
 scores are live one pass at a time, so memory is O(length · keys computed per query): linear
 while the pattern is sparse. A pattern that computes more than MAX_KEYS_PER_QUERY keys for its
 average query (dense or causal attention, flash) is not planned: the loops' O(block²) tiles
-serve it better.
+serve it better. Nor, for now, one whose passes need more than MAX_SLOTS slots: on the 2-core
+CPU the copies of K/V into the slots cost more than the loops' per-tile overhead saves.
 """
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is und
 # Above this many keys computed (kept or masked) for the average query the loops run instead:
 # memory O(length · keys per query) would then exceed the loops' O(block²) tiles by far.
 MAX_KEYS_PER_QUERY = 4096
+# Passes of more slots than this are not planned (the loops run): each extra slot costs a copy of
+# K and V (the slots' views side by side) and, in the backward, the transposes of those views.
+# Sliding window, Longformer and BigBird (3-8 slots) ran 1.1-1.4x slower than the loops at 8K,
+# local (1 slot) 1.4x faster, on the shared 2-core CPU (docs/benchmark_attention.md).
+MAX_SLOTS = 1
 # A pass holds query blocks visiting at most this many times the key blocks of its least busy one,
 # so padding its slots wastes at most about half of its work.
 PASS_SPREAD = 2.0
@@ -90,7 +96,7 @@ def build_schedule(states: np.ndarray, *, rows_per_block: int, block_k: int,
     slots = _slots(states[:, members], listed[:, members], members, num_k)
     passes.append(Pass(members, tuple(slots)))
     computed += len(members) * rows_per_block * len(slots) * block_k
-  if computed > MAX_KEYS_PER_QUERY * q_rows:
+  if computed > MAX_KEYS_PER_QUERY * q_rows or any(len(p.slots) > MAX_SLOTS for p in passes):
     return None
   return tuple(passes)
 

@@ -121,10 +121,12 @@ def mask_cases():
 
 @pytest.fixture(params=["static", "loops"])
 def engine_path(request, monkeypatch):
-  """Runs a test through the static block schedule (a pattern known while tracing, the default
-  at these sizes) and through the loops (forced: no pattern is sparse enough for a schedule)."""
+  """Runs a test through the static block schedule (any number of slots) and through the loops
+  (forced: no pattern is sparse enough for a schedule)."""
   if request.param == "loops":
     monkeypatch.setattr(block_schedule, "MAX_KEYS_PER_QUERY", 0)
+  else:
+    monkeypatch.setattr(block_schedule, "MAX_SLOTS", 1 << 20)
   return request.param
 
 
@@ -179,7 +181,7 @@ def softcap(s, b, h, q, kv):
 
 @pytest.mark.parametrize("q_len, kv_len, kv_heads", [
     SHAPES[0], pytest.param(*SHAPES[1], marks=pytest.mark.slow)])
-def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads):
+def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads, engine_path):
   """Soft-capping, a learned relative-position bias per head and a per-token key gate (both
   closed over), on a causal mask; the closed-over arrays get their gradients too."""
   at = aligned(q_len, kv_len)
@@ -212,7 +214,7 @@ def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads):
 
 
 @pytest.mark.slow   # the fast lane: test_forward_mode.py's flash (chunked, on flex) case
-def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle():
+def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle(engine_path):
   """jax.jvp (the forward as plain JAX: JAX refuses forward mode through the custom VJP) and
   forward over reverse, jax.jvp of jax.grad (the custom VJP's backward differentiated forward),
   along a tangent of q, k, v and the arrays score_mod closes over; a causal mask, padded keys,
@@ -303,7 +305,7 @@ def test_shapes_and_lengths_are_checked():
         lambda b, h, q, kv: h >= 0, None, 3, 10, 12, **BLOCKS))
 
 
-def test_dropout_backward_matches_its_forward():
+def test_dropout_backward_matches_its_forward(engine_path):
   """The backward regenerates each tile's dropout draws: the gradient along a random direction
   equals the central difference of the forward; without a key the output is the plain one."""
   n = 19
@@ -339,7 +341,7 @@ def lse_oracle(q, k, mask_mod, kv_mask):
     return jnp.swapaxes(lse, 1, 2)
 
 
-def test_the_log_sum_exp_and_its_gradient_equal_the_dense_oracle():
+def test_the_log_sum_exp_and_its_gradient_equal_the_dense_oracle(engine_path):
   """return_lse: the rows' log-sum-exp (-inf where a row sees no key) and a loss of both outputs
   differentiated through the engine's backward."""
   n = 23
