@@ -33,6 +33,13 @@ loops run a data-dependent number of steps). Arrays that score_mod (or a `tile_s
 over get gradients; those of mask_mod do not. A query that sees no key returns 0 (and passes no
 gradient). Lengths that are not multiples of the blocks are padded, and the padding masked.
 
+When the lists are concrete (a pattern known while tracing) and sparse, `flex_attention` runs
+them as a static schedule instead of the loops (block_schedule.py: passes of query blocks, each
+step one batched matmul over its query blocks and their key blocks taken by static slices, the
+backward a custom VJP from the saved log-sum-exp; no loop, so reverse over forward works too);
+for now only where each query block visits one key block per head (block_schedule.MAX_SLOTS:
+more slots measured slower than the loops on CPU).
+
 `block_mask_from_states` builds the metadata from tile states a caller derived itself (a
 pattern that is data, as MoBA's per-query block selection), and `flex_attention(...,
 return_lse=True)` also returns each row's log-sum-exp, differentiable, so attention over
