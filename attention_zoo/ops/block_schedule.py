@@ -14,20 +14,22 @@ plans the whole call in NumPy instead:
   blocks share (global columns), then the rest in ascending order (random blocks). A block with
   nothing in a slot gets an empty tile there, masked out entirely.
 - A pass is one dense problem: its query blocks [b, kvh, R, rows, d] against their slots' keys
-  concatenated [b, kvh, R, S·bk, d], one batched matmul for the scores, a plain softmax over
-  the S·bk keys, one batched matmul for the output. K/V reach a slot without a gather by traced
-  indices: an offset slot is a static slice of the blocked K/V (the "shifted view"), a shared
-  column a broadcast of one block, the rest a take by constant indices.
+  side by side [b, kvh, R, S·bk, d], run in steps of as many query blocks as keep a step's
+  scores in cache (CHUNK_BYTES), each step one batched matmul for the scores, a plain softmax
+  over the S·bk keys (no online rescaling), one batched matmul for the output. K/V reach a slot
+  without a gather by traced indices: an offset slot is a static slice of the blocked K/V (the
+  "shifted view"), a shared column a broadcast of one block, the rest a take by constant
+  indices.
 - The mask is evaluated only in the slots that hold a partial tile; full tiles only check key
   padding, empty ones are masked.
 
 The backward (a custom VJP) recomputes each pass's scores from the forward's log-sum-exp, as
-flash does, and returns the keys' gradients through the transpose of each slot's view. A pass's
-scores are live one pass at a time, so memory is O(length · keys computed per query): linear
-while the pattern is sparse. A pattern that computes more than MAX_KEYS_PER_QUERY keys for its
-average query (dense or causal attention, flash) is not planned: the loops' O(block²) tiles
-serve it better. Nor, for now, one whose passes need more than MAX_SLOTS slots: on the 2-core
-CPU the copies of K/V into the slots cost more than the loops' per-tile overhead saves.
+flash does, and returns the keys' gradients through the transpose of each slot's view. Scores are
+live one step at a time; the slots' keys side by side take O(length · slots · d), linear. A
+pattern that computes more than MAX_KEYS_PER_QUERY keys for its average query (dense or causal
+attention, flash) is not planned: the loops' O(block²) tiles serve it better. Nor, for now, one
+whose passes need more than MAX_SLOTS slots: on the 2-core CPU the copies of K/V into the slots
+cost more than the loops' per-tile overhead saves.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from attention_zoo.ops import softmax, tiles
 EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is under a mask
 
 # Above this many keys computed (kept or masked) for the average query the loops run instead:
-# memory O(length · keys per query) would then exceed the loops' O(block²) tiles by far.
+# dense and causal attention (flash), whose large tiles the loops already run near the matmul rate.
 MAX_KEYS_PER_QUERY = 4096
 # Passes of more slots than this are not planned (the loops run): each extra slot costs a copy of
 # K and V (the slots' views side by side) and, in the backward, the transposes of those views.
@@ -166,21 +168,19 @@ class Layout:
   block_q: int
   block_k: int
   num_q: int
-  num_k: int
 
-  def indices(self, pass_: Pass, slots=None):
-    """mask_mod / score_mod's index arrays for a pass (or some of its slots): b [B,1,1,1,1],
+  def indices(self, pass_: Pass):
+    """mask_mod / score_mod's index arrays for a pass: b [B,1,1,1,1],
     h [1,kvh,1,rows,1], q [1,1,R,rows,1], kv [1,H,R,1,S·bk] (NumPy, int32)."""
     rows = np.arange(self.group * self.block_q)
     head = np.arange(self.kv_heads)[:, None] * self.group + rows // self.block_q
     q = pass_.rows[:, None] * self.block_q + rows % self.block_q
     kv = np.concatenate([s.blocks[..., None] * self.block_k + np.arange(self.block_k)
-                         for s in (pass_.slots if slots is None else slots)], axis=-1)
+                         for s in pass_.slots], axis=-1)
     as_int = lambda x: x.astype(np.int32)
     return (as_int(np.arange(self.batch)[:, None, None, None, None]),
             as_int(head[None, :, None, :, None]), as_int(q[None, None, :, :, None]),
             as_int(kv[None, :, :, None, :]))
-
 
   def chunk(self, pass_: Pass) -> int:
     """Query blocks per step of a pass: the most (a divisor of R) whose scores fit in

@@ -637,7 +637,7 @@ def _scheduled(passes, q_blocks, k, v, block_mask: BlockMask, *, kv_mask, scale,
   nq, batch, kv_heads, rows, _ = q_blocks.shape
   bq, bk = block_mask.block_q, block_mask.block_k
   nk = k.shape[2] // bk
-  layout = block_schedule.Layout(batch, kv_heads, rows // bq, bq, bk, nq, nk)
+  layout = block_schedule.Layout(batch, kv_heads, rows // bq, bq, bk, nq)
   blocked = lambda x: x.reshape(batch, kv_heads, nk, bk, x.shape[-1])
   kv_valid = None
   if kv_mask is not None or block_mask.kv_len % bk:
