@@ -294,17 +294,18 @@ def profile(name: str, *, length: int, context: int) -> Profile:
                  lowered.as_text().count("sdy.manual_computation"))
 
 
-def cases_of(name: str) -> list[tuple[Case, bool]]:
-  """(case, float64) of each case `run` checks for `name`: every case in float32, and its
-  FLOAT64_CASES entry in float64."""
-  widened = [(case, True) for case in CASES if case.name == FLOAT64_CASES.get(name)]
-  return [(case, False) for case in CASES] + widened
+def cases_of(name: str, without=()) -> list[tuple[Case, bool]]:
+  """(case, float64) of each case `run` checks for `name`: every case but those named in
+  `without` in float32, and its FLOAT64_CASES entry in float64."""
+  cases = [case for case in CASES if case.name not in without]
+  widened = [(case, True) for case in cases if case.name == FLOAT64_CASES.get(name)]
+  return [(case, False) for case in cases] + widened
 
 
-def run(names) -> list[CaseResult]:
+def run(names, without=()) -> list[CaseResult]:
   results = []
   for name in names:
-    for case, float64 in cases_of(name):
+    for case, float64 in cases_of(name, without):
       try:
         with jax.enable_x64(float64):
           results.append(run_case(name, case, float64))
@@ -313,20 +314,22 @@ def run(names) -> list[CaseResult]:
   return results
 
 
-def run_in_child(names, devices: int = DEVICES, timeout: float = 900) -> list[CaseResult]:
-  """`run(names)` in a child process with `devices` simulated CPU devices."""
-  return check_in_child(names, devices=devices, timeout=timeout)[0]
+def run_in_child(names, devices: int = DEVICES, timeout: float = 900,
+                 without=()) -> list[CaseResult]:
+  """`run(names, without)` in a child process with `devices` simulated CPU devices."""
+  return check_in_child(names, devices=devices, timeout=timeout, without=without)[0]
 
 
 def check_in_child(names, *, profile_lengths=(), profile_context: int = 4, devices: int = DEVICES,
-                   timeout: float = 900) -> tuple[list[CaseResult], list[Profile]]:
-  """In one child process with `devices` simulated CPU devices: `run(names)`, then each name's
-  `profile` at each of `profile_lengths` on a mesh of `profile_context` devices."""
+                   timeout: float = 900, without=()) -> tuple[list[CaseResult], list[Profile]]:
+  """In one child process with `devices` simulated CPU devices: `run(names, without)`, then each
+  name's `profile` at each of `profile_lengths` on a mesh of `profile_context` devices."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} "
                       f"--xla_force_host_platform_device_count={devices}").strip()
   lengths = ",".join(map(str, profile_lengths))
   flags = [f"--profile={lengths}@{profile_context}"] if lengths else []
+  flags += [f"--without={','.join(without)}"] if without else []
   child = subprocess.run([sys.executable, "-m", __name__, *flags, *names], env=env,
                          capture_output=True, text=True, timeout=timeout)
   if child.returncode != 0:
@@ -338,14 +341,17 @@ def check_in_child(names, *, profile_lengths=(), profile_context: int = 4, devic
 
 
 def main(argv) -> int:
-  """`NAME ...`: each name's cases; `--profile=LENGTH,...@CONTEXT NAME ...`: then its profiles."""
+  """`NAME ...`: each name's cases; `--without=CASE,...`: but those; `--profile=LENGTH,...@CONTEXT
+  NAME ...`: then its profiles."""
   if len(jax.devices()) < DEVICES:
     print(f"needs {DEVICES} devices, has {len(jax.devices())}: run with XLA_FLAGS="
           f"--xla_force_host_platform_device_count={DEVICES}", file=sys.stderr)
     return 2
   flags = [arg for arg in argv if arg.startswith("--profile=")]
-  names = [arg for arg in argv if arg not in flags]
-  for result in run(names):
+  without = [arg for arg in argv if arg.startswith("--without=")]
+  names = [arg for arg in argv if arg not in flags + without]
+  skipped = without[-1].removeprefix("--without=").split(",") if without else ()
+  for result in run(names, skipped):
     print(json.dumps({"case": dataclasses.asdict(result)}), flush=True)
   for flag in flags:
     lengths, context = flag.removeprefix("--profile=").split("@")
