@@ -33,13 +33,6 @@ loops run a data-dependent number of steps). Arrays that score_mod (or a `tile_s
 over get gradients; those of mask_mod do not. A query that sees no key returns 0 (and passes no
 gradient). Lengths that are not multiples of the blocks are padded, and the padding masked.
 
-When the lists are concrete (a pattern known while tracing) and sparse, `flex_attention` runs
-them as a static schedule instead of the loops (block_schedule.py: passes of query blocks, each
-step one batched matmul over its query blocks and their key blocks taken by static slices, the
-backward a custom VJP from the saved log-sum-exp; no loop, so reverse over forward works too);
-for now only where each query block visits one key block per head (block_schedule.MAX_SLOTS:
-more slots measured slower than the loops on CPU).
-
 `block_mask_from_states` builds the metadata from tile states a caller derived itself (a
 pattern that is data, as MoBA's per-query block selection), and `flex_attention(...,
 return_lse=True)` also returns each row's log-sum-exp, differentiable, so attention over
@@ -73,10 +66,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_zoo.ops import block_schedule, softmax, tiles
+from attention_zoo.ops import softmax, tiles
 from attention_zoo.ops.autodiff import autodiff_modes
-from attention_zoo.ops.block_schedule import EMPTY, FULL, PARTIAL
 from attention_zoo.ops.blocks import ceil_div, pad_to_multiple
+
+EMPTY, PARTIAL, FULL = 0, 1, 2     # what a (query block, key block) tile is under a mask
 DEFAULT_BLOCK = 128
 
 
@@ -531,6 +525,19 @@ def _backward(plan: _Plan, residuals, cotangents):
           d_consts[:len(tile_consts)], d_consts[len(tile_consts):])
 
 
+def _hoist_all(fn: Callable, *example):
+  """(fn', consts): fn'(*args, *consts) == fn(*args), with every array fn closes over in
+  consts. jax.closure_convert hoists only values that may carry a tangent, so an integer array
+  traced in a loop body (a mask's data: segment ids, a selection) would stay closed over and
+  leak into the backward, which is traced outside that body; a mask gets no gradient, so all of
+  its arrays can travel as arguments."""
+  closed = jax.make_jaxpr(fn)(*example)
+
+  def converted(*args):
+    return jax.core.eval_jaxpr(closed.jaxpr, args[len(example):], *args[:len(example)])[0]
+  return converted, list(closed.consts)
+
+
 def _attend_fwd(plan, *args):
   out, lse, natural_lse = _forward(plan, *args)
   return (out, natural_lse), (*args, out, lse)
@@ -580,28 +587,6 @@ def flex_attention(q, k, v, *, block_mask: BlockMask | None = None,
 
   q_blocks = query_blocks(q, kv_heads, bq)
   k, v = key_layout(k, bk), key_layout(v, bk)
-  passes = None if tile_score is not None else _schedule(block_mask, kv_heads, group)
-  shared = dict(kv_mask=kv_mask, scale=scale, score_mod=score_mod, dropout_rate=dropout_rate,
-                dropout_rng=dropout_rng)
-  if passes is not None:
-    out, lse = _scheduled(passes, q_blocks, k, v, block_mask, **shared)
-  else:
-    out, lse = _looped(q_blocks, k, v, block_mask, tile_score=tile_score, **shared)
-  in_sequence = lambda x: from_query_blocks(x, group, q_len)
-  out, lse = in_sequence(out), in_sequence(lse)[..., 0]
-  if sinks is not None:
-    out = softmax.apply_sinks(out, lse, sinks)
-  return (out, lse) if return_lse else out
-
-
-def _looped(q_blocks, k, v, block_mask: BlockMask, *, kv_mask, scale, score_mod, dropout_rate,
-            dropout_rng, tile_score):
-  """flex_attention's inputs in its layout through the key-block loops and their custom VJP
-  (lists that are data, dense patterns, `tile_score`) -> (out, natural lse)
-  [nq, b, kvh, rows, ·]."""
-  _, batch, kv_heads, rows, _ = q_blocks.shape
-  bq, bk, kv_len = block_mask.block_q, block_mask.block_k, block_mask.kv_len
-  group = rows // bq
   kv_valid = key_validity(kv_mask, batch, kv_len, bk)
 
   # The arrays the functions close over become explicit arguments of the custom VJP.
@@ -610,8 +595,8 @@ def _looped(q_blocks, k, v, block_mask: BlockMask, *, kv_mask, scale, score_mod,
   tile_fn, tile_consts = convert(tile_score, q_blocks[0], k[:, :, :bk], index[1])
   scores_example = jnp.zeros((batch, kv_heads, group * bq, bk), jnp.float32)
   mod_fn, mod_consts = convert(score_mod, scores_example, *index)
-  mask_fn, mask_consts = ((None, []) if block_mask.mask_mod is None
-                           else block_schedule.hoist_all(block_mask.mask_mod, *index))
+  mask_fn, mask_consts = (None, []) if block_mask.mask_mod is None else _hoist_all(
+      block_mask.mask_mod, *index)
   plan = _Plan(tile_fn, mod_fn, mask_fn, scale, bq, bk, group, float(dropout_rate))
   rng = dropout_rng if dropout_rate > 0 else None
   args = (q_blocks, k, v, kv_valid, _visits(block_mask), rng, mask_consts, tile_consts,
@@ -625,46 +610,14 @@ def _looped(q_blocks, k, v, block_mask: BlockMask, *, kv_mask, scale, score_mod,
           "which JAX cannot reverse. Differentiate forward over reverse instead (jax.jvp of "
           "jax.grad, as jax.hessian does)")
     out, _, lse = _forward(plan, *args)
-    return out, lse
-  return _attend(plan, *args)                                     # [nq, b, kvh, rows, ·]
+  else:
+    out, lse = _attend(plan, *args)                               # [nq, b, kvh, rows, ·]
 
-
-def _schedule(block_mask: BlockMask, kv_heads: int, group: int):
-  """block_schedule's passes for a block mask whose lists are concrete (a pattern known while
-  tracing), or None: lists that are data (segment ids, blocks chosen from the input), or a
-  pattern too dense for a static schedule (block_schedule.MAX_KEYS_PER_QUERY)."""
-  if isinstance(block_mask.kv_num_blocks, jax.core.Tracer):
-    return None
-  with jax.ensure_compile_time_eval():
-    states = np.asarray(block_mask.states())                     # [B|1, H|1, nq, nk]
-  listed, full = np.any(states != EMPTY, axis=0), np.all(states == FULL, axis=0)
-  if listed.shape[0] > 1:   # per query head -> per kv head: the union over its group
-    listed = listed.reshape(kv_heads, group, *listed.shape[1:]).any(1)
-    full = full.reshape(kv_heads, group, *full.shape[1:]).all(1)
-  states = np.where(full, FULL, np.where(listed, PARTIAL, EMPTY)).astype(np.int8)
-  return block_schedule.build_schedule(
-      states, rows_per_block=group * block_mask.block_q, block_k=block_mask.block_k,
-      q_rows=group * block_mask.num_q_blocks * block_mask.block_q)
-
-
-def _scheduled(passes, q_blocks, k, v, block_mask: BlockMask, *, kv_mask, scale, score_mod,
-               dropout_rate, dropout_rng):
-  """flex_attention's inputs in its layout (q_blocks [nq, b, kvh, rows, d'], k, v
-  [b, kvh, kv_len', c]) through block_schedule -> (out, natural lse) [nq, b, kvh, rows, ·]."""
-  nq, batch, kv_heads, rows, _ = q_blocks.shape
-  bq, bk = block_mask.block_q, block_mask.block_k
-  nk = k.shape[2] // bk
-  layout = block_schedule.Layout(batch, kv_heads, rows // bq, bq, bk, nq)
-  blocked = lambda x: x.reshape(batch, kv_heads, nk, bk, x.shape[-1])
-  kv_valid = None
-  if kv_mask is not None or block_mask.kv_len % bk:
-    kv_valid = key_validity(kv_mask, batch, block_mask.kv_len, bk).reshape(batch, nk, bk)
-  out, lse = block_schedule.scheduled_attention(
-      passes, layout, jnp.moveaxis(q_blocks, 0, 2), blocked(k), blocked(v),
-      mask_mod=block_mask.mask_mod, kv_valid=kv_valid, scale=scale, score_mod=score_mod,
-      dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-      plain=autodiff_modes()[:1] == ("forward",))
-  return jnp.moveaxis(out, 2, 0), jnp.moveaxis(lse, 2, 0)
+  in_sequence = lambda x: from_query_blocks(x, group, q_len)
+  out, lse = in_sequence(out), in_sequence(lse)[..., 0]
+  if sinks is not None:
+    out = softmax.apply_sinks(out, lse, sinks)
+  return (out, lse) if return_lse else out
 
 
 # -- the engine's layout, shared with the ring (context_parallel/ring.py) --------------------

@@ -12,7 +12,6 @@ import pytest
 
 import attention_zoo as az
 from attention_zoo import flex
-from attention_zoo.ops import block_schedule
 from attention_zoo.testing import conformance
 from helpers import normal
 
@@ -119,19 +118,8 @@ def mask_cases():
                          id=f"{name}-{shape[0]}x{shape[1]}-kvh{shape[2]}")
 
 
-@pytest.fixture(params=["static", "loops"])
-def engine_path(request, monkeypatch):
-  """Runs a test through the static block schedule (any number of slots) and through the loops
-  (forced: no pattern is sparse enough for a schedule)."""
-  if request.param == "loops":
-    monkeypatch.setattr(block_schedule, "MAX_KEYS_PER_QUERY", 0)
-  else:
-    monkeypatch.setattr(block_schedule, "MAX_SLOTS", 1 << 20)
-  return request.param
-
-
 @pytest.mark.parametrize("name, q_len, kv_len, kv_heads", list(mask_cases()))
-def test_masks_equal_the_dense_oracle(name, q_len, kv_len, kv_heads, engine_path):
+def test_masks_equal_the_dense_oracle(name, q_len, kv_len, kv_heads):
   mask_mod = MASKS[name](q_len, kv_len)
   heads = HEADS if name == "random_blocks" else None
   block_mask = (None if mask_mod is None
@@ -181,7 +169,7 @@ def softcap(s, b, h, q, kv):
 
 @pytest.mark.parametrize("q_len, kv_len, kv_heads", [
     SHAPES[0], pytest.param(*SHAPES[1], marks=pytest.mark.slow)])
-def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads, engine_path):
+def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads):
   """Soft-capping, a learned relative-position bias per head and a per-token key gate (both
   closed over), on a causal mask; the closed-over arrays get their gradients too."""
   at = aligned(q_len, kv_len)
@@ -214,7 +202,7 @@ def test_score_mods_equal_the_dense_oracle(q_len, kv_len, kv_heads, engine_path)
 
 
 @pytest.mark.slow   # the fast lane: test_forward_mode.py's flash (chunked, on flex) case
-def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle(engine_path):
+def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle():
   """jax.jvp (the forward as plain JAX: JAX refuses forward mode through the custom VJP) and
   forward over reverse, jax.jvp of jax.grad (the custom VJP's backward differentiated forward),
   along a tangent of q, k, v and the arrays score_mod closes over; a causal mask, padded keys,
@@ -254,18 +242,11 @@ def test_forward_mode_and_hessian_vector_products_equal_the_dense_oracle(engine_
     np.testing.assert_allclose(g, w, atol=2e-5, rtol=0, err_msg=what)
 
 
-def test_reverse_over_forward_is_refused_on_the_loops_with_the_order_that_works(monkeypatch):
-  """The loops run a data-dependent number of steps, which JAX cannot reverse; a static
-  schedule has no loops and takes both orders alike."""
-  q, tangent = normal(0, (BATCH, 16, HEADS, HEAD_DIM)), normal(1, (BATCH, 16, HEADS, HEAD_DIM))
+def test_reverse_over_forward_is_refused_with_the_order_that_works():
+  q = normal(0, (BATCH, 16, HEADS, HEAD_DIM))
   f = lambda q: jnp.sum(flex.flex_attention(q, q, q) ** 2)
-  reverse_over_forward = lambda: jax.grad(lambda q: jax.jvp(f, (q,), (tangent,))[1])(q)
-  forward_over_reverse = jax.jvp(jax.grad(f), (q,), (tangent,))[1]
-  np.testing.assert_allclose(reverse_over_forward(), forward_over_reverse, atol=1e-4, rtol=1e-4)
-  monkeypatch.setattr(block_schedule, "MAX_KEYS_PER_QUERY", 0)      # the loops
   with pytest.raises(ValueError, match=r"jax.grad of jax.jvp.*jax.jvp of jax.grad"):
-    reverse_over_forward()
-
+    jax.grad(lambda q: jax.jvp(f, (q,), (q,))[1])(q)
 
 def test_block_mask_states_follow_their_definition():
   """A tile is FULL when mask_mod holds on all its real entries, EMPTY on none, else PARTIAL;
@@ -305,7 +286,7 @@ def test_shapes_and_lengths_are_checked():
         lambda b, h, q, kv: h >= 0, None, 3, 10, 12, **BLOCKS))
 
 
-def test_dropout_backward_matches_its_forward(engine_path):
+def test_dropout_backward_matches_its_forward():
   """The backward regenerates each tile's dropout draws: the gradient along a random direction
   equals the central difference of the forward; without a key the output is the plain one."""
   n = 19
@@ -341,7 +322,7 @@ def lse_oracle(q, k, mask_mod, kv_mask):
     return jnp.swapaxes(lse, 1, 2)
 
 
-def test_the_log_sum_exp_and_its_gradient_equal_the_dense_oracle(engine_path):
+def test_the_log_sum_exp_and_its_gradient_equal_the_dense_oracle():
   """return_lse: the rows' log-sum-exp (-inf where a row sees no key) and a loss of both outputs
   differentiated through the engine's backward."""
   n = 23
