@@ -147,8 +147,9 @@ def test_every_option_has_a_type_also_when_its_default_is_none():
   assert az.spec("flash").option_types["block_q"] is int
   assert az.spec("full").option_types["scale"] is float
   assert az.spec("full").options == {"scale": None, "dropout_rate": 0.0, "impl": "auto",
-                                     "softcap": None}
+                                     "softcap": None, "sink": False}
   assert az.spec("full").option_types["softcap"] is float
+  assert az.spec("full").option_types["sink"] is bool
 
 
 def test_ints_are_accepted_for_floats():
