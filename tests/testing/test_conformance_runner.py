@@ -121,9 +121,10 @@ def test_the_example_plugin_passes_every_property_from_its_path():
   assert result.returncode == 0, result.stdout + result.stderr
   statuses = status_lines(result.stdout)
   assert set(statuses) == set(conformance.CHECKS), result.stdout
-  assert statuses["exact"] == statuses["decode"] == "N/A"   # approximate, no decoding claimed
+  # approximate, no decoding or sinks claimed
+  assert statuses["exact"] == statuses["decode"] == statuses["sinks"] == "N/A"
   assert all(status == "PASS" for prop, status in statuses.items()
-             if prop not in ("exact", "decode"))
+             if prop not in ("exact", "decode", "sinks"))
   assert result.stdout.startswith("cosine  (approximate, O(n²), causal, cross) "
                                   "with init_temperature=0.5\n")   # its TEST_OPTIONS applied
 
