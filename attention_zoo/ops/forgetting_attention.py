@@ -49,22 +49,30 @@ from attention_zoo.ops.flash import chunked
 from attention_zoo.ops.segments import segment_runs
 
 
-def _check(q, k, v, log_f, mask, *, decode: bool, segment_ids=None):
-  """ValueError naming the first argument whose shape does not fit q's."""
-  q_dims = "[B, H, D]" if decode else "[B, T, H, D]"
+def check_causal_qkv(q, k, v, *, decode: bool, name: str):
+  """ValueError naming the first of q, k, v whose shape does not fit causal self-attention
+  (decode: q one token, k and v the caches) -> (batch, length, num_heads, num_kv_heads,
+  head_dim). `name`: the op, for the messages."""
   if q.ndim != (3 if decode else 4):
-    raise ValueError(f"q must be {q_dims}, got shape {q.shape}")
+    raise ValueError(f"q must be {'[B, H, D]' if decode else '[B, T, H, D]'}, got shape "
+                     f"{q.shape}")
   batch, num_heads, head_dim = q.shape[0], q.shape[-2], q.shape[-1]
   if k.ndim != 4 or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
-    raise ValueError(f"k and v must both be [B, T, KVH, D] with B={batch}, D={head_dim}; got "
-                     f"{k.shape} and {v.shape}")
+    raise ValueError(f"{'the caches' if decode else 'k and v'} must both be [B, T, KVH, D] with "
+                     f"B={batch}, D={head_dim}; got {k.shape} and {v.shape}")
   length, num_kv_heads = k.shape[1], k.shape[2]
   if num_heads % num_kv_heads:
     raise ValueError(f"the {num_heads} query heads must be a multiple of the {num_kv_heads} "
                      "K/V heads")
   if not decode and q.shape[1] != length:
-    raise ValueError(f"q and k must have the same length (FoX is causal self-attention), got "
+    raise ValueError(f"q and k must have the same length ({name} is causal self-attention), got "
                      f"{q.shape[1]} and {length}")
+  return batch, length, num_heads, num_kv_heads, head_dim
+
+
+def _check(q, k, v, log_f, mask, *, decode: bool, segment_ids=None):
+  """ValueError naming the first argument whose shape does not fit q's."""
+  batch, length, num_heads, _, _ = check_causal_qkv(q, k, v, decode=decode, name="FoX")
   if log_f.shape != (batch, length, num_heads):
     raise ValueError(f"log_f must be [B, T, H] = {(batch, length, num_heads)}, one gate per "
                      f"query head, got {log_f.shape}")

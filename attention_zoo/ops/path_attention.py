@@ -69,7 +69,8 @@ import jax.numpy as jnp
 from attention_zoo.ops import softmax, tiles
 from attention_zoo.ops.blocks import ceil_div
 from attention_zoo.ops.engine import unit_lower_inverse
-from attention_zoo.ops.forgetting_attention import cumsum_two_float, forgetting_attention_step
+from attention_zoo.ops.forgetting_attention import (check_causal_qkv, cumsum_two_float,
+                                                     forgetting_attention_step)
 from attention_zoo.ops.segments import segment_runs
 
 DEFAULT_BLOCK_SIZE = 64
@@ -84,20 +85,8 @@ def _einsum(spec, *operands):
 def _check(q, k, v, w, beta, mask, *, decode: bool, segment_ids=None, log_f=None):
   """ValueError naming the first argument whose shape does not fit q's (decode: k and v are the
   caches)."""
-  if q.ndim != (3 if decode else 4):
-    raise ValueError(f"q must be {'[B, H, D]' if decode else '[B, T, H, D]'}, got shape "
-                     f"{q.shape}")
-  batch, num_heads, head_dim = q.shape[0], q.shape[-2], q.shape[-1]
-  if k.ndim != 4 or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
-    raise ValueError(f"{'the caches' if decode else 'k and v'} must both be [B, T, KVH, D] with "
-                     f"B={batch}, D={head_dim}; got {k.shape} and {v.shape}")
-  length, num_kv_heads = k.shape[1], k.shape[2]
-  if num_heads % num_kv_heads:
-    raise ValueError(f"the {num_heads} query heads must be a multiple of the {num_kv_heads} "
-                     "K/V heads")
-  if not decode and q.shape[1] != length:
-    raise ValueError(f"q and k must have the same length (PaTH is causal self-attention), got "
-                     f"{q.shape[1]} and {length}")
+  batch, length, num_heads, num_kv_heads, head_dim = check_causal_qkv(q, k, v, decode=decode,
+                                                                      name="PaTH")
   per_token = (batch,) if decode else (batch, length)
   if w.shape != per_token + (num_kv_heads, head_dim):
     raise ValueError(f"w must be {per_token + (num_kv_heads, head_dim)}, one unit vector per "
