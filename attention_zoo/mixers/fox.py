@@ -58,11 +58,8 @@ class FoX(Mixer):
 
   def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
-    h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-    q, k, v = jnp.split(self.qkv(x), [h * d, (h + kvh) * d], axis=-1)
-    q, k, v = q.reshape(b, n, h, d), k.reshape(b, n, kvh, d), v.reshape(b, n, kvh, d)
-    if self.q_norm is not None:
-      q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
+    h, d = self.num_heads, self.head_dim
+    q, k, v = parts.softmax_mixer_qkv(self, x)
     log_f = jax.nn.log_sigmoid(self.forget_proj(x).astype(jnp.float32))         # [b, n, h]
     if state is None:
       attention = ring.forgetting_attention_ring if context_size() > 1 else ops.forgetting_attention

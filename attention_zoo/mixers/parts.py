@@ -87,6 +87,19 @@ def gated_output(mixer, x, o):
   return mixer.out(y.reshape(b, n, h * d_v).astype(mixer.dtype))
 
 
+def softmax_mixer_qkv(mixer, x):
+  """q [b, n, h, d], k and v [b, n, kvh, d] from the fused projection `mixer.qkv` (q | k | v), q
+  and k through `mixer.q_norm` / `mixer.k_norm` when the mixer has them (the softmax mixers:
+  FoX, PaTH)."""
+  b, n, _ = x.shape
+  h, kvh, d = mixer.num_heads, mixer.num_kv_heads, mixer.head_dim
+  q, k, v = jnp.split(mixer.qkv(x), [h * d, (h + kvh) * d], axis=-1)
+  q, k, v = q.reshape(b, n, h, d), k.reshape(b, n, kvh, d), v.reshape(b, n, kvh, d)
+  if mixer.q_norm is not None:
+    q, k = mixer.q_norm(q).astype(v.dtype), mixer.k_norm(k).astype(v.dtype)
+  return q, k, v
+
+
 def short_conv(conv, x, mask, decode: bool, segment_ids=None):
   """SiLU(conv(x)) with masked tokens entering as zeros (so the convolution never sees a padded
   token's content), or x unchanged when conv is None. x [b, n, c], mask bool [b, n];

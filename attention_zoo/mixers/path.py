@@ -77,10 +77,7 @@ class PaTH(Mixer):
   def forward(self, x, mask, state, segment_ids=None):
     b, n, _ = x.shape
     h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-    q, k, v = jnp.split(self.qkv(x), [h * d, (h + kvh) * d], axis=-1)
-    q, k, v = q.reshape(b, n, h, d), k.reshape(b, n, kvh, d), v.reshape(b, n, kvh, d)
-    if self.q_norm is not None:
-      q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
+    q, k, v = parts.softmax_mixer_qkv(self, x)
     w = parts.short_conv(self.conv, self.w_proj(x), mask, decode=state is not None,
                          segment_ids=segment_ids)
     w = norms.l2_normalise(w.reshape(b, n, kvh, d))                             # [b, n, kvh, d]
