@@ -49,9 +49,11 @@ SLOW_MODULES = {
 
 
 # Tests that sweep the whole registry, and the parameter naming the variant. In the fast lane
-# they run for one variant per family (REPRESENTATIVE_VARIANTS): dense exact, blockwise exact, a
-# window pattern, one with random blocks, a kernelised one, and one sequence mixer (a delta rule
-# with a decay: the chunk engine's most general path). Every other registered name, a newly
+# they run for one variant per family (REPRESENTATIVE_VARIANTS): dense exact, a window pattern on
+# the block-sparse engine, a kernelised one, and one sequence mixer (a delta rule with a decay:
+# the chunk engine's most general path). Flash's Pallas kernels in interpret mode and BigBird's
+# random blocks have their own fast-lane oracle tests (tests/ops/test_flash.py,
+# tests/variants/test_sparse.py). Every other registered name, a newly
 # registered one too, runs them in the slow lane (CI runs both); add a name to move it.
 REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_every_task_attention_config_builds": "attention",
@@ -61,8 +63,7 @@ REGISTRY_SWEEPS = {"test_conformance": "name", "test_mixer_conformance": "name",
                    "test_decoding_token_by_token_equals_the_chunked_forward": "name",
                    # tests/mixers/test_mixers.py: every mixer against its equation in float64
                    "test_layer_equals_its_equation_in_float64": "name"}
-REPRESENTATIVE_VARIANTS = {"full", "flash", "sliding_window", "bigbird", "performer",
-                           "gated_deltanet"}
+REPRESENTATIVE_VARIANTS = {"full", "sliding_window", "performer", "gated_deltanet"}
 # The op sweeps (tests/ops/test_ops.py over its OPS, test_ops_segments.py over their chunk and
 # recurrent forms): in the fast lane the ops of the chunk engine's gate paths run (a scalar gate
 # with the delta rule's inverse, a per-channel gate with and without it); the other ops of a

@@ -60,9 +60,16 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, MAX_LEN = 4, 2, 8, 32
 TOL = 1e-5
 
 
-@nnx.jit(static_argnames=("deterministic",))
 def apply(attn, q, k, v, q_mask=None, kv_mask=None, deterministic=True, alibi_slopes=None):
-  """One compiled call (compiling once beats op-by-op dispatch for blockwise variants)."""
+  """One compiled call (compiling once beats op-by-op dispatch for blockwise variants). Absent
+  masks are passed as all-True ones, so the checks' calls at one shape share a program."""
+  q_mask = jnp.ones(q.shape[:2], bool) if q_mask is None else q_mask
+  kv_mask = jnp.ones(k.shape[:2], bool) if kv_mask is None else kv_mask
+  return _apply(attn, q, k, v, q_mask, kv_mask, deterministic, alibi_slopes)
+
+
+@nnx.jit(static_argnames=("deterministic",))
+def _apply(attn, q, k, v, q_mask, kv_mask, deterministic, alibi_slopes):
   return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, deterministic=deterministic,
               alibi_slopes=alibi_slopes)
 
@@ -263,7 +270,7 @@ def check_grad(name):
   def loss(m, q, k, v):
     return jnp.sum(m(q, k, v, q_mask=mask, kv_mask=mask) * cotangent)
 
-  grads = nnx.grad(loss, argnums=(0, 1, 2, 3))(attn, q, k, v)
+  grads = nnx.jit(nnx.grad(loss, argnums=(0, 1, 2, 3)))(attn, q, k, v)
   expect(all_finite(grads), "gradients contain NaN or Inf")
   expect(float(jnp.abs(grads[3]).sum()) > 0, "the gradient with respect to v is zero")
   expect(float(jnp.abs(grads[1]).sum()) > 0, "the gradient with respect to q is zero")
@@ -363,11 +370,12 @@ def check_masked_rows(name):
     # causal: the early rows of batch row 0 see nothing
     mask = kv_mask.at[0, :3].set(False) if causal else kv_mask
 
-    def loss(q, k, v):
-      out = attn(q, k, v, q_mask=q_mask, kv_mask=mask)
+    def loss(m, q, k, v, mask):
+      out = m(q, k, v, q_mask=q_mask, kv_mask=mask)
       return jnp.sum(out), out
 
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    (_, out), grads = nnx.jit(nnx.value_and_grad(loss, argnums=(1, 2, 3), has_aux=True))(
+        attn, q, k, v, mask)
     expect(all_finite(out) and all_finite(grads),
            f"NaN/Inf in output or gradients (causal={causal})")
     expect(float(jnp.abs(out[0, :4]).max()) == 0.0, "masked query rows are not zero")
@@ -380,8 +388,8 @@ def check_masked_rows(name):
 def check_determinism(name):
   q, k, v = inputs(13)
   a, b = build(name, seed=3), build(name, seed=3)
-  first = a(q, k, v)
-  err = max(max_err(first, b(q, k, v)), max_err(first, a(q, k, v)))
+  first = apply(a, q, k, v)   # eager calls: the jit check
+  err = max(max_err(first, apply(b, q, k, v)), max_err(first, apply(a, q, k, v)))
   expect(err == 0.0, "same seed and inputs gave different outputs (deterministic=True)", err)
   train_a = apply(build(name, seed=4), q, k, v, deterministic=False)
   train_b = apply(build(name, seed=4), q, k, v, deterministic=False)
@@ -469,6 +477,13 @@ def _exact_cases(spec):
   return cases
 
 
+@nnx.jit(static_argnums=0)
+def value_and_vjp(f, module, q, k, v, cotangent):
+  """f(module, q, k, v) and its VJP in (q, k, v) at `cotangent`, as one compiled program."""
+  out, vjp = jax.vjp(lambda q, k, v: f(module, q, k, v), q, k, v)
+  return out, vjp(cotangent)
+
+
 @_check
 def check_exact(name):
   spec = registry.spec(name)
@@ -496,17 +511,17 @@ def check_exact(name):
                & np.asarray(kv_mask)[:, None, None, :])
     ct = jax.random.normal(jax.random.key(40 + i), q.shape)
 
-    def variant(q, k, v):
-      return attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes)
+    def variant(m, q, k, v):
+      return m(q, k, v, q_mask=q_mask, kv_mask=kv_mask, alibi_slopes=slopes)
 
     def oracle(q, k, v):
       out = dense_attention(q, k, v, allowed, scale=attn.scale, bias=bias)
       return jnp.where(q_mask[:, :, None, None], out, 0)
 
-    out, vjp = jax.vjp(variant, q, k, v)
-    ref_out, ref_vjp = jax.vjp(oracle, q, k, v)
+    out, grads = value_and_vjp(variant, attn, q, k, v, ct)
+    ref_out, ref_grads = value_and_vjp(lambda _, *qkv: oracle(*qkv), attn, q, k, v, ct)
     worst = max(worst, expect_close(out, ref_out, f"output vs dense oracle ({case})"))
-    for what, g, rg in zip("qkv", vjp(ct), ref_vjp(ct)):
+    for what, g, rg in zip("qkv", grads, ref_grads):
       worst = max(worst, expect_close(g, rg, f"d{what} vs dense oracle ({case})"))
   return worst
 
@@ -570,11 +585,11 @@ def check_sinks(name):
       out = m(q, k, v, q_mask=mask, kv_mask=mask)
       return jnp.sum(out * ct), out
 
-    (_, ref_out), ref_grads = jax.value_and_grad(oracle, argnums=(0, 1, 2, 3), has_aux=True)(
-        q, k, v, logits)
+    (_, ref_out), ref_grads = jax.jit(jax.value_and_grad(oracle, argnums=(0, 1, 2, 3),
+                                                         has_aux=True))(q, k, v, logits)
     worst = max(worst, expect_close(out, jnp.where(mask[:, :, None, None], ref_out, 0),
                                     f"sink output vs dense oracle ({causal=})"))
-    grads = nnx.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(sunk, q, k, v)[0]
+    grads = nnx.jit(nnx.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(sunk, q, k, v)[0]
     for what, g, rg in zip(("dlogits", "dq", "dk", "dv"), (grads[0].sink_logits[...], *grads[1:]),
                            (ref_grads[3], *ref_grads[:3])):
       worst = max(worst, expect_close(g, rg, f"{what} with sinks vs dense oracle ({causal=})"))
@@ -910,16 +925,22 @@ def check_mixer_packed(name):
   segment_ids = jnp.asarray([np.repeat(np.arange(len(r)) + 5 * row, [b - a for a, b in r])
                              for row, r in enumerate(runs)])
   x, mask = mixer_input(31), padding_mask(LEN)
+  # Each run alone, as one batch: a row of its own from position 0, padded at its end (padding
+  # is the padding check's property), so one program serves every run.
+  pieces = [(row, start, stop) for row, row_runs in enumerate(runs) for start, stop in row_runs]
+  to_len = lambda a, start, stop: jnp.pad(a, ((0, LEN - stop + start),) + ((0, 0),) * (a.ndim - 1))
+  alone_x = jnp.stack([to_len(x[row, start:stop], start, stop) for row, start, stop in pieces])
+  alone_mask = jnp.stack([to_len(mask[row, start:stop], start, stop)
+                          for row, start, stop in pieces])
   worst = 0.0
   for causal in (True, False):
     mixer = build_mixer(name, causal=causal)
     packed = apply_packed(mixer, x, mask, segment_ids)
-    for row, row_runs in enumerate(runs):
-      for start, stop in row_runs:
-        alone = apply_mixer(mixer, x[row:row + 1, start:stop], mask[row:row + 1, start:stop])
-        worst = max(worst, expect_close(packed[row:row + 1, start:stop], alone,
-                                        f"row {row}'s tokens {start}:{stop} packed vs alone "
-                                        f"(causal={causal})"))
+    alone = apply_mixer(mixer, alone_x, alone_mask)
+    for i, (row, start, stop) in enumerate(pieces):
+      worst = max(worst, expect_close(packed[row, start:stop], alone[i, :stop - start],
+                                      f"row {row}'s tokens {start}:{stop} packed vs alone "
+                                      f"(causal={causal})"))
   return worst
 
 

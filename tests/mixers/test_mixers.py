@@ -343,7 +343,7 @@ def test_layer_equals_its_equation_in_float64(name):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["mamba", "mamba2"])
+@pytest.mark.parametrize("name", [pytest.param("mamba", marks=pytest.mark.slow), "mamba2"])
 def test_negative_eigenvalues_equal_their_equation_and_decode_exactly(name):
   """allow_neg_eigval: transitions 2 exp(Δ A) - 1, of both signs once A is steeper; the chunk
   form equals the float64 equation, and decoding token by token (the token form) the chunked

@@ -105,7 +105,8 @@ def test_equals_dense_attention_f32(impl, case_name):
 
 
 @pytest.mark.parametrize("impl, dtype", [
-    pytest.param("pallas", jnp.bfloat16, marks=pytest.mark.slow), ("chunked", jnp.bfloat16),
+    pytest.param("pallas", jnp.bfloat16, marks=pytest.mark.slow),
+    pytest.param("chunked", jnp.bfloat16, marks=pytest.mark.slow),
     pytest.param("chunked", jnp.float16, marks=pytest.mark.slow)])
 def test_equals_dense_attention_low_precision(impl, dtype):
   """bf16/f16 inputs, f32 accumulation: within 2e-2 of the f32 oracle on the same (rounded)

@@ -43,8 +43,10 @@ def make_inputs(per_channel: bool):
   return (q, k, v, g), state, mask, segment_ids
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+@pytest.mark.parametrize("form, per_channel", [
+    ("chunk", True), pytest.param("chunk", False, marks=pytest.mark.slow),
+    pytest.param("recurrent", False, marks=pytest.mark.slow),
+    pytest.param("recurrent", True, marks=pytest.mark.slow)])
 def test_output_state_and_gradients_equal_the_signed_recurrence(form, per_channel):
   name = f"{form}_{'gla' if per_channel else 'simple_gla'}"
   extra = {"chunk_size": 4} if form == "chunk" else {}

@@ -220,6 +220,7 @@ def test_mla_with_dsa_equals_the_float64_oracle_of_mla_over_the_chosen_keys():
   np.testing.assert_allclose(np.asarray(dx), np.asarray(want_dx), atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_mla_with_dsa_decodes_as_it_runs_and_caches_the_indexer_keys():
   mla = build_mla()
   x = normal(2, (2, 9, 32))

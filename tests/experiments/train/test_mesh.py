@@ -249,6 +249,7 @@ print(json.dumps({{
 """
 
 
+@pytest.mark.slow   # compiles an 8-layer train step on 4 devices: 18 s
 def test_fsdp_gathers_the_parameters_block_by_block_so_a_device_never_holds_them_all():
   """Compiled (never run) on fsdp 4, a train step of 8 blocks whose parameters are most of its
   memory: each block's forward and backward gathers its parameters in a computation of its own,
