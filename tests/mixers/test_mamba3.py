@@ -174,7 +174,13 @@ def test_other_forms_equal_the_float64_recurrence(options):
   assert_output_and_gradients_equal_the_equations(build(**options), x, mask, w)
 
 
-@pytest.mark.parametrize("options", [{}, {"mimo_rank": 2}], ids=["siso", "mimo"])
+# SISO in the slow lane: the conformance check `packed` covers it there too; MIMO (the same code
+# with r > 1) stays fast.
+SISO_SLOW_MIMO_FAST = [pytest.param({}, id="siso", marks=pytest.mark.slow),
+                       pytest.param({"mimo_rank": 2}, id="mimo")]
+
+
+@pytest.mark.parametrize("options", SISO_SLOW_MIMO_FAST)
 def test_packed_rows_equal_their_sequences_apart(options):
   """Segments of 4, 5 (a hole inside) and 3 tokens in a row of 14 (2 padded): each equals its
   sequence alone, so no look-ahead weight, angle or state crosses a segment's start."""
@@ -194,7 +200,7 @@ def test_packed_rows_equal_their_sequences_apart(options):
     start += length
 
 
-@pytest.mark.parametrize("options", [{}, {"mimo_rank": 2}], ids=["siso", "mimo"])
+@pytest.mark.parametrize("options", SISO_SLOW_MIMO_FAST)   # SISO: conformance's `decode` too
 def test_decoding_equals_the_parallel_forward(options):
   """Each token from the carried (h, last B̃ and x, φ), across a hole and a padded end; a
   prefill's state equals the stepped one."""
