@@ -47,11 +47,13 @@ rotated pair shared by the heads (each head's own Δ scales it), rope_fraction 0
 Where ours differs: the head dimension P = expand · head_dim (theirs fixed at 64, heads
 derived); their ngroups is num_kv_heads (default: num_heads groups); the angles are not
 wrapped mod 2π (R reads only cos and sin, and an unwrapped sum makes a prefill's state equal
-token-by-token decoding's to rounding); MIMO rotates the same adjacent pairs as SISO (their
-MIMO kernel pairs channel m with m + N/4, a fixed permutation of the learned B and C channels);
-chunks of 64 count (token, rank) pairs (theirs recommend 64 / r tokens for MIMO). No
-context-parallel form: the angle sum and the look-ahead weight cross the shards, which the
-chunk engine's dispatch does not carry.
+token-by-token decoding's to rounding), and their running sum is one float32 cumsum over the
+sequence, so a relative angle φ_t - φ_s carries about 1e-7 |φ_t| rad of rounding (3e-4 rad at
+|φ| = 2,500; their kernel wraps the carried sum per chunk); MIMO rotates the same adjacent
+pairs as SISO (their MIMO kernel pairs channel m with m + N/4, a fixed permutation of the
+learned B and C channels); chunks of 64 count (token, rank) pairs (theirs recommend 64 / r
+tokens for MIMO). No context-parallel form: the angle sum and the look-ahead weight cross the
+shards, which the chunk engine's dispatch does not carry.
 """
 from __future__ import annotations
 
