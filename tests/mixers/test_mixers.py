@@ -15,6 +15,8 @@ from attention_zoo.layers import MultiHeadAttention
 from attention_zoo.models import (Classifier, DecoderLM, DualEncoderClassifier, EncoderDecoder,
                                   TransformerConfig)
 from test_linear_mixers import ORACLES as LINEAR_ORACLES
+from test_mamba3 import OPTIONS as MAMBA3_OPTIONS
+from test_mamba3 import oracle as mamba3_oracle
 from helpers import assert_decoding_equals_forward
 from test_mla import causal_mla64
 from test_path import oracle_path
@@ -33,7 +35,7 @@ OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
            "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
            "mla": {"block_size": 4}, "path": {"block_size": 4},
-           **RWKV7_MAMBA_OPTIONS, **RECURRENT_OPTIONS}
+           **RWKV7_MAMBA_OPTIONS, **RECURRENT_OPTIONS, **MAMBA3_OPTIONS}
 
 
 def test_every_mixer_has_test_options():
@@ -327,7 +329,8 @@ ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "mla": causal_mla64, "path": oracle_path,
            "rwkv7": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
            "mamba": lambda m, x: rwkv7_mamba_oracle(m, x)[0],
-           **{name: lambda m, x: recurrent_oracle(m, x)[0] for name in RECURRENT_OPTIONS}}
+           **{name: lambda m, x: recurrent_oracle(m, x)[0] for name in RECURRENT_OPTIONS},
+           "mamba3": lambda m, x: mamba3_oracle(m, x)[0]}
 
 
 @pytest.mark.parametrize("name", az.available("mixer"))
