@@ -113,6 +113,54 @@ def assert_decoding_equals_forward(mixer, x, mask):
     assert_close(a, b, 1e-5, f"final state, part {part}")
 
 
+def assert_mixer_equals_float64(mixer, equations, x, mask, w, rtol):
+  """The mixer's output, dx and every parameter's gradient (float32, one compiled program)
+  equal `equations(params, x, mask)` run in float64 on the same parameters, for the loss Σ y·w;
+  no parameter's float64 gradient is zero."""
+  graph, params = nnx.split(mixer, nnx.Param)
+
+  def loss(params, x):
+    y = nnx.merge(graph, params)(x, mask=mask)
+    return jnp.sum(y * w), y
+  (_, y), (dparams, dx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+      params, x)
+  with jax.enable_x64(True):
+    def loss64(p, x):
+      y = equations(p, x, mask)
+      return jnp.sum(y * w), y
+    params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params.to_pure_dict())
+    (_, y64), (dparams64, dx64) = jax.jit(jax.value_and_grad(loss64, argnums=(0, 1),
+                                                             has_aux=True))(
+        params64, jnp.asarray(x, jnp.float64))
+  assert_close(y, y64, rtol, "output")
+  assert_close(dx, dx64, rtol, "dx")
+  got = jax.tree_util.tree_leaves_with_path(dparams.to_pure_dict())
+  want = jax.tree_util.tree_leaves_with_path(dparams64)
+  assert [path for path, _ in got] == [path for path, _ in want]
+  for (path, g), (_, g64) in zip(got, want):
+    assert np.abs(np.asarray(g64)).max() > 0, f"d{jax.tree_util.keystr(path)} is zero"
+    assert_close(g, g64, rtol, f"d{jax.tree_util.keystr(path)}")
+
+
+def largest_backward_array(attn, n, num_heads, head_dim) -> int:
+  """Elements of the largest array in the traced forward+backward of `attn` at length n (one kv
+  head): below n² means no dense score or mask matrix."""
+  q, kv = jnp.zeros((1, n, num_heads, head_dim)), jnp.zeros((1, n, 1, head_dim))
+  grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
+  return max(int(np.prod(s)) for s in array_shapes(jax.make_jaxpr(grad)(q, kv, kv).jaxpr))
+
+
+def decode_token_by_token(attn, q, k, v, cache):
+  """One compiled decode step a token from `cache`: the outputs [b, n, h, d] concatenated, and
+  the last cache."""
+  step = nnx.jit(lambda m, q, k, v, cache: m.decode(q, k, v, cache))
+  outs = []
+  for t in range(q.shape[1]):
+    out, cache = step(attn, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], cache)
+    outs.append(out)
+  return jnp.concatenate(outs, axis=1), cache
+
+
 def attention64(q, k, v, allowed, q_mask):
   """Softmax attention over `allowed` bool [b, h, q_len, kv_len] in float64 (scale d^-1/2, K/V
   heads repeated for GQA); masked query rows and rows that see no key give 0."""

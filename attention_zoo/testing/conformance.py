@@ -197,6 +197,15 @@ def all_finite(tree) -> bool:
              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact))
 
 
+def expect_bf16_close(out16, out32, what) -> float:
+  """A bfloat16 output: that dtype, finite, and within 5% mean relative error of float32's."""
+  expect(out16.dtype == jnp.bfloat16, f"{what} gave {out16.dtype}")
+  expect(all_finite(out16), f"{what}: the output has NaN or Inf")
+  rel = float(jnp.mean(jnp.abs(out16.astype(jnp.float32) - out32)) / jnp.mean(jnp.abs(out32)))
+  expect(rel <= 0.05, f"{what}: mean relative error to f32 is {rel:.3f} > 0.05", rel)
+  return rel
+
+
 # -- the properties -------------------------------------------------------------------------
 
 @_check
@@ -283,11 +292,7 @@ def check_bf16(name):
   q, k, v = inputs(4)
   out32 = apply(attn, q, k, v)
   out16 = apply(attn, *(x.astype(jnp.bfloat16) for x in (q, k, v)))
-  expect(out16.dtype == jnp.bfloat16, f"bf16 inputs gave {out16.dtype}")
-  expect(all_finite(out16), "bf16 output has NaN or Inf")
-  rel = float(jnp.mean(jnp.abs(out16.astype(jnp.float32) - out32)) / jnp.mean(jnp.abs(out32)))
-  expect(rel <= 0.05, f"bf16 mean relative error to f32 is {rel:.3f} > 0.05", rel)
-  return rel
+  return expect_bf16_close(out16, out32, "bf16 inputs")
 
 
 @_check
@@ -705,11 +710,7 @@ def check_mixer_bf16(name):
   x = mixer_input(4)
   out32 = apply_mixer(build_mixer(name), x)
   out16 = apply_mixer(build_mixer(name, dtype=jnp.bfloat16), x.astype(jnp.bfloat16))
-  expect(out16.dtype == jnp.bfloat16, f"bf16 compute gave {out16.dtype}")
-  expect(all_finite(out16), "bf16 output has NaN or Inf")
-  rel = float(jnp.mean(jnp.abs(out16.astype(jnp.float32) - out32)) / jnp.mean(jnp.abs(out32)))
-  expect(rel <= 0.05, f"bf16 mean relative error to f32 is {rel:.3f} > 0.05", rel)
-  return rel
+  return expect_bf16_close(out16, out32, "bf16 compute")
 
 
 @_mixer_check

@@ -55,6 +55,28 @@ DATA_DIRS = {"paper": "data/lra", "fair": "data/lra", "tiny": "data/lra_tiny", "
              "light_fair": "data/lra", "grazzi": ""}
 RSQRT = "constant * linear_warmup * rsqrt_decay"
 COSINE = "constant * linear_warmup * cosine_decay"
+
+def model_size(layers, heads, emb, qkv, mlp, **model_fields) -> dict:
+  """An encoder's size as config fields, and any other `model.` field given by name."""
+  return {"model.num_layers": layers, "model.num_heads": heads, "model.emb_dim": emb,
+          "model.qkv_dim": qkv, "model.mlp_dim": mlp,
+          **{f"model.{field}": value for field, value in model_fields.items()}}
+
+
+# The base config the released ListOps, Text and Retrieval files share (train.py passes no
+# dropout rates, so the encoders' 0.1 apply; CLS pooling, sinusoidal positions, the rsqrt
+# schedule at 0.05, weight decay 0.1, batch 32); each task adds its size, length and steps.
+RELEASED_TEXT_BASE = {
+    "model.dropout_rate": 0.1, "model.attention_dropout_rate": 0.1, "model.pooling": "cls",
+    "model.positions": "sinusoidal", "batch_size": 32, "optimizer.weight_decay": 0.1,
+    "schedule.factors": RSQRT, "schedule.base_learning_rate": 0.05,
+}
+# The text tasks' tiny model: one layer of width 32, two heads.
+TINY_TEXT_MODEL = model_size(1, 2, 32, 32, 64)
+# The released Sinkhorn encoder pools by MEAN only: with a config's CLS it raises ValueError.
+SINKHORN_MEAN_POOLING = {"sinkhorn": {"model.pooling": (
+    "mean", "the released Sinkhorn encoder supports MEAN pooling only (CLS raises ValueError)")}}
+
 # The models of the LRA paper, by registry name (the Transformer is `full`).
 LRA_VARIANTS = ("full", "local", "sparse_transformer", "longformer", "linformer", "reformer",
                 "sinkhorn", "synthesizer", "bigbird", "linear_transformer", "performer")

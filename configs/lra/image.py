@@ -11,8 +11,8 @@ EPOCH = 45_000 // 256   # steps per epoch of the 45,000 training images
 
 
 def _model(layers, emb, qkv, mlp, heads, pooling="cls"):
-  return {"model.num_layers": layers, "model.emb_dim": emb, "model.qkv_dim": qkv,
-          "model.mlp_dim": mlp, "model.num_heads": heads, "model.pooling": pooling}
+  """The released image files' size arguments, in their order."""
+  return common.model_size(layers, heads, emb, qkv, mlp, pooling=pooling)
 
 
 TASK = {"model.vocab_size": 256, "model.num_classes": 10}   # lra.task_spec
@@ -43,8 +43,7 @@ RELEASED = {
     "linear_transformer": _model(1, 128, 64, 128, 8),
     "performer": _model(1, 128, 64, 128, 8),
 }
-PAPER_CHANGES = {"sinkhorn": {"model.pooling": (
-    "mean", "the released Sinkhorn encoder supports MEAN pooling only (CLS raises ValueError)")}}
+PAPER_CHANGES = common.SINKHORN_MEAN_POOLING
 
 # tiny: the whole image (a pixel sequence cannot be shortened), a small model.
 TINY = {

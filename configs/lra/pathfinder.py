@@ -13,8 +13,7 @@ EPOCH = 160_000 // 512   # steps per epoch of the 160,000 training images
 
 
 def _model(layers, heads, emb, qkv, mlp, dropout):
-  return {"model.num_layers": layers, "model.num_heads": heads, "model.emb_dim": emb,
-          "model.qkv_dim": qkv, "model.mlp_dim": mlp, "model.dropout_rate": dropout}
+  return common.model_size(layers, heads, emb, qkv, mlp, dropout_rate=dropout)
 
 
 TASK = {"model.vocab_size": 256, "model.num_classes": 2}   # lra.task_spec

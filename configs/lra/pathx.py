@@ -17,8 +17,8 @@ TASK = {"model.vocab_size": 256, "model.num_classes": 2}   # lra.task_spec
 # every variant runs with it.
 RELEASED = {
     "shared": {
-        "model.num_layers": 1, "model.num_heads": 2, "model.emb_dim": 32, "model.qkv_dim": 16,
-        "model.mlp_dim": 32, "model.dropout_rate": 0.1, "model.attention_dropout_rate": 0.1,
+        **common.model_size(1, 2, 32, 16, 32), "model.dropout_rate": 0.1,
+        "model.attention_dropout_rate": 0.1,
         "model.max_len": 128 * 128, "model.pooling": "mean", "model.positions": "learned",
         "data.resolution": 128, "data.difficulty": "hard",
         "batch_size": 64, "num_train_steps": 200 * EPOCH, "eval_every": EPOCH,
@@ -30,8 +30,8 @@ RELEASED = {
 
 # tiny: 1,000 generated 64x64 images; a pipeline check (full attention takes ~6 s a step here).
 TINY = {
-    "data.resolution": 64, "model.max_len": 64 * 64, "model.num_layers": 1, "model.emb_dim": 16,
-    "model.qkv_dim": 16, "model.num_heads": 2, "model.mlp_dim": 32, "generate.num": 1_000,
+    **common.model_size(1, 2, 16, 16, 32), "data.resolution": 64, "model.max_len": 64 * 64,
+    "generate.num": 1_000,
     "batch_size": 4, "num_train_steps": 60, "eval_every": 30, "log_every": 10,
     "schedule.warmup_steps": 50, "schedule.steps_per_cycle": 60,
 }

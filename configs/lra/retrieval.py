@@ -14,25 +14,17 @@ TASK = {"model.vocab_size": 257, "model.num_classes": 2}   # lra.task_spec
 # steps) is longer than the run (5,000): the learning rate never reaches its peak.
 RELEASED = {
     "shared": {
-        "model.max_len": 4000, "model.num_layers": 4, "model.emb_dim": 128, "model.qkv_dim": 128,
-        "model.num_heads": 4, "model.mlp_dim": 512, "model.dropout_rate": 0.1,
-        "model.attention_dropout_rate": 0.1, "model.pooling": "cls",
-        "model.positions": "sinusoidal",
-        "model.interaction": "nli",
-        "batch_size": 32, "num_train_steps": 5_000, "eval_every": 100,
-        "optimizer.weight_decay": 0.1,
-        "schedule.factors": common.RSQRT, "schedule.base_learning_rate": 0.05,
-        "schedule.warmup_steps": 8_000,
+        **common.RELEASED_TEXT_BASE, **common.model_size(4, 4, 128, 128, 512),
+        "model.max_len": 4000, "model.interaction": "nli", "num_train_steps": 5_000,
+        "eval_every": 100, "schedule.warmup_steps": 8_000,
     },
 }
-PAPER_CHANGES = {"sinkhorn": {"model.pooling": (
-    "mean", "the released Sinkhorn encoder supports MEAN pooling only (CLS raises ValueError)")}}
+PAPER_CHANGES = common.SINKHORN_MEAN_POOLING
 
 # tiny: the first 128 bytes of each document, a 1-layer model.
 TINY = {
-    "model.max_len": 128, "model.num_layers": 1, "model.emb_dim": 32, "model.qkv_dim": 32,
-    "model.num_heads": 2, "model.mlp_dim": 64,
-    "num_train_steps": 300, "eval_every": 100, "log_every": 20, "schedule.warmup_steps": 100,
+    **common.TINY_TEXT_MODEL, "model.max_len": 128, "num_train_steps": 300, "eval_every": 100,
+    "log_every": 20, "schedule.warmup_steps": 100,
 }
 
 

@@ -16,25 +16,17 @@ TASK = {"model.vocab_size": 257, "model.num_classes": 2}   # lra.task_spec
 # them). train.py passes qkv_dim, max_len and the pooling; no dropout rates (0.1 apply).
 RELEASED = {
     "shared": {
-        "model.max_len": 1000, "model.num_layers": 4, "model.emb_dim": 256, "model.qkv_dim": 256,
-        "model.num_heads": 4, "model.mlp_dim": 1024, "model.dropout_rate": 0.1,
-        "model.attention_dropout_rate": 0.1, "model.pooling": "cls",
-        "model.positions": "sinusoidal",
-        "batch_size": 32, "num_train_steps": 20_000, "eval_every": 100,
-        "optimizer.weight_decay": 0.1,
-        "schedule.factors": common.RSQRT, "schedule.base_learning_rate": 0.05,
+        **common.RELEASED_TEXT_BASE, **common.model_size(4, 4, 256, 256, 1024),
+        "model.max_len": 1000, "num_train_steps": 20_000, "eval_every": 100,
         "schedule.warmup_steps": 8_000,
     },
 }
-# The released Sinkhorn encoder pools by MEAN only: with the config's CLS it raises ValueError.
-PAPER_CHANGES = {"sinkhorn": {"model.pooling": (
-    "mean", "the released Sinkhorn encoder supports MEAN pooling only (CLS raises ValueError)")}}
+PAPER_CHANGES = common.SINKHORN_MEAN_POOLING
 
 # tiny: the first 256 bytes of each review, a 1-layer model.
 TINY = {
-    "model.max_len": 256, "model.num_layers": 1, "model.emb_dim": 32, "model.qkv_dim": 32,
-    "model.num_heads": 2, "model.mlp_dim": 64,
-    "num_train_steps": 300, "eval_every": 100, "log_every": 20, "schedule.warmup_steps": 100,
+    **common.TINY_TEXT_MODEL, "model.max_len": 256, "num_train_steps": 300, "eval_every": 100,
+    "log_every": 20, "schedule.warmup_steps": 100,
 }
 
 

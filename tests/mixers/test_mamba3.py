@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from helpers import assert_decoding_equals_forward
+from helpers import assert_decoding_equals_forward, assert_mixer_equals_float64
 from ops_reference import assert_close
 
 # Chunks of 4 (token, rank) pairs: several over the tests' 9 to 11 tokens.
@@ -134,29 +134,7 @@ def inputs(length=9):
 
 
 def assert_output_and_gradients_equal_the_equations(mixer, x, mask, w):
-  graph, params = nnx.split(mixer, nnx.Param)
-
-  def loss(params, x):
-    y = nnx.merge(graph, params)(x, mask=mask)
-    return jnp.sum(y * w), y
-  (_, y), (dparams, dx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-      params, x)
-  with jax.enable_x64(True):
-    def loss64(p, x):
-      y = equations(mixer)(p, x, mask)
-      return jnp.sum(y * w), y
-    params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params.to_pure_dict())
-    (_, y64), (dparams64, dx64) = jax.jit(jax.value_and_grad(loss64, argnums=(0, 1),
-                                                             has_aux=True))(
-        params64, jnp.asarray(x, jnp.float64))
-  assert_close(y, y64, TOLERANCE, "output")
-  assert_close(dx, dx64, TOLERANCE, "dx")
-  got = jax.tree_util.tree_leaves_with_path(dparams.to_pure_dict())
-  want = jax.tree_util.tree_leaves_with_path(dparams64)
-  assert [path for path, _ in got] == [path for path, _ in want]
-  for (path, g), (_, g64) in zip(got, want):
-    assert np.abs(np.asarray(g64)).max() > 0, f"d{jax.tree_util.keystr(path)} is zero"
-    assert_close(g, g64, TOLERANCE, f"d{jax.tree_util.keystr(path)}")
+  assert_mixer_equals_float64(mixer, equations(mixer), x, mask, w, TOLERANCE)
 
 
 @pytest.mark.parametrize("options", [{}, {"mimo_rank": 3}], ids=["siso", "mimo"])

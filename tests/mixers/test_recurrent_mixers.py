@@ -10,8 +10,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from helpers import assert_decoding_equals_forward
-from ops_reference import assert_close
+from helpers import assert_decoding_equals_forward, assert_mixer_equals_float64
 
 OPTIONS = {"hawk": {"chunk_size": 4}, "mlstm": {"chunk_size": 4}, "slstm": {}}
 # Relative tolerance of the f32 layer against float64. mLSTM: measured up to 1.3e-5 (d W_i, W_f)
@@ -157,30 +156,8 @@ def inputs(length=9):
 
 
 def assert_output_and_gradients_equal_the_equations(mixer, x, mask, w):
-  graph, params = nnx.split(mixer, nnx.Param)
-  equations, rtol = EQUATIONS[mixer.spec.name], TOLERANCE[mixer.spec.name]
-
-  def loss(params, x):
-    y = nnx.merge(graph, params)(x, mask=mask)
-    return jnp.sum(y * w), y
-  (_, y), (dparams, dx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-      params, x)
-  with jax.enable_x64(True):
-    def loss64(p, x):
-      y = equations(p, x, mask)
-      return jnp.sum(y * w), y
-    params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params.to_pure_dict())
-    (_, y64), (dparams64, dx64) = jax.jit(jax.value_and_grad(loss64, argnums=(0, 1),
-                                                             has_aux=True))(
-        params64, jnp.asarray(x, jnp.float64))
-  assert_close(y, y64, rtol, "output")
-  assert_close(dx, dx64, rtol, "dx")
-  got = jax.tree_util.tree_leaves_with_path(dparams.to_pure_dict())
-  want = jax.tree_util.tree_leaves_with_path(dparams64)
-  assert [path for path, _ in got] == [path for path, _ in want]
-  for (path, g), (_, g64) in zip(got, want):
-    assert np.abs(np.asarray(g64)).max() > 0, f"d{jax.tree_util.keystr(path)} is zero"
-    assert_close(g, g64, rtol, f"d{jax.tree_util.keystr(path)}")
+  name = mixer.spec.name
+  assert_mixer_equals_float64(mixer, EQUATIONS[name], x, mask, w, TOLERANCE[name])
 
 
 @pytest.mark.slow   # the fast lane has test_mixers.py's float64 check of the output (`oracle`)

@@ -12,8 +12,7 @@ from flax import nnx
 
 import attention_zoo as az
 from attention_zoo.models import DecoderLM, Encoder, TransformerConfig
-from helpers import assert_decoding_equals_forward
-from ops_reference import assert_close
+from helpers import assert_decoding_equals_forward, assert_mixer_equals_float64
 
 NAMES = ["rwkv7", "mamba"]
 OPTIONS = {"rwkv7": {"chunk_size": 4, "decay_low_rank_dim": 8, "a_low_rank_dim": 8,
@@ -151,28 +150,9 @@ def inputs(length=9):
 def test_output_and_gradients_equal_the_float64_equations(name, options):
   mixer = build(name, **options)
   x, mask, w = inputs()
-  graph, params = nnx.split(mixer, nnx.Param)
-  def loss(params, x):
-    y = nnx.merge(graph, params)(x, mask=mask)
-    return jnp.sum(y * w), y
-  (_, y), (dparams, dx) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-      params, x)
-  with jax.enable_x64(True):
-    def loss64(p, x):
-      y = equations(mixer, p, x, mask)
-      return jnp.sum(y * w), y
-    params64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params.to_pure_dict())
-    (_, y64), (dparams64, dx64) = jax.jit(jax.value_and_grad(loss64, argnums=(0, 1),
-                                                             has_aux=True))(
-        params64, jnp.asarray(x, jnp.float64))
-  assert_close(y, y64, 1e-5, "output")                   # measured: errors below 9e-7
-  assert_close(dx, dx64, 1e-5, "dx")
-  got = jax.tree_util.tree_leaves_with_path(dparams.to_pure_dict())
-  want = jax.tree_util.tree_leaves_with_path(dparams64)
-  assert [path for path, _ in got] == [path for path, _ in want]
-  for (path, g), (_, g64) in zip(got, want):
-    assert np.abs(np.asarray(g64)).max() > 0, f"d{jax.tree_util.keystr(path)} is zero"
-    assert_close(g, g64, 1e-5, f"d{jax.tree_util.keystr(path)}")
+  # measured: errors below 9e-7
+  assert_mixer_equals_float64(mixer, lambda p, x, mask: equations(mixer, p, x, mask), x, mask, w,
+                              1e-5)
 
 
 @pytest.mark.slow   # conformance's decode check runs in the slow lane for these names too

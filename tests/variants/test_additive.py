@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import array_shapes, create_variant, normal, random_qkv
+from helpers import largest_backward_array, create_variant, normal, random_qkv
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -84,7 +84,5 @@ def test_no_intermediate_grows_with_both_lengths():
   intermediate is below L_q · L_k entries (d_a = 16)."""
   n = 512
   attn = build(causal=True, num_kv_heads=1, attention_dim=16, block_size=32)
-  q, kv = jnp.zeros((1, n, HEADS, HEAD_DIM)), jnp.zeros((1, n, 1, HEAD_DIM))
-  grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
-  biggest = max(int(np.prod(s)) for s in array_shapes(jax.make_jaxpr(grad)(q, kv, kv).jaxpr))
+  biggest = largest_backward_array(attn, n, HEADS, HEAD_DIM)
   assert biggest < n * n, f"an intermediate has {biggest} >= L_q · L_k = {n * n} entries"

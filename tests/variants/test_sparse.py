@@ -11,7 +11,7 @@ from flax import nnx
 
 from attention_zoo import reference
 from attention_zoo.models import Classifier, TransformerConfig
-from helpers import array_shapes, create_variant, normal, padding_mask, random_qkv
+from helpers import largest_backward_array, create_variant, normal, padding_mask, random_qkv
 
 HEADS, HEAD_DIM = 4, 8
 
@@ -380,8 +380,5 @@ def test_no_quadratic_intermediate(name, options):
   """Forward and backward hold no tensor with n² or more elements (a dense score or mask)."""
   n = 1024
   attn = build(name, num_kv_heads=1, **options)
-  x = jnp.zeros((1, n, HEADS, HEAD_DIM))
-  kv = jnp.zeros((1, n, 1, HEAD_DIM))
-  grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
-  biggest = max(int(np.prod(s)) for s in array_shapes(jax.make_jaxpr(grad)(x, kv, kv).jaxpr))
+  biggest = largest_backward_array(attn, n, HEADS, HEAD_DIM)
   assert biggest < n * n, f"{name}: an intermediate has {biggest} >= n² = {n * n} elements"

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from helpers import array_shapes, create_variant, normal, padding_mask, random_qkv
+from helpers import (array_shapes, create_variant, decode_token_by_token, normal, padding_mask,
+                     random_qkv)
 
 
 def build(num_kv_heads=2, **options):
@@ -100,13 +100,8 @@ def test_one_token_decoding_equals_the_forward():
   attn = build(block_q=4, block_k=3)
   steps = 9
   q, k, v = random_qkv(5, q_len=steps)
-  cache = attn.init_cache(2, steps + 2)
-  step = nnx.jit(lambda m, q, k, v, cache: m.decode(q, k, v, cache))
-  outs = []
-  for t in range(steps):
-    out, cache = step(attn, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], cache)
-    outs.append(out)
-  np.testing.assert_allclose(jnp.concatenate(outs, axis=1), attn(q, k, v), atol=1e-6, rtol=0)
+  decoded, _ = decode_token_by_token(attn, q, k, v, attn.init_cache(2, steps + 2))
+  np.testing.assert_allclose(decoded, attn(q, k, v), atol=1e-6, rtol=0)
 
 
 def test_refuses_causal_false_naming_causal():
