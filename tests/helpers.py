@@ -161,6 +161,40 @@ def decode_token_by_token(attn, q, k, v, cache):
   return jnp.concatenate(outs, axis=1), cache
 
 
+def out_and_grads(f, q, k, v, cotangent):
+  """f(q, k, v) and its gradients in q, k, v for the cotangent."""
+  out, back = jax.vjp(f, q, k, v)
+  return (out, *back(cotangent.astype(out.dtype)))
+
+
+def assert_attention_equals_float64(attn, oracle, q, k, v, cotangent, q_mask, kv_mask):
+  """attn's output and q/k/v gradients (float32, compiled) equal oracle(q, k, v) run in float64
+  with masked query rows zeroed: each within 1e-5 of its largest value (or of 1)."""
+  got = jax.jit(out_and_grads, static_argnums=0)(
+      lambda q, k, v: attn(q, k, v, q_mask=q_mask, kv_mask=kv_mask), q, k, v, cotangent)
+  with jax.enable_x64(True):
+    zero_padded = lambda out: out if q_mask is None else jnp.where(
+        q_mask[:, :, None, None], out, 0)
+    want = out_and_grads(lambda q, k, v: zero_padded(oracle(q, k, v)), q, k, v, cotangent)
+  for what, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+    assert g.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(g))), what
+    scale = max(1.0, float(np.abs(np.asarray(w)).max()))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-5 * scale, rtol=0,
+                               err_msg=what)
+
+
+def mixer_temp_bytes(name, length, *, emb_dim=64, num_heads=2, **options) -> int:
+  """XLA's temp bytes for a causal mixer's compiled forward+backward at `length` (batch 1;
+  nothing runs)."""
+  mixer = az.create_mixer(name, emb_dim=emb_dim, num_heads=num_heads, causal=True,
+                          rngs=nnx.Rngs(0), **options)
+  graph, params = nnx.split(mixer)
+  loss = lambda params, x: jnp.sum(nnx.merge(graph, params)(x))
+  x = jax.ShapeDtypeStruct((1, length, emb_dim), jnp.float32)
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
 def attention64(q, k, v, allowed, q_mask):
   """Softmax attention over `allowed` bool [b, h, q_len, kv_len] in float64 (scale d^-1/2, K/V
   heads repeated for GQA); masked query rows and rows that see no key give 0."""

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import attention_zoo as az
-from helpers import assert_decoding_equals_forward, assert_mixer_equals_float64
+from helpers import assert_decoding_equals_forward, assert_mixer_equals_float64, mixer_temp_bytes
 
 OPTIONS = {"hawk": {"chunk_size": 4}, "mlstm": {"chunk_size": 4}, "slstm": {}}
 # Relative tolerance of the f32 layer against float64. mLSTM: measured up to 1.3e-5 (d W_i, W_f)
@@ -202,13 +202,7 @@ def test_memory_is_linear_in_length(name, options):
   form and the other, emb 64 in 2 heads: 4x the length needs at most 4.5x the memory
   (quadratic: 16x)."""
   def temp_bytes(length):
-    mixer = az.create_mixer(name, emb_dim=64, num_heads=2, causal=True, rngs=nnx.Rngs(0),
-                            **options)
-    graph, params = nnx.split(mixer)
-    loss = lambda params, x: jnp.sum(nnx.merge(graph, params)(x))
-    x = jax.ShapeDtypeStruct((1, length, 64), jnp.float32)
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
-    return compiled.memory_analysis().temp_size_in_bytes
+    return mixer_temp_bytes(name, length, **options)
 
   short, long = temp_bytes(2048), temp_bytes(8192)
   assert long <= 4.5 * short, f"{long / 2**20:.1f} MiB at 8K vs {short / 2**20:.1f} MiB at 2K"

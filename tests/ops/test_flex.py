@@ -13,7 +13,7 @@ import pytest
 import attention_zoo as az
 from attention_zoo import flex
 from attention_zoo.testing import conformance
-from helpers import normal
+from helpers import normal, out_and_grads
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 BLOCKS = dict(block_q=8, block_k=8)
@@ -49,11 +49,6 @@ def dense_oracle(q, k, v, *, mask_mod=None, score_mod=None, kv_mask=None, scale=
     total = jnp.sum(weights, axis=-1, keepdims=True)
     weights = weights / jnp.where(total > 0, total, 1.0)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-
-
-def out_and_grads(f, q, k, v, cotangent):
-  out, back = jax.vjp(f, q, k, v)
-  return (out, *back(cotangent.astype(out.dtype)))
 
 
 def assert_matches(ours, oracle, q_len, kv_len, kv_heads, seed=0, tol=1e-5):

@@ -16,7 +16,7 @@ import attention_zoo as az
 from attention_zoo.ops.top_k_selection import lightning_top_k
 from mixers.test_mla import mla64, parameters
 from helpers import (assert_decoding_equals_forward, attention64, create_variant,
-                     largest_backward_array, normal, padding_mask, random_qkv)
+                     largest_backward_array, normal, out_and_grads, padding_mask, random_qkv)
 
 
 def build(causal, num_kv_heads=2, **options):
@@ -55,11 +55,6 @@ def oracle_pattern(scores, kv_mask, *, heads, top_k, causal):
         ranked = sorted(visible, key=lambda s: (-scores[b, c, t, s], s))
         allowed[b, c, t, ranked[:top_k]] = True
   return np.repeat(allowed, heads // kv_heads, axis=1)
-
-
-def out_and_grads(f, q, k, v, cotangent):
-  out, back = jax.vjp(f, q, k, v)
-  return (out, *back(cotangent.astype(out.dtype)))
 
 
 def assert_matches_oracle(causal, num_kv_heads, m, n, top_k, padded, seed=0):

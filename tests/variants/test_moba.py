@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from attention_zoo.variants.moba import choose_blocks
-from helpers import (largest_backward_array, attention64, create_variant, normal, padding_mask,
-                     random_qkv)
+from helpers import (attention64, create_variant, largest_backward_array, normal, out_and_grads,
+                     padding_mask, random_qkv)
 
 
 def build(causal, num_kv_heads=2, **options):
@@ -38,11 +38,6 @@ def oracle_pattern(q, k, kv_mask, *, block, top_k, causal):
         own = (block_of == c) & ((np.arange(n) <= i) if causal else True)
         allowed[b, h, i] = kv_mask[b] & (np.isin(block_of, ranked[:top_k]) | own)
   return allowed
-
-
-def out_and_grads(f, q, k, v, cotangent):
-  out, back = jax.vjp(f, q, k, v)
-  return (out, *back(cotangent.astype(out.dtype)))
 
 
 def assert_matches_oracle(causal, num_kv_heads, n, block, top_k, padded, seed=0):
