@@ -21,29 +21,24 @@ from configs.task_values import TaskValues
 # Attention settings for 64-token sequences: windows and blocks shorter than the distance
 # between a pair and its query (>= 10), so local patterns cannot reach the pair.
 ATTENTION_SETTINGS = {
-    "sliding_window": {"model.attention_options.window": 8},
-    "local": {"model.attention_options.block_size": 8},
-    "longformer": {"model.attention_options.window": 8,
-                   "model.attention_options.num_global_tokens": 1},
-    "sparse_transformer": {"model.attention_options.block_size": 8,
-                           "model.attention_options.num_summary": 2},
-    "bigbird": {"model.attention_options.block_size": 4,
-                "model.attention_options.num_window_blocks": 3,
-                "model.attention_options.num_random_blocks": 2},
-    "reformer": {"model.attention_options.chunk_len": 8},
-    "sinkhorn": {"model.attention_options.block_size": 8},
+    "sliding_window": presets.attention_options(window=8),
+    "local": presets.attention_options(block_size=8),
+    "longformer": presets.attention_options(window=8, num_global_tokens=1),
+    "sparse_transformer": presets.attention_options(block_size=8, num_summary=2),
+    "bigbird": presets.attention_options(block_size=4, num_window_blocks=3, num_random_blocks=2),
+    "reformer": presets.attention_options(chunk_len=8),
+    "sinkhorn": presets.attention_options(block_size=8),
     # Their blocks chosen from the data: 8-token blocks, so a query sees 3 (MoBA) or 4 (NSA:
     # the first, the two local ones and one chosen) of the 8 blocks, not the whole sequence.
-    "moba": {"model.attention_options.block_size": 8, "model.attention_options.top_k": 2},
-    "nsa": {"model.attention_options.block_length": 8, "model.attention_options.block_stride": 4,
-            "model.attention_options.selection_block": 8,
-            "model.attention_options.selected_blocks": 4, "model.attention_options.window": 8},
+    "moba": presets.attention_options(block_size=8, top_k=2),
+    "nsa": presets.attention_options(block_length=8, block_stride=4, selection_block=8,
+                                     selected_blocks=4, window=8),
     # A query attends to 16 of its up to 64 keys, the indexer's top 16 (its default, 256, is
     # every key here).
-    "dsa": {"model.attention_options.top_k": 16, "model.attention_options.block_size": 16},
+    "dsa": presets.attention_options(top_k=16, block_size=16),
     # Its window beside the linear attention, as short as sliding_window's (its default, 64, is
     # the whole sequence here).
-    "based": {"model.attention_options.window": 8},
+    "based": presets.attention_options(window=8),
     # The paper's form: the order is in the weights themselves, no positional encoding.
     "stick_breaking": {"model.positions": "none"},
 }

@@ -22,6 +22,13 @@ import difflib
 import ml_collections
 
 OPTIONS = "model.attention_options."
+
+
+def attention_options(**options) -> dict:
+  """A variant's options as config fields: {"model.attention_options.<name>": value}."""
+  return {OPTIONS + name: value for name, value in options.items()}
+
+
 # Attention options measured in tokens, with the smallest value a shortened sequence scales them
 # to: a block or window then covers the same fraction of the sequence as at the task's length.
 LENGTH_OPTIONS = {"block_size": 4, "window": 4, "chunk_len": 4, "chunk_size": 4,

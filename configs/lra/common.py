@@ -45,7 +45,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from configs import presets as presets_lib
-from configs.presets import LENGTH_OPTIONS, OPTIONS
+from configs.presets import LENGTH_OPTIONS, OPTIONS, attention_options
 from configs.task_values import TaskValues
 
 PRESETS = ("paper", "fair", "tiny", "light", "light_fair", "grazzi")
@@ -122,20 +122,15 @@ RELEASED_ATTENTION = {
 # `fair` and `tiny`: the quirks fixed, LRA's sizes kept, each variant as its paper defines it.
 FAIR_ATTENTION = {
     "full": {},
-    "local": {"model.attention_options.block_size": 50},
-    "sparse_transformer": {"model.attention_options.block_size": 50,
-                           "model.attention_options.num_summary": 10},
-    "longformer": {"model.attention_options.window": 256,
-                   "model.attention_options.num_global_tokens": 1},
-    "bigbird": {"model.attention_options.block_size": 64,
-                "model.attention_options.num_window_blocks": 3,
-                "model.attention_options.num_random_blocks": 3},
-    "linformer": {"model.attention_options.k": 16},
-    "reformer": {"model.attention_options.n_hashes": 1},
-    "performer": {"model.attention_options.kernel": "softmax",
-                  "model.attention_options.nb_features": 256},
-    "sinkhorn": {"model.attention_options.block_size": 50},
-    "synthesizer": {"model.attention_options.mode": "random"},
+    "local": attention_options(block_size=50),
+    "sparse_transformer": attention_options(block_size=50, num_summary=10),
+    "longformer": attention_options(window=256, num_global_tokens=1),
+    "bigbird": attention_options(block_size=64, num_window_blocks=3, num_random_blocks=3),
+    "linformer": attention_options(k=16),
+    "reformer": attention_options(n_hashes=1),
+    "performer": attention_options(kernel="softmax", nb_features=256),
+    "sinkhorn": attention_options(block_size=50),
+    "synthesizer": attention_options(mode="random"),
     "linear_transformer": {},
 }
 # Not in the LRA paper: the Nyströmformer paper's own LRA runs (64 landmarks, a depthwise

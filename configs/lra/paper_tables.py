@@ -11,43 +11,35 @@ TABLE2: the efficiency benchmark on the Text task, batch 32, TPU v3: steps/s and
     (GB) per length, with the speed-ups as printed in the paper (not recomputed from the
     rounded steps/s).
 """
-TABLE1 = {
-    "full": {"listops": 36.37, "text": 64.27, "retrieval": 57.46, "image": 42.44,
-             "pathfinder": 71.40},
-    "local": {"listops": 15.82, "text": 52.98, "retrieval": 53.39, "image": 41.46,
-              "pathfinder": 66.63},
-    "sparse_transformer": {"listops": 17.07, "text": 63.58, "retrieval": 59.59, "image": 44.24,
-                           "pathfinder": 71.71},
-    "longformer": {"listops": 35.63, "text": 62.85, "retrieval": 56.89, "image": 42.22,
-                   "pathfinder": 69.71},
-    "linformer": {"listops": 35.70, "text": 53.94, "retrieval": 52.27, "image": 38.56,
-                  "pathfinder": 76.34},
-    "reformer": {"listops": 37.27, "text": 56.10, "retrieval": 53.40, "image": 38.07,
-                 "pathfinder": 68.50},
-    "sinkhorn": {"listops": 33.67, "text": 61.20, "retrieval": 53.83, "image": 41.23,
-                 "pathfinder": 67.45},
-    "synthesizer": {"listops": 36.99, "text": 61.68, "retrieval": 54.67, "image": 41.61,
-                    "pathfinder": 69.45},
-    "bigbird": {"listops": 36.05, "text": 64.02, "retrieval": 59.29, "image": 40.83,
-                "pathfinder": 74.87},
-    "linear_transformer": {"listops": 16.13, "text": 65.90, "retrieval": 53.09, "image": 42.34,
-                           "pathfinder": 75.30},
-    "performer": {"listops": 18.01, "text": 65.40, "retrieval": 53.82, "image": 42.77,
-                  "pathfinder": 77.05},
-}
+TASKS = ("listops", "text", "retrieval", "image", "pathfinder")   # the tables' column order
 
-NYSTROMFORMER_TABLE1 = {
-    "full": {"listops": 37.10, "text": 65.02, "retrieval": 79.35, "image": 38.20,
-             "pathfinder": 74.16},
-    "reformer": {"listops": 19.05, "text": 64.88, "retrieval": 78.64, "image": 43.29,
-                 "pathfinder": 69.36},
-    "linformer": {"listops": 37.25, "text": 55.91, "retrieval": 79.37, "image": 37.84,
-                  "pathfinder": 67.60},
-    "performer": {"listops": 18.80, "text": 63.81, "retrieval": 78.62, "image": 37.07,
-                  "pathfinder": 69.87},
-    "nystromformer": {"listops": 37.15, "text": 65.52, "retrieval": 79.56, "image": 41.58,
-                      "pathfinder": 70.94},
-}
+
+def _by_task(rows: dict) -> dict:
+  """{variant: accuracies in TASKS order} -> {variant: {task: accuracy}}."""
+  return {name: dict(zip(TASKS, accuracies, strict=True)) for name, accuracies in rows.items()}
+
+
+TABLE1 = _by_task({
+    "full":               (36.37, 64.27, 57.46, 42.44, 71.40),
+    "local":              (15.82, 52.98, 53.39, 41.46, 66.63),
+    "sparse_transformer": (17.07, 63.58, 59.59, 44.24, 71.71),
+    "longformer":         (35.63, 62.85, 56.89, 42.22, 69.71),
+    "linformer":          (35.70, 53.94, 52.27, 38.56, 76.34),
+    "reformer":           (37.27, 56.10, 53.40, 38.07, 68.50),
+    "sinkhorn":           (33.67, 61.20, 53.83, 41.23, 67.45),
+    "synthesizer":        (36.99, 61.68, 54.67, 41.61, 69.45),
+    "bigbird":            (36.05, 64.02, 59.29, 40.83, 74.87),
+    "linear_transformer": (16.13, 65.90, 53.09, 42.34, 75.30),
+    "performer":          (18.01, 65.40, 53.82, 42.77, 77.05),
+})
+
+NYSTROMFORMER_TABLE1 = _by_task({
+    "full":          (37.10, 65.02, 79.35, 38.20, 74.16),
+    "reformer":      (19.05, 64.88, 78.64, 43.29, 69.36),
+    "linformer":     (37.25, 55.91, 79.37, 37.84, 67.60),
+    "performer":     (18.80, 63.81, 78.62, 37.07, 69.87),
+    "nystromformer": (37.15, 65.52, 79.56, 41.58, 70.94),
+})
 
 TABLE2_LENGTHS = (1024, 2048, 3072, 4096)
 TABLE2 = {   # name in the paper, steps/s per length, peak memory (GB) per length

@@ -137,16 +137,21 @@ def test_mqar_runs_through_the_harness_and_non_causal_variants_are_not_applicabl
 
 
 @pytest.mark.slow
+def one_step_sweep(out, field, values, attentions, width=16):
+  """A sweep of one-step MQAR tiny runs over `field`: (table, states) as sweep.collect gives."""
+  from experiments import sweep
+  failures = sweep.run(task="mqar", preset="tiny", field=field, values=values,
+                       attentions=attentions, seeds=[0], out=out,
+                       overrides=tiny_run_overrides(steps=1, width=width))
+  assert failures == []
+  return sweep.collect(out, field, values)
+
+
 def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
   from experiments import sweep
 
-  overrides = tiny_run_overrides(steps=1)
   values = ["2", "4"]
-  failures = sweep.run(task="mqar", preset="tiny", field="data.num_pairs", values=values,
-                       attentions=["full", "linformer"], seeds=[0], out=tmp_path,
-                       overrides=overrides)
-  assert failures == []
-  table, states = sweep.collect(tmp_path, "data.num_pairs", values)
+  table, states = one_step_sweep(tmp_path, "data.num_pairs", values, ["full", "linformer"])
   assert set(table["full"]) == set(values) and all(0 <= v <= 100 for v in table["full"].values())
   assert table["linformer"]["2"].startswith("n/a: linformer cannot be causal")
   text = sweep.write(table, states, tmp_path, "data.num_pairs", values, "mqar")
@@ -158,13 +163,9 @@ def test_sweep_over_the_number_of_pairs_writes_the_capacity_table(tmp_path):
 def test_frontier_sweep_over_width_reports_each_runs_state_size(tmp_path):
   from experiments import sweep
 
-  overrides = tiny_run_overrides(steps=1, width=None)
   values = ["16", "32"]
-  failures = sweep.run(task="mqar", preset="tiny", field="model.emb_dim", values=values,
-                       attentions=["full", "gated_deltanet"], seeds=[0], out=tmp_path,
-                       overrides=overrides)
-  assert failures == []
-  table, states = sweep.collect(tmp_path, "model.emb_dim", values)
+  table, states = one_step_sweep(tmp_path, "model.emb_dim", values, ["full", "gated_deltanet"],
+                                 width=None)
   # full keeps keys and values of all 64 positions: 2 · 64 · emb_dim floats per layer
   assert states["full"] == {"16": 2 * 64 * 16, "32": 2 * 64 * 32}
   # a recurrent state grows with the head dimensions, not with the length
