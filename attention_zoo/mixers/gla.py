@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from attention_zoo import ops
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
-from attention_zoo.options import Bool, Float, Int
+from attention_zoo.options import Float, Int
 
 
 @register_mixer("gla", complexity="O(n·C·d + n·d²)",
@@ -33,11 +33,9 @@ from attention_zoo.options import Bool, Float, Int
                       "Hardware-Efficient Training (arXiv:2312.06635)",
                 supports_segment_ids=True, supports_context_parallel=True)
 class GLA(Mixer):
-  OPTIONS = {"expand_k": Float(0.5, above=0), "expand_v": Float(1.0, above=0),
-             "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
-             "use_output_gate": Bool(True), "gate_low_rank_dim": Int(16, minimum=1),
-             "gate_logit_normalizer": Float(16.0, above=0), "chunk_size": Int(64, minimum=1),
-             "norm_eps": Float(1e-5, above=0)}
+  OPTIONS = parts.linear_attention_options(
+      expand_k=0.5, expand_v=1.0, gate_low_rank_dim=Int(16, minimum=1),
+      gate_logit_normalizer=Float(16.0, above=0))
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
   state_size = classmethod(parts.key_value_state_size)

@@ -13,6 +13,17 @@ from flax import nnx
 
 from attention_zoo.convolution import ShortConv
 from attention_zoo.norms import GatedRMSNorm, l2_normalise
+from attention_zoo.options import Bool, Float, Int
+
+
+def linear_attention_options(*, expand_k: float, expand_v: float, **own) -> dict:
+  """The options the gated linear-attention layers (GLA, RetNet) share: key and value widths
+  per head, the short convolution, the output gate, the chunk size, the output norm's ε; `own`
+  adds the layer's own."""
+  return {"expand_k": Float(expand_k, above=0), "expand_v": Float(expand_v, above=0),
+          "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
+          "use_output_gate": Bool(True), "chunk_size": Int(64, minimum=1),
+          "norm_eps": Float(1e-5, above=0), **own}
 
 
 def linear(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, bias: bool = False):

@@ -30,7 +30,7 @@ from attention_zoo import ops, positions
 from attention_zoo.contract import Mixer, register_mixer
 from attention_zoo.mixers import parts
 from attention_zoo.ops.segments import positions_in_segments
-from attention_zoo.options import Bool, Float, Int
+from attention_zoo.options import Float
 
 
 @register_mixer("retnet", complexity="O(n·C·d + n·d²)",
@@ -38,10 +38,8 @@ from attention_zoo.options import Bool, Float, Int
                       "Language Models (arXiv:2307.08621)",
                 supports_segment_ids=True, supports_context_parallel=True)
 class RetNet(Mixer):
-  OPTIONS = {"expand_k": Float(1.0, above=0), "expand_v": Float(2.0, above=0),
-             "use_short_conv": Bool(False), "conv_size": Int(4, minimum=1),
-             "use_output_gate": Bool(True), "chunk_size": Int(64, minimum=1),
-             "norm_eps": Float(1e-5, above=0), "decay_exponent": Float(5.0, above=0)}
+  OPTIONS = parts.linear_attention_options(expand_k=1.0, expand_v=2.0,
+                                           decay_exponent=Float(5.0, above=0))
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
   state_size = classmethod(parts.key_value_state_size)
