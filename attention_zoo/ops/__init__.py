@@ -3,15 +3,16 @@ and its own modules, so a JAX user without Flax can use it (`import attention_zo
 other part of the package).
 
 Exported here, the sequence-mixing ops: gated linear attention, the delta rule family (DeltaNet,
-Gated DeltaNet, Kimi Delta Attention, Gated DeltaNet-2, Gated DeltaProduct) and the diagonal-
-plus-low-rank delta rule (RWKV-7's; Comba's scalar-plus-low-rank one on it), each in a
+Gated DeltaNet, Kimi Delta Attention, Gated DeltaNet-2, Gated DeltaProduct) and the
+diagonal-plus-low-rank delta rule (RWKV-7's; Comba's scalar-plus-low-rank one on it), each in a
 chunkwise-parallel form (`chunk_*`, for training and prefill) and a token-by-token form
 (`recurrent_*`, the reference and the decode step), all on the recurrence engine (engine.py);
 xLSTM's mLSTM (mlstm.py: exponential input gate, normaliser and max stabiliser, its state the
 tuple (S̃, ñ, m)) in the same two forms; FoX's forgetting attention and PaTH attention
-(path_attention.py: blockwise softmax attention over Householder transforms). Layout as flash-
-linear-attention's: q, k [B, T, H, K], v [B, T, H, V]; every recurrence returns (o, final_state
-[B, H, K, V]; mLSTM's tuple); all take packed sequences (segment_ids), but PaTH's op.
+(path_attention.py: blockwise softmax attention over Householder transforms). Layout as
+flash-linear-attention's: q, k [B, T, H, K], v [B, T, H, V]; every recurrence returns (o,
+final_state [B, H, K, V]; mLSTM's tuple); all take packed sequences (segment_ids), but PaTH's
+op.
 
 The attention maths, in its modules: softmax.py (the numerics the variants share and the dense
 path), oracle.py (the dense oracle), blocks.py (lengths in blocks), tiles.py (the online
