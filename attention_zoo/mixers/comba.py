@@ -28,6 +28,11 @@ feedback read, α_t (I - β_t k_t p_tᵀ), where its chunk kernels and the paper
 read the undecayed state: we follow the latter. fla's head_dim 256 and GVA are not built
 (d_k = qkv_dim / num_heads; num_kv_heads < num_heads shares k, v with λ, d, β, α per query head).
 The rest as DeltaNet's "where ours differs".
+
+Context parallelism: the op splits exactly (chunk_comba over 4 shards equals one device to
+3e-16 in float64, tests/ops/test_context_parallel_ops.py in float32), but the layer is not
+declared: its float32 split in the registry check's packed case is 1.01e-5 from one device, just
+over that check's 1e-5 (Gated DeltaNet-2's: 8e-7).
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ from attention_zoo.mixers.kda import KimiDeltaAttention
 @register_mixer("gated_deltanet2", complexity="O(n·C·d + n·d²)",
                 paper="Hatamizadeh, Choi, Kautz 2026, Gated DeltaNet-2: Decoupling Erase and "
                       "Write in Linear Attention (arXiv:2605.22791)",
-                supports_segment_ids=True)
+                supports_segment_ids=True, supports_context_parallel=True)
 class GatedDeltaNet2(KimiDeltaAttention):
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)

@@ -410,12 +410,14 @@ def test_negative_eigenvalues_equal_their_equation_and_decode_exactly(name):
 # -- memory at length -----------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_classifier_memory_is_linear_in_length():
-  """Compiled forward+backward temp memory of a Gated DeltaNet classifier: 4x the length needs
-  at most 4.5x the memory (quadratic would be 16x)."""
+@pytest.mark.parametrize("name", ["gated_deltanet", "gated_deltanet2", "comba"])
+def test_classifier_memory_is_linear_in_length(name):
+  """Compiled forward+backward temp memory of a classifier around the mixer (Gated DeltaNet;
+  Gated DeltaNet-2 and Comba, the delta engine's erase gate and the DPLR engine's scalar
+  gate): 4x the length needs at most 4.5x the memory (quadratic would be 16x)."""
   def temp_bytes(length):
     model = Classifier(TransformerConfig(vocab_size=11, max_len=length, num_layers=1, emb_dim=32,
-                                         num_heads=2, mlp_dim=32, attention="gated_deltanet"),
+                                         num_heads=2, mlp_dim=32, attention=name),
                        rngs=nnx.Rngs(0))
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     loss = lambda params, tokens: jnp.sum(nnx.merge(graph, params, rest)(tokens))
