@@ -143,7 +143,8 @@ def _arguments(op: str, key, B: int, T: int, H: int = 2, K: int = 4, V: int = 3,
           "chunk_kda": (q, k, v, channel_gate, beta),
           "chunk_gated_delta_product": (q, k, v, scalar_gate, beta),
           "chunk_dplr_delta_rule": (q, k, v, -beta[..., None] * k, k, channel_gate),
-          "chunk_comba": (q, k, v, jax.nn.sigmoid(normal(B, T, H, 1)) * k, scalar_gate, beta)}[op]
+          "chunk_comba": (q, k, v, jax.nn.sigmoid(normal(*k.shape[:-1], 1)) * k, scalar_gate,
+                          beta)}[op]
 
 
 def _segment_ids(T: int):

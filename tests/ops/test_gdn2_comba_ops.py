@@ -2,7 +2,9 @@
 float64 token loops (tests/ops_reference.py, the K x K transition written out): both forms,
 outputs, final state and the gradient of every input with masked holes and a carried state;
 packed sequences against the segments run apart; strong per-channel gates (the products by
-halves); the reductions to KDA and to the delta rule; bad shapes."""
+halves); the reductions to KDA and to the delta rule; bad shapes. All but the last in the
+slow lane, as test_ops.py's sweeps run their ops outside the representative ones; the fast
+lane has each layer against its float64 equation (tests/mixers/test_mixers.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,6 +64,7 @@ def holes():
   return jnp.asarray(mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
 @pytest.mark.parametrize("name", INPUTS)
 def test_forms_and_gradients_equal_the_float64_recurrence(name, form):
@@ -85,6 +88,7 @@ def test_forms_and_gradients_equal_the_float64_recurrence(name, form):
     assert_close(grads[key], expected[key], 1e-4, f"d{key}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", INPUTS)
 def test_packed_sequences_equal_their_segments_run_apart(name):
   """Both forms: outputs and final state of a packed call equal each segment run alone from
@@ -101,6 +105,7 @@ def test_packed_sequences_equal_their_segments_run_apart(name):
     assert_close(state, state_apart, 1e-5, f"{form}: final state")
 
 
+@pytest.mark.slow
 def test_gated_delta_rule2_with_strong_gates_equals_the_float64_recurrence():
   """Log-gates 30x the others: a chunk's cumulative gates span more than MIDPOINT_SPAN, so
   the per-channel products are built by halves."""
@@ -112,6 +117,7 @@ def test_gated_delta_rule2_with_strong_gates_equals_the_float64_recurrence():
   assert_close(state, state_ref, 1e-5, "final state")
 
 
+@pytest.mark.slow
 def test_equal_erase_and_write_gates_are_kda_and_comba_without_decay_the_delta_rule():
   """Gated DeltaNet-2 with b = w = β·1 is KDA; Comba with g = 0 and p = k the delta rule (both
   forms)."""
