@@ -1,6 +1,7 @@
 """Float64 oracles for attention_zoo.ops, written independently of the ops: token-by-token
 scans of the recurrences in their textbook form (a masked token is skipped, where the ops feed
-it neutral values; the delta product's steps are an inner loop), the quadratic form of
+it neutral values; the delta product's steps are an inner loop; Gated DeltaNet-2 and Comba as
+the K x K transition matrix times the state), the quadratic form of
 scalar-gated linear attention; and the comparison helpers the ops' tests share. Call the
 recurrences inside `jax.enable_x64(True)`."""
 import functools
@@ -86,6 +87,58 @@ def delta_product_recurrence(q, k, v, g, beta, *, scale, initial_state, mask):
             jnp.where(real[:, None, None], out, 0.0))
 
   steps = [jnp.swapaxes(x, 0, 1) for x in (q, k, v, g, beta, mask)]
+  state, o = jax.lax.scan(token, state, steps)
+  return jnp.swapaxes(o, 0, 1), state
+
+
+@functools.partial(jax.jit, static_argnames=("scale",))
+def gated_delta_rule2_recurrence(q, k, v, g, b, w, *, scale, initial_state, mask):
+  """Gated DeltaNet-2, for each real token t as the paper writes it:
+  S <- (I - k_t (b_t ⊙ k_t)ᵀ) Diag(exp g_t) S + k_t (w_t ⊙ v_t)ᵀ; o_t = Sᵀ (scale q_t). A masked
+  token skips both and outputs 0. q, k, g, b [B, T, H, K], v, w [B, T, H, V], initial_state
+  [B, H, K, V], mask [B, T] or None. -> (o [B, T, H, V], S [B, H, K, V]), float64."""
+  q, k, v, g, b, w, state = (jnp.asarray(x, jnp.float64)
+                             for x in (q, k, v, g, b, w, initial_state))
+  mask = jnp.ones(q.shape[:2], bool) if mask is None else jnp.asarray(mask)
+  eye = jnp.eye(q.shape[-1])
+
+  def token(state, inputs):
+    q_t, k_t, v_t, g_t, b_t, w_t, real = inputs
+    transition = eye - k_t[..., :, None] * (b_t * k_t)[..., None, :]    # [B, H, K, K]
+    decayed = state * jnp.exp(g_t)[..., None]                           # Diag(exp g_t) S
+    new = (jnp.einsum("bhij,bhjv->bhiv", transition, decayed)
+           + k_t[..., None] * (w_t * v_t)[:, :, None, :])
+    out = scale * jnp.sum(new * q_t[..., None], axis=2)
+    return (jnp.where(real[:, None, None, None], new, state),
+            jnp.where(real[:, None, None], out, 0.0))
+
+  steps = [jnp.swapaxes(x, 0, 1) for x in (q, k, v, g, b, w, mask)]
+  state, o = jax.lax.scan(token, state, steps)
+  return jnp.swapaxes(o, 0, 1), state
+
+
+@functools.partial(jax.jit, static_argnames=("scale",))
+def comba_recurrence(q, k, v, p, g, beta, *, scale, initial_state, mask):
+  """Comba's scalar-plus-low-rank transition, for each real token t:
+  S <- (exp(g_t) I - beta_t k_t p_tᵀ) S + beta_t k_t v_tᵀ; o_t = Sᵀ (scale q_t). A masked token
+  skips both and outputs 0. q, k, p [B, T, H, K], v [B, T, H, V], g, beta [B, T, H],
+  initial_state [B, H, K, V], mask [B, T] or None. -> (o [B, T, H, V], S [B, H, K, V])."""
+  q, k, v, p, g, beta, state = (jnp.asarray(x, jnp.float64)
+                                for x in (q, k, v, p, g, beta, initial_state))
+  mask = jnp.ones(q.shape[:2], bool) if mask is None else jnp.asarray(mask)
+  eye = jnp.eye(q.shape[-1])
+
+  def token(state, inputs):
+    q_t, k_t, v_t, p_t, g_t, beta_t, real = inputs
+    transition = (jnp.exp(g_t)[..., None, None] * eye
+                  - beta_t[..., None, None] * k_t[..., :, None] * p_t[..., None, :])
+    new = (jnp.einsum("bhij,bhjv->bhiv", transition, state)
+           + beta_t[..., None, None] * k_t[..., None] * v_t[:, :, None, :])
+    out = scale * jnp.sum(new * q_t[..., None], axis=2)
+    return (jnp.where(real[:, None, None, None], new, state),
+            jnp.where(real[:, None, None], out, 0.0))
+
+  steps = [jnp.swapaxes(x, 0, 1) for x in (q, k, v, p, g, beta, mask)]
   state, o = jax.lax.scan(token, state, steps)
   return jnp.swapaxes(o, 0, 1), state
 

@@ -41,11 +41,13 @@ class DeltaRuleLayer(Mixer):
   Each registered subclass adds its own decay, if any, in its own __init__ and calls its own op
   in its forward. Constructor arguments (given by the subclass, not options): steps, the (k, v,
   β) per token (Gated DeltaProduct's n_h); gate_activation, SiLU or sigmoid; low_rank_gate, the
-  output gate as W_up W_down x + b of rank d_v (KDA's) instead of W_g x."""
+  output gate as W_up W_down x + b of rank d_v (KDA's) instead of W_g x; channel_gates, β per
+  key channel (the erase gate, beta_proj to h·d_k) and a write gate per value channel
+  (write_proj to h·d_v) in place of the scalar β (Gated DeltaNet-2's)."""
   state_size = classmethod(parts.key_value_state_size)
 
   def __init__(self, *, rngs, steps: int = 1, gate_activation: str = "silu",
-               low_rank_gate: bool = False, **kwargs):
+               low_rank_gate: bool = False, channel_gates: bool = False, **kwargs):
     super().__init__(rngs=rngs, **kwargs)
     self.d_k, self.d_v = parts.checked_dims(self)
     self.steps = steps
@@ -53,17 +55,24 @@ class DeltaRuleLayer(Mixer):
     emb, dtype = self.emb_dim, self.dtype
     self.qkv, self.conv = parts.qkv_projection(   # q | k's | v's
         emb, h * d_k + steps * kvh * (d_k + d_v), self.options, dtype=dtype, rngs=rngs)
-    self.beta_proj = parts.linear(emb, steps * h, dtype=dtype, rngs=rngs)        # w_β per step
+    self.channel_gates = channel_gates
+    # w_β per step, or the erase gate's W_b per key channel
+    self.beta_proj = parts.linear(emb, steps * h * (d_k if channel_gates else 1), dtype=dtype,
+                                  rngs=rngs)
+    self.write_proj = (parts.linear(emb, h * d_v, dtype=dtype, rngs=rngs) if channel_gates
+                       else None)                                                # W_w
     self.gate_proj, self.norm, self.out = parts.gated_output_layers(
         emb, h, d_v, eps=self.options["norm_eps"], dtype=dtype, rngs=rngs,
         use_gate=self.options["use_gate"], gate_rank=d_v if low_rank_gate else None,
         activation=gate_activation)
 
   def delta_inputs(self, x, mask, state, segment_ids):
-    """q, k, v, β (`parts.delta_rule_inputs`; with steps > 1 a step axis after n)."""
+    """q, k, v, β (`parts.delta_rule_inputs`; with steps > 1 a step axis after n; with
+    channel_gates β per key channel)."""
     return parts.delta_rule_inputs(self, x, mask, decode=state is not None,
                                    segment_ids=segment_ids,
-                                   steps=self.steps if self.steps > 1 else None)
+                                   steps=self.steps if self.steps > 1 else None,
+                                   beta_per_key_channel=self.channel_gates)
 
   def empty_state(self, batch_size, max_len, dtype):
     return jnp.zeros((batch_size, self.num_heads, self.d_k, self.d_v), jnp.float32)

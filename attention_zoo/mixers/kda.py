@@ -37,20 +37,25 @@ class KimiDeltaAttention(DeltaRuleLayer):
   # Chunks of 8 at the suite's length 20: several chunks and a partial last one.
   TEST_OPTIONS = dict(chunk_size=8)
 
-  def __init__(self, *, rngs, **kwargs):
-    # q, k, v, β; the output gate σ(W_up W_down x + b), low-rank of rank d_v
-    super().__init__(rngs=rngs, gate_activation="sigmoid", low_rank_gate=True, **kwargs)
+  def __init__(self, *, rngs, gate_activation: str = "sigmoid", **kwargs):
+    # q, k, v, β; the output gate σ(W_up W_down x + b), low-rank of rank d_v (Gated
+    # DeltaNet-2, a subclass, passes SiLU and its channel gates)
+    super().__init__(rngs=rngs, gate_activation=gate_activation, low_rank_gate=True, **kwargs)
     h, d_k = self.num_heads, self.d_k
     # the decay per key channel: W_up W_down x (rank d_v), A per head, dt_bias per channel
     self.decay_proj = parts.low_rank(self.emb_dim, self.d_v, h * d_k, dtype=self.dtype,
                                      rngs=rngs)
     self.decay = parts.DecayGate(h, a_range=(1.0, 16.0), key_dim=d_k, rngs=rngs)
 
-  def forward(self, x, mask, state, segment_ids=None):
+  def channel_decay(self, x):
+    """x [b, n, emb] -> the log-decay g [b, n, h, d_k], float32."""
     b, n, _ = x.shape
+    _, g = self.decay(self.decay_proj(x).reshape(b, n, self.num_heads, self.d_k))
+    return g
+
+  def forward(self, x, mask, state, segment_ids=None):
     q, k, v, beta = self.delta_inputs(x, mask, state, segment_ids)
-    a = self.decay_proj(x).reshape(b, n, self.num_heads, self.d_k)              # [b, n, h, dk]
-    _, g = self.decay(a)                                                         # [b, n, h, dk]
+    g = self.channel_decay(x)                                                    # [b, n, h, dk]
     o, state = parts.recurrence(ops.chunk_kda, ops.recurrent_kda, q, k, v, g, beta, mask=mask,
                                 state=state, chunk_size=self.options["chunk_size"],
                                 segment_ids=segment_ids)

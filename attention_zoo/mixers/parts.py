@@ -121,14 +121,16 @@ def short_conv(conv, x, mask, decode: bool, segment_ids=None):
                           segment_ids=segment_ids))
 
 
-def delta_rule_inputs(mixer, x, mask, *, decode: bool, segment_ids=None, steps: int | None = None):
+def delta_rule_inputs(mixer, x, mask, *, decode: bool, segment_ids=None, steps: int | None = None,
+                      beta_per_key_channel: bool = False):
   """The delta rule's inputs from a mixer's qkv, conv and beta_proj, as flash-linear-attention's
   delta layers make them: q, k, v through the short convolution and SiLU (SiLU alone without
   it), q and k L2-normalised per head, k and v repeated to the query heads (GQA),
   β = σ(w_βᵀ x) (with the option allow_neg_eigval 2σ: in (0, 2), so that the eigenvalue 1 - β
   of I - β k kᵀ reaches down to -1). steps None: one (k, v, β) per token, k [b, n, h, d_k],
   v [b, n, h, d_v], β float32 [b, n, h]; steps s: s of them, with a step axis after n
-  (Gated DeltaProduct's). q [b, n, h, d_k]."""
+  (Gated DeltaProduct's). beta_per_key_channel: β [b, n, h, d_k] (Gated DeltaNet-2's erase
+  gate; one step). q [b, n, h, d_k]."""
   b, n, _ = x.shape
   h, kvh, d_k, d_v, s = mixer.num_heads, mixer.num_kv_heads, mixer.d_k, mixer.d_v, steps or 1
   qkv = short_conv(mixer.conv, mixer.qkv(x), mask, decode=decode, segment_ids=segment_ids)
@@ -138,7 +140,8 @@ def delta_rule_inputs(mixer, x, mask, *, decode: bool, segment_ids=None, steps: 
   q = l2_normalise(q.reshape(b, n, h, d_k))                                      # [b, n, h, dk]
   k = repeat_kv(l2_normalise(k.reshape(b, n, s, kvh, d_k)), h)                  # [b, n, s, h, dk]
   v = repeat_kv(v.reshape(b, n, s, kvh, d_v), h)                                # [b, n, s, h, dv]
-  beta = jax.nn.sigmoid(mixer.beta_proj(x).astype(jnp.float32)).reshape(b, n, s, h)
+  beta = jax.nn.sigmoid(mixer.beta_proj(x).astype(jnp.float32)).reshape(
+      b, n, s, h, *((d_k,) if beta_per_key_channel else ()))
   if mixer.options["allow_neg_eigval"]:
     beta = 2 * beta                                      # in (0, 2): eigenvalues 1 - β down to -1
   if steps is None:

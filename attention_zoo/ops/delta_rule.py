@@ -11,6 +11,12 @@ step instead of adding to it.
   log-decay g [B, T, H] per head and token.
 - `*_kda`: Kimi Delta Attention (arXiv:2510.26692), one log-decay per key channel,
   g [B, T, H, K].
+- `*_gated_delta_rule2`: Gated DeltaNet-2 (Hatamizadeh, Choi, Kautz, arXiv:2605.22791), KDA's
+  per-channel decay g [B, T, H, K] with beta split into a per-key-channel erase gate
+  b [B, T, H, K] and a per-value-channel write gate w [B, T, H, V]:
+      S_t = (I - k_t (b_t ⊙ k_t)ᵀ) S̃_t + k_t (w_t ⊙ v_t)ᵀ
+  (the read S̃_tᵀ (b_t ⊙ k_t) is what is erased along k_t). b = w = beta·1 is KDA; b in (0, 2)
+  gives the eigenvalue 1 - Σ_d b_d k_d² down to -1 (unit k).
 - `*_gated_delta_product`: Gated DeltaProduct (Siems et al., arXiv:2502.10297), n delta steps
   per token: k [B, T, n, H, K], v [B, T, n, H, V], beta [B, T, n, H], g [B, T, H] (None: no
   decay). Per token S <- exp(g_t) S once, then for j < n the delta step with (k_tj, v_tj,
@@ -81,6 +87,32 @@ def recurrent_kda(q, k, v, g, beta, *, scale=None, initial_state=None, mask=None
   """Kimi Delta Attention, token by token."""
   return run("recurrent_kda", q, k, v, g, beta, per_channel_gate=True, scale=scale,
              initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=None)
+
+
+def _gated_delta_rule2(name, q, k, v, g, b, w, *, scale, initial_state, mask, segment_ids,
+                       chunk_size):
+  """The gated delta rule with b as the erase gate and w folded into v (engine.run)."""
+  check_shapes(name, {"b": (b, q.shape), "w": (w, v.shape)})
+  return run(name, q, k, v, g, None, per_channel_gate=True, scale=scale,
+             initial_state=initial_state, mask=mask, segment_ids=segment_ids,
+             chunk_size=chunk_size, erase=b, write=w)
+
+
+def chunk_gated_delta_rule2(q, k, v, g, b, w, *, scale=None, initial_state=None, mask=None,
+                            segment_ids=None, chunk_size=DEFAULT_CHUNK_SIZE):
+  """Gated DeltaNet-2 (erase gate b per key channel, write gate w per value channel),
+  chunkwise parallel."""
+  return _gated_delta_rule2("chunk_gated_delta_rule2", q, k, v, g, b, w, scale=scale,
+                            initial_state=initial_state, mask=mask, segment_ids=segment_ids,
+                            chunk_size=chunk_size)
+
+
+def recurrent_gated_delta_rule2(q, k, v, g, b, w, *, scale=None, initial_state=None, mask=None,
+                                segment_ids=None):
+  """Gated DeltaNet-2, token by token."""
+  return _gated_delta_rule2("recurrent_gated_delta_rule2", q, k, v, g, b, w, scale=scale,
+                            initial_state=initial_state, mask=mask, segment_ids=segment_ids,
+                            chunk_size=None)
 
 
 def _gated_delta_product(name, q, k, v, g, beta, *, scale, initial_state, mask, segment_ids,

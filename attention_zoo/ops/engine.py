@@ -5,7 +5,9 @@ scalar, or one per key channel) and an optional write strength beta_t:
 
     S̃_t = Diag(exp g_t) S_{t-1}                          decay
     u_t = v_t                  (additive)                  or
-    u_t = beta_t (v_t - S̃_tᵀ k_t)   (delta rule)          what is written
+    u_t = beta_t (v_t - S̃_tᵀ k_t)   (delta rule)          what is written, or
+    u_t = v_t - S̃_tᵀ (e_t ⊙ k_t)     (delta rule with an erase gate e_t [K] per key
+                                       channel; a write gate per value channel is folded into v)
     S_t = S̃_t + k_t u_tᵀ                                  write
     o_t = S_tᵀ q_t             (q already scaled)          read, after the write
 
@@ -33,6 +35,9 @@ DeltaNet folds the decay in):
     A  = strictly lower part of diag(beta) [Σ_d k_id k_jd e^{G_id - G_jd}]_ij      [C, C]
     W  = -(I + A)^{-1} diag(beta) (K ⊙ e^G),    U = (I + A)^{-1} diag(beta) V
     U' = U + W S                                 (the "pseudo-values")
+
+With an erase gate e per key channel, diag(beta) K in A and W becomes E ⊙ K (the read keys
+e_i ⊙ k_i; the columns keep k_j) and diag(beta) V becomes V.
 
 For DPLR, unrolling S_r = Diag(e^{G_r}) S + Σ_{i <= r} Diag(e^{G_r - G_i}) (k_i v_iᵀ + b_i u_iᵀ)
 with u_r = a_rᵀ S_{r-1} (what the rank-1 term writes along b_r) gives, with decays from the
@@ -358,30 +363,37 @@ def _scan_chunks(initial_state, decay, writes, corrections):
 
 
 def chunk_recurrence(q, k, v, g, beta, initial_state, chunk_size: int, decaying=None,
-                     resets=None):
+                     resets=None, erase=None):
   """The additive or delta recurrence by chunks. q, k [B, T, H, K] (q scaled), v [B, T, H, V],
-  g [B, T, H, 1] (scalar) or [B, T, H, K], beta [B, T, H] or None (additive), initial_state
-  [B, H, K, V], all in the compute dtype, masked tokens already neutral; decaying (False
-  where g is 0 by construction) and resets bool [B, T] or None -> (o [B, T, H, V],
-  S_T [B, H, K, V])."""
+  g [B, T, H, 1] (scalar) or [B, T, H, K], beta [B, T, H] or None, erase [B, T, H, K] or None
+  (both None: the additive rule; erase: the delta rule reading with erase ⊙ k, v written as
+  given), initial_state [B, H, K, V], all in the compute dtype, masked tokens already neutral;
+  decaying (False where g is 0 by construction) and resets bool [B, T] or None ->
+  (o [B, T, H, V], S_T [B, H, K, V])."""
   B, T = k.shape[:2]
   C, N = _chunk_layout(T, chunk_size)
   q, k, v, g = (_to_chunks(x, N, C) for x in (q, k, v, g))
   counts, segments = _decay_counts(decaying, B, T, N, C), _segments(resets, N, C)
   G, read, to_end, decay = _chunk_gates(g, segments)
   k_to_end = k * jnp.exp(to_end)                             # [n, b, h, C, K]
-  if beta is None:
+  if beta is None and erase is None:
     (scores,) = _decayed_products([(q, k)], G, counts, segments)  # [n, b, h, C, C]
     values = v
     writes = _einsum("nbhck,nbhcv->nbhkv", k_to_end, v)      # [n, b, h, K, V]
     final_state, entering, _ = _scan_chunks(initial_state, decay, writes, None)
   else:
-    beta = _to_chunks(beta[..., None], N, C)                 # [n, b, h, C, 1]
-    scores, strength = _decayed_products([(q, k), (k, k)], G, counts, segments)
-    strength = beta * jnp.where(_causal(C, strict=True), strength, 0.0)  # [n, b, h, C, C], A
+    if erase is None:
+      beta = _to_chunks(beta[..., None], N, C)               # [n, b, h, C, 1]
+      scores, strength = _decayed_products([(q, k), (k, k)], G, counts, segments)
+      strength = beta * jnp.where(_causal(C, strict=True), strength, 0.0)  # [n,b,h,C,C], A
+      read_keys, written = beta * k, beta * v
+    else:   # the read keys e ⊙ k in A's rows and in W; v written as given
+      read_keys, written = _to_chunks(erase, N, C) * k, v    # [n, b, h, C, K], [.., V]
+      scores, strength = _decayed_products([(q, k), (read_keys, k)], G, counts, segments)
+      strength = jnp.where(_causal(C, strict=True), strength, 0.0)   # [n, b, h, C, C], A
     inverse = unit_lower_inverse(strength)                   # [n, b, h, C, C], (I + A)^{-1}
-    W = -_einsum("nbhij,nbhjk->nbhik", inverse, beta * k * jnp.exp(read))  # [n, b, h, C, K]
-    U = _einsum("nbhij,nbhjv->nbhiv", inverse, beta * v)     # [n, b, h, C, V]
+    W = -_einsum("nbhij,nbhjk->nbhik", inverse, read_keys * jnp.exp(read))  # [n, b, h, C, K]
+    U = _einsum("nbhij,nbhjv->nbhiv", inverse, written)      # [n, b, h, C, V]
     final_state, entering, values = _scan_chunks(initial_state, decay, None, (W, U, k_to_end))
 
   o = (_einsum("nbhck,nbhkv->nbhcv", q * jnp.exp(read), entering)  # [n, b, h, C, V]
@@ -443,15 +455,17 @@ def _token_scan(update, initial_state, q, xs, resets):
   return jnp.moveaxis(o, 0, 1), final_state
 
 
-def token_recurrence(q, k, v, g, beta, initial_state, resets=None):
+def token_recurrence(q, k, v, g, beta, initial_state, resets=None, erase=None):
   """The additive or delta recurrence token by token; arguments and result as
   `chunk_recurrence`'s."""
-  def update(S, k_t, v_t, g_t, beta_t):      # [B, H, K], [B, H, V], [B, H, 1|K], [B, H] or None
+  def update(S, k_t, v_t, g_t, beta_t, erase_t):  # [B, H, K], [B, H, V], [B, H, 1|K], [B, H]
     S = jnp.exp(g_t)[..., None] * S                          # [B, H, K, V], S̃_t
     if beta_t is not None:
       v_t = beta_t[..., None] * (v_t - _einsum("bhk,bhkv->bhv", k_t, S))  # [B, H, V], u_t
+    elif erase_t is not None:
+      v_t = v_t - _einsum("bhk,bhkv->bhv", erase_t * k_t, S)  # [B, H, V], u_t
     return S + k_t[..., :, None] * v_t[..., None, :]
-  return _token_scan(update, initial_state, q, (k, v, g, beta), resets)
+  return _token_scan(update, initial_state, q, (k, v, g, beta, erase), resets)
 
 
 def token_dplr_recurrence(q, k, v, a, b, g, initial_state, resets=None):
@@ -473,8 +487,9 @@ def check_shapes(name: str, expected: dict):
 
 def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask, segment_ids,
              chunk_size):
-  """Validates op `name`'s inputs (per_token: {argument: (value or None, per_channel)}, the
-  argument [B, T, H, K] if per_channel else [B, T, H]) and brings them to the compute dtype,
+  """Validates op `name`'s inputs (per_token: {argument: (value or None, channels)}, the
+  argument [B, T, H] for channels None, [B, T, H, K] for "key", [B, T, H, V] for "value") and
+  brings them to the compute dtype,
   masked tokens neutral (a masked token reads nothing and leaves the state as it was).
   -> (q scaled, k, v, {argument: value}, initial state, mask, output dtype)."""
   out_dtype, dtype = v.dtype, jnp.promote_types(v.dtype, jnp.float32)
@@ -483,8 +498,9 @@ def _prepare(name: str, q, k, v, per_token: dict, *, scale, initial_state, mask,
   B, T, H, K = q.shape
   if v.ndim != 4 or v.shape[:3] != (B, T, H):
     raise ValueError(f"{name}: v must be [B, T, H, V] = ({B}, {T}, {H}, V) like q, got {v.shape}")
-  check_shapes(name, {**{arg: (value, (B, T, H, K) if per_channel else (B, T, H))
-                         for arg, (value, per_channel) in per_token.items()},
+  widths = {None: (), "key": (K,), "value": (v.shape[-1],)}
+  check_shapes(name, {**{arg: (value, (B, T, H, *widths[channels]))
+                         for arg, (value, channels) in per_token.items()},
                       "initial_state": (initial_state, (B, H, K, v.shape[-1])),
                       "mask": (mask, (B, T)), "segment_ids": (segment_ids, (B, T))})
   check_sequence_args(name, mask, segment_ids, chunk_size)
@@ -513,15 +529,20 @@ def _run_form(recurrence, v, per_token, state, segment_ids):
 
 
 def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_state, mask,
-        segment_ids, chunk_size: int | None, gated_tokens=None):
+        segment_ids, chunk_size: int | None, gated_tokens=None, erase=None, write=None):
   """Validates the op `name`'s inputs, neutralises masked tokens and runs the additive or delta
   recurrence in the chunk form (chunk_size given) or the token form. g None: no decay; beta
-  None: the additive rule; gated_tokens bool [B, T] or None (all): False where the caller's g
-  is 0 by construction. -> (o like v, final state [B, H, K, V] float32, float64 for float64
-  inputs)."""
+  None and erase None: the additive rule; erase [B, T, H, K] and write [B, T, H, V] (with beta
+  None): the delta rule u_t = write_t ⊙ v_t - S̃_tᵀ (erase_t ⊙ k_t), the write gate folded
+  into v before the recurrence; gated_tokens bool [B, T] or None (all): False where the
+  caller's g is 0 by construction. -> (o like v, final state [B, H, K, V] float32, float64 for
+  float64 inputs)."""
   q, k, v, x, state, mask, out_dtype = _prepare(
-      name, q, k, v, {"g": (g, per_channel_gate), "beta": (beta, False)}, scale=scale,
+      name, q, k, v, {"g": (g, "key" if per_channel_gate else None), "beta": (beta, None),
+                      "erase": (erase, "key"), "write": (write, "value")}, scale=scale,
       initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=chunk_size)
+  if x["write"] is not None:
+    v = x["write"] * v
   g = jnp.zeros(q.shape[:3], q.dtype) if x["g"] is None else x["g"]
   g = g if per_channel_gate else g[..., None]                # [B, T, H, 1|K]
   # the tokens whose g may be nonzero (with no gate none), for the constant-0 exponents
@@ -529,20 +550,25 @@ def run(name: str, q, k, v, g, beta, *, per_channel_gate: bool, scale, initial_s
   for flags in (mask, gated_tokens):
     decaying = decaying if flags is None else decaying & flags
   if chunk_size is None:
-    form = lambda v, xs, state, resets: token_recurrence(*xs[:2], v, *xs[2:4], state, resets)
+    form = lambda v, xs, state, resets: token_recurrence(*xs[:2], v, *xs[2:4], state, resets,
+                                                         xs[5])
   else:
     form = lambda v, xs, state, resets: chunk_recurrence(*xs[:2], v, *xs[2:4], state,
-                                                         chunk_size, xs[4], resets)
-  o, state = _run_form(form, v, (q, k, g, x["beta"], decaying), state, segment_ids)
+                                                         chunk_size, xs[4], resets, xs[5])
+  o, state = _run_form(form, v, (q, k, g, x["beta"], decaying, x["erase"]), state, segment_ids)
   return o.astype(out_dtype), state
 
 
 def run_dplr(name: str, q, k, v, a, b, g, *, scale, initial_state, mask, segment_ids,
-             chunk_size: int | None):
-  """As `run`, for the DPLR recurrence (a, b, g [B, T, H, K])."""
+             chunk_size: int | None, per_channel_gate: bool = True):
+  """As `run`, for the DPLR recurrence (a, b [B, T, H, K]; g [B, T, H, K], or [B, T, H] with
+  per_channel_gate False: one decay per head, whose chunk products are one matmul)."""
   q, k, v, x, state, mask, out_dtype = _prepare(
-      name, q, k, v, {"a": (a, True), "b": (b, True), "g": (g, True)}, scale=scale,
+      name, q, k, v, {"a": (a, "key"), "b": (b, "key"),
+                      "g": (g, "key" if per_channel_gate else None)}, scale=scale,
       initial_state=initial_state, mask=mask, segment_ids=segment_ids, chunk_size=chunk_size)
+  if not per_channel_gate:
+    x["g"] = x["g"][..., None]                               # [B, T, H, 1]
   if chunk_size is None:
     form = lambda v, xs, state, resets: token_dplr_recurrence(*xs[:2], v, *xs[2:5], state,
                                                               resets)

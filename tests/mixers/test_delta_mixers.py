@@ -1,4 +1,5 @@
-"""The delta-rule mixers (deltanet, gated_deltanet, kda, gated_deltaproduct) beyond the
+"""The delta-rule mixers (deltanet, gated_deltanet, kda, gated_deltaproduct, gated_deltanet2,
+comba) beyond the
 registry-wide tests: output and gradients against the same layer with its recurrence replaced
 by the paper's, token by token in float64, on the layer's own q, k, v, gates and β (GQA and a
 padded row included); decoding one token at a time against the chunked forward, step by step;
@@ -14,10 +15,13 @@ import attention_zoo as az
 from attention_zoo.mixers import parts
 from attention_zoo.models import Decoder, DecoderLM, TransformerConfig
 from helpers import assert_decoding_equals_forward
-from ops_reference import assert_close, delta_product_recurrence, recurrence
+from attention_zoo import ops
+from ops_reference import (assert_close, comba_recurrence, delta_product_recurrence,
+                           gated_delta_rule2_recurrence, recurrence)
 from test_mixers import OPTIONS, ORACLES
 
-DELTA_MIXERS = ["deltanet", "gated_deltanet", "kda", "gated_deltaproduct"]
+DELTA_MIXERS = ["deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "gated_deltanet2",
+                "comba"]
 
 
 def build(name, **options):
@@ -34,17 +38,25 @@ def inputs(length=9):
 
 
 def float64_rule(seen):
-  """A stand-in for the layer's op (both forms): the recurrence token by token in float64
-  (tests/ops_reference.py), recording the β it is given in `seen`."""
-  def rule(q, k, v, *gates, scale=None, initial_state=None, mask=None, chunk_size=None,
-           segment_ids=None):
-    *g, beta = gates
-    seen.append(beta)
+  """A stand-in for the layer's op `chunk_op` (both forms): the recurrence token by token in
+  float64 (tests/ops_reference.py), recording the β (Gated DeltaNet-2: the erase gate) it is
+  given in `seen`."""
+  def rule(chunk_op, q, k, v, *gates, scale=None, initial_state=None, mask=None,
+           chunk_size=None, segment_ids=None):
     if initial_state is None:
       initial_state = jnp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:])
-    step = delta_product_recurrence if k.ndim == 5 else recurrence
-    o, state = step(q, k, v, g[0] if g else None, beta, scale=scale or q.shape[-1] ** -0.5,
-                    initial_state=initial_state, mask=mask)
+    kw = dict(scale=scale or q.shape[-1] ** -0.5, initial_state=initial_state, mask=mask)
+    if chunk_op is ops.chunk_gated_delta_rule2:                 # g, b, w
+      seen.append(gates[1])
+      o, state = gated_delta_rule2_recurrence(q, k, v, *gates, **kw)
+    elif chunk_op is ops.chunk_comba:                           # p, g, β
+      seen.append(gates[2])
+      o, state = comba_recurrence(q, k, v, *gates, **kw)
+    else:
+      *g, beta = gates
+      seen.append(beta)
+      step = delta_product_recurrence if k.ndim == 5 else recurrence
+      o, state = step(q, k, v, g[0] if g else None, beta, **kw)
     return o.astype(jnp.float32), state.astype(jnp.float32)
   return rule
 
@@ -69,7 +81,7 @@ def test_output_and_gradients_equal_the_float64_recurrence(name, allow_neg_eigva
   rule = float64_rule(seen)
   monkeypatch.setattr(parts, "recurrence",                 # both forms: the float64 rule
                       lambda chunk_op, step_op, *inputs, state, **kw: rule(
-                          *inputs, initial_state=state, **kw))
+                          chunk_op, *inputs, initial_state=state, **kw))
   with jax.enable_x64(True):
     y64, grads64 = output_and_grads(mixer, x, mask, w)
   assert_close(y, y64, 1e-5, "output")                         # measured: errors below 4e-7

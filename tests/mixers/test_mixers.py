@@ -31,6 +31,7 @@ OPTIONS = {"deltanet": {"chunk_size": 4}, "gated_deltanet": {"chunk_size": 4},
            "gla": {"chunk_size": 4}, "mamba2": {"chunk_size": 4, "d_state": 4},
            "retnet": {"chunk_size": 4, "decay_exponent": 3.5},   # not the default 5
            "fox": {"block_size": 4}, "kda": {"chunk_size": 4},
+           "gated_deltanet2": {"chunk_size": 4}, "comba": {"chunk_size": 4},
            "gated_deltaproduct": {"chunk_size": 5},   # 5 steps: a token's 2 split by a chunk
            "hgrn2": {"chunk_size": 4, "lower_bound": 0.3}, "lightning": {"chunk_size": 4},
            "based": {"chunk_size": 4, "window": 3, "feature_dim": 3},
@@ -250,6 +251,52 @@ def oracle_delta(mixer, x, activation=silu):
   return finish(mixer, o, gate, activation)
 
 
+def oracle_gated_deltanet2(mixer, x):
+  """S_t = (I - k_t (b_t ⊙ k_t)ᵀ) Diag(α_t) S_{t-1} + k_t (w_t ⊙ v_t)ᵀ, b = σ(W_b x) (2σ with
+  allow_neg_eigval), w = σ(W_w x), KDA's α; SiLU output gate."""
+  h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
+  q, k, v = split_heads(silu(mixer.conv(mixer.qkv(x)))[0], h * d_k, h * d_k, h * d_v)
+  T = q.shape[0]
+  q, k, v = l2(q.reshape(T, h, d_k)), l2(k.reshape(T, h, d_k)), v.reshape(T, h, d_v)
+  erase = sigmoid(mixer.beta_proj(x)[0]).reshape(T, h, d_k)
+  erase = 2 * erase if mixer.options["allow_neg_eigval"] else erase
+  write = sigmoid(mixer.write_proj(x)[0]).reshape(T, h, d_v)
+  a = np.asarray(mixer.decay_proj(x)[0], np.float64).reshape(T, h, d_k)
+  rate = np.exp(np.asarray(mixer.decay.A_log[...], np.float64))[:, None]
+  decay = np.exp(-rate * softplus(a + np.asarray(mixer.decay.dt_bias[...], np.float64)))
+  state, out = np.zeros((h, d_k, d_v)), []
+  for t in range(T):
+    transition = np.eye(d_k) - k[t][:, :, None] * (erase[t] * k[t])[:, None, :]   # [h, K, K]
+    state = (np.einsum("hij,hjv->hiv", transition, decay[t][..., None] * state)
+             + k[t][:, :, None] * (write[t] * v[t])[:, None, :])
+    out.append(np.einsum("hk,hkv->hv", d_k ** -0.5 * q[t], state))
+  return finish(mixer, np.stack(out), mixer.gate_proj(x)[0])
+
+
+def oracle_comba(mixer, x):
+  """S_t = (α_t I - β_t k_t p_tᵀ) S_{t-1} + β_t k_t v_tᵀ, p = σ(λ) k, o_t = S_tᵀ (q_t - d p_t)
+  scaled; Gated DeltaNet's α and β (2σ with allow_neg_eigval); sigmoid output gate."""
+  h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
+  q, k, v = split_heads(silu(mixer.conv(mixer.qkv(x)))[0], h * d_k, h * d_k, h * d_v)
+  T = q.shape[0]
+  q, k, v = l2(q.reshape(T, h, d_k)), l2(k.reshape(T, h, d_k)), v.reshape(T, h, d_v)
+  beta = sigmoid(mixer.beta_proj(x)[0])                                            # [T, h]
+  beta = 2 * beta if mixer.options["allow_neg_eigval"] else beta
+  a = np.asarray(mixer.decay_proj(x)[0], np.float64)
+  rate = np.exp(np.asarray(mixer.decay.A_log[...], np.float64))
+  decay = np.exp(-rate * softplus(a + np.asarray(mixer.decay.dt_bias[...], np.float64)))
+  p = sigmoid(mixer.inner_decay[...])[:, None] * k
+  q = q - np.asarray(mixer.correction[...], np.float64)[:, None] * p
+  state, out = np.zeros((h, d_k, d_v)), []
+  for t in range(T):
+    transition = (decay[t][:, None, None] * np.eye(d_k)
+                  - beta[t][:, None, None] * k[t][:, :, None] * p[t][:, None, :])   # [h, K, K]
+    state = (np.einsum("hij,hjv->hiv", transition, state)
+             + beta[t][:, None, None] * k[t][:, :, None] * v[t][:, None, :])
+    out.append(np.einsum("hk,hkv->hv", d_k ** -0.5 * q[t], state))
+  return finish(mixer, np.stack(out), mixer.gate_proj(x)[0], activation=sigmoid)
+
+
 def oracle_gla(mixer, x):
   h, d_k, d_v = mixer.num_heads, mixer.d_k, mixer.d_v
   q, k, v = split_heads(mixer.qkv(x)[0], h * d_k, h * d_k, h * d_v)
@@ -324,6 +371,7 @@ def float64_oracle(oracle):
 ORACLES = {"deltanet": oracle_delta, "gated_deltanet": oracle_delta,
            "gated_deltaproduct": oracle_delta,
            "kda": lambda m, x: oracle_delta(m, x, activation=sigmoid), "gla": oracle_gla,
+           "gated_deltanet2": oracle_gated_deltanet2, "comba": oracle_comba,
            "retnet": oracle_retnet, "mamba2": oracle_mamba2, "fox": oracle_fox,
            **{name: float64_oracle(oracle) for name, oracle in LINEAR_ORACLES.items()},
            "mla": causal_mla64, "path": oracle_path,
@@ -365,12 +413,14 @@ def test_negative_eigenvalues_equal_their_equation_and_decode_exactly(name):
 # -- memory at length -----------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_classifier_memory_is_linear_in_length():
-  """Compiled forward+backward temp memory of a Gated DeltaNet classifier: 4x the length needs
-  at most 4.5x the memory (quadratic would be 16x)."""
+@pytest.mark.parametrize("name", ["gated_deltanet", "gated_deltanet2", "comba"])
+def test_classifier_memory_is_linear_in_length(name):
+  """Compiled forward+backward temp memory of a classifier around the mixer (Gated DeltaNet;
+  Gated DeltaNet-2 and Comba, the delta engine's erase gate and the DPLR engine's scalar
+  gate): 4x the length needs at most 4.5x the memory (quadratic would be 16x)."""
   def temp_bytes(length):
     model = Classifier(TransformerConfig(vocab_size=11, max_len=length, num_layers=1, emb_dim=32,
-                                         num_heads=2, mlp_dim=32, attention="gated_deltanet"),
+                                         num_heads=2, mlp_dim=32, attention=name),
                        rngs=nnx.Rngs(0))
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     loss = lambda params, tokens: jnp.sum(nnx.merge(graph, params, rest)(tokens))

@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # The ops split over context: the fast lane runs the first (the delta rule with a gate: WY pieces
 # and a decay). Every chunk op is also checked inside its mixer, forward and gradients, by the
 # registry-wide check (tests/testing/test_context_parallel.py: simple_gla in retnet and
-# lightning, gla, the delta rule in deltanet, kda, the delta product, dplr in rwkv7), so the slow
-# lane runs only the form no declared mixer calls.
-OPS = ("chunk_gated_delta_rule", "recurrent_gla")
+# lightning, gla, the delta rule in deltanet, kda, the delta product, its erase gate in
+# gated_deltanet2, dplr in rwkv7), so the slow lane runs only the forms no declared mixer calls
+# (DPLR with a scalar gate: comba, whose layer's float32 split is 1.01e-5 from one device).
+OPS = ("chunk_gated_delta_rule", "recurrent_gla", "chunk_comba")
 # (op whose per-device memory is measured, lane)
 MEMORY_OPS = {"fast": ("chunk_gla",), "slow": ("chunk_delta_rule",)}
 MEMORY_LENGTH, MEMORY_CONTEXT = 32768, 8   # at the ops' default chunk size
@@ -141,7 +142,9 @@ def _arguments(op: str, key, B: int, T: int, H: int = 2, K: int = 4, V: int = 3,
           "chunk_gated_delta_rule": (q, k, v, scalar_gate, beta),
           "chunk_kda": (q, k, v, channel_gate, beta),
           "chunk_gated_delta_product": (q, k, v, scalar_gate, beta),
-          "chunk_dplr_delta_rule": (q, k, v, -beta[..., None] * k, k, channel_gate)}[op]
+          "chunk_dplr_delta_rule": (q, k, v, -beta[..., None] * k, k, channel_gate),
+          "chunk_comba": (q, k, v, jax.nn.sigmoid(normal(*k.shape[:-1], 1)) * k, scalar_gate,
+                          beta)}[op]
 
 
 def _segment_ids(T: int):
