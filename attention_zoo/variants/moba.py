@@ -26,7 +26,10 @@ weights softmax(lse), which is exactly the softmax over the union of its blocks.
 O(n·(k + 1)·B·d) for the attention plus O(n·(n/B)·d) for the gate scores (computed one query
 block at a time), memory linear in n but for the engine's tile lists, O((n/B)²·g·(k + 1)) small
 integers per K/V head. Self-attention only (blocks are positions of one sequence); no one-token
-decoding.
+decoding. With the sequence split over a mesh's `context` axis, `attend` runs
+ops/selection_ring.py's `moba_ring`: the block means made whole on every device (a `psum` of
+the block sums), each device's queries choosing with the same `gate_choice`, and a ring of the
+K/V shards over the chosen blocks.
 """
 from __future__ import annotations
 

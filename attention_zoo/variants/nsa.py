@@ -57,7 +57,11 @@ importance computed one query block at a time), the window as `sliding_window`'s
 linear in T, mostly the selected branch's rows (each query copied once per selected block:
 T·g·n_sel·d floats per K/V head, 16x the queries at the defaults), but for the engine's tile
 lists of that branch, O((T/l')²·g·n_sel) small integers per K/V head. Self-attention only; no
-one-token decoding.
+one-token decoding. With the sequence split over a mesh's `context` axis: each device compresses
+the blocks that start in its shard (`sequence_compression_blocks`), the compressed and selected
+branches run ops/selection_ring.py's `nsa_ring` (the compressed keys and values gathered, the
+selection local, a ring of the K/V shards over the chosen blocks) and the window the ring
+attention of ops/ring.py.
 """
 from __future__ import annotations
 
