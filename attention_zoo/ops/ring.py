@@ -178,9 +178,11 @@ def _step_inputs(plan, ring: _Ring, index: int, device, q_ids, kv_ids, user_cons
 
 
 def _merge(out, lse, out_step, lse_step):
-  """Two softmax results over disjoint keys, by their natural log-sum-exp (-inf: no key)."""
+  """Two softmax results over disjoint keys, by their natural log-sum-exp (-inf: no key).
+  Differentiable (ops/selection_ring.py's ring is autodiffed): no exp(-inf - -inf) is formed."""
   total = jnp.logaddexp(lse, lse_step)
-  weight = lambda x: jnp.where(jnp.isneginf(total), 0.0, jnp.exp(x - total))
+  nothing = jnp.isneginf(total)
+  weight = lambda x: jnp.where(nothing, 0.0, jnp.exp(x - jnp.where(nothing, 0.0, total)))
   return out * weight(lse) + out_step.astype(jnp.float32) * weight(lse_step), total
 
 

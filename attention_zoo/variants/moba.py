@@ -26,7 +26,10 @@ weights softmax(lse), which is exactly the softmax over the union of its blocks.
 O(n·(k + 1)·B·d) for the attention plus O(n·(n/B)·d) for the gate scores (computed one query
 block at a time), memory linear in n but for the engine's tile lists, O((n/B)²·g·(k + 1)) small
 integers per K/V head. Self-attention only (blocks are positions of one sequence); no one-token
-decoding.
+decoding. With the sequence split over a mesh's `context` axis, `attend` runs
+ops/selection_ring.py's `moba_ring`: the block means made whole on every device (a `psum` of
+the block sums), each device's queries choosing with the same `gate_choice`, and a ring of the
+K/V shards over the chosen blocks.
 """
 from __future__ import annotations
 
@@ -39,7 +42,10 @@ from attention_zoo.ops import flex
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax, tiles
 from attention_zoo.ops.autodiff import autodiff_modes
+from attention_zoo.ops.block_selection import gate_choice
 from attention_zoo.ops.blocks import pad_to_multiple
+from attention_zoo.ops.context import context_size
+from attention_zoo.ops.selection_ring import moba_ring
 from attention_zoo.options import Int
 
 
@@ -53,27 +59,16 @@ def choose_blocks(q, k, kv_real, q_real, *, block: int, top_k: int, causal: bool
   """
   length, group, head_dim = q.shape
   num_blocks = length // block
-  position = jnp.arange(length)
-  own = jnp.broadcast_to((position // block)[:, None, None], (length, group, 1))
-  slots = min(top_k, num_blocks - 1)
-  if slots == 0:
-    return jnp.where(q_real[:, None, None], own, -1).astype(jnp.int32)
   real_keys = jnp.where(kv_real[:, None], k, 0).astype(jnp.float32).reshape(num_blocks, block, -1)
   counts = kv_real.reshape(num_blocks, block).sum(-1)                          # [N]
   means = real_keys.sum(1) / jnp.maximum(counts, 1)[:, None]                   # K̄ [N, d]
-  blocks = jnp.arange(num_blocks)
-
-  def gate(args):   # one query block c: [B, g, d] -> [B, g, top_k']
-    c, q_c = args
-    scores = jnp.einsum("qgd,jd->qgj", q_c.astype(jnp.float32), means,
-                        precision=jax.lax.Precision.HIGHEST)                   # s [B, g, N]
-    candidate = (counts > 0) & ((blocks < c) if causal else (blocks != c))    # [N]
-    best, chosen = jax.lax.top_k(jnp.where(candidate, scores, -jnp.inf), slots)
-    return jnp.where(best > -jnp.inf, chosen, -1)
-
-  chosen = jax.lax.map(gate, (blocks, q.reshape(num_blocks, block, group, head_dim)))
-  chosen = chosen.reshape(length, group, slots)
-  return jnp.where(q_real[:, None, None], jnp.concatenate([own, chosen], -1), -1).astype(jnp.int32)
+  choose = functools.partial(gate_choice, means=means, counts=counts, block=block, top_k=top_k,
+                             causal=causal)
+  positions = jnp.arange(length).reshape(num_blocks, block)
+  chosen = jax.lax.map(lambda args: choose(*args), (q.reshape(num_blocks, block, group, head_dim),
+                                                    positions))
+  chosen = chosen.reshape(length, group, -1)
+  return jnp.where(q_real[:, None, None], chosen, -1).astype(jnp.int32)
 
 
 def _attend_chosen(q, k, v, kv_real, chosen, rng, *, block: int, causal: bool, scale: float,
@@ -161,6 +156,7 @@ def attend_chosen_blocks(variant, q, k, v, *, q_mask, kv_mask, deterministic, bl
 
 
 @register("moba", exact=False, supports_causal=True, supports_cross=False,
+          supports_context_parallel=True,
           complexity="O(n·(k + 1)·b + n²/b)",
           paper="Lu et al. 2025, MoBA: Mixture of Block Attention for Long-Context LLMs "
                 "(arXiv:2502.13189)")
@@ -178,6 +174,10 @@ class MobaAttention(Attention):
     self.top_k = self.options["top_k"]
 
   def attend(self, q, k, v, *, q_mask, kv_mask, deterministic):
+    if context_size() > 1:   # the sequence split over the mesh: ops/selection_ring.py
+      return moba_ring(q, k, v, q_mask=q_mask, kv_mask=kv_mask, block=self.block_size,
+                       top_k=self.top_k, causal=self.causal, scale=self.scale,
+                       dropout_rate=self.dropout_rate, dropout_rng=self.dropout_rng(deterministic))
     choose = functools.partial(choose_blocks, block=self.block_size, top_k=self.top_k,
                                causal=self.causal)
     return attend_chosen_blocks(self, q, k, v, q_mask=q_mask, kv_mask=kv_mask,

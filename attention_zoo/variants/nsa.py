@@ -57,7 +57,11 @@ importance computed one query block at a time), the window as `sliding_window`'s
 linear in T, mostly the selected branch's rows (each query copied once per selected block:
 T·g·n_sel·d floats per K/V head, 16x the queries at the defaults), but for the engine's tile
 lists of that branch, O((T/l')²·g·n_sel) small integers per K/V head. Self-attention only; no
-one-token decoding.
+one-token decoding. With the sequence split over a mesh's `context` axis: each device compresses
+the blocks that start in its shard (`sequence_compression_blocks`), the compressed and selected
+branches run ops/selection_ring.py's `nsa_ring` (the compressed keys and values gathered, the
+selection local, a ring of the K/V shards over the chosen blocks) and the window the ring
+attention of ops/ring.py.
 """
 from __future__ import annotations
 
@@ -69,24 +73,15 @@ from flax import nnx
 
 from attention_zoo.contract import Attention, register
 from attention_zoo.ops import softmax
-from attention_zoo.ops.blocks import ceil_div
+from attention_zoo.ops.block_selection import (compressed_seen, group_probabilities,
+                                               importance_choice)
+from attention_zoo.ops.context import context_size
+from attention_zoo.ops.selection_ring import nsa_ring, sequence_compression_blocks
 from attention_zoo.options import Int
 from attention_zoo.variants.masked import masked_attention
 from attention_zoo.variants.moba import attend_chosen_blocks
 
 BRANCHES = ("compressed", "selected", "window")
-
-
-def compression_blocks(x, *, length: int, stride: int):
-  """x [b, n, kvh, d] -> [b, ⌈n/stride⌉, kvh, length, d]: block i holds positions
-  i·stride .. i·stride + length - 1, zeros past the end. stride divides length, so a block is
-  length/stride consecutive stride segments."""
-  num_blocks, per_block = ceil_div(x.shape[1], stride), length // stride
-  padded = jnp.pad(x, [(0, 0), (0, (num_blocks + per_block - 1) * stride - x.shape[1])]
-                   + [(0, 0)] * (x.ndim - 2))
-  segments = padded.reshape(x.shape[0], -1, stride, *x.shape[2:])      # [b, N + l/d - 1, d, kvh, ·]
-  blocks = jnp.concatenate([segments[:, r:r + num_blocks] for r in range(per_block)], axis=2)
-  return jnp.moveaxis(blocks, 2, 3)                                     # [b, N, kvh, l, ·]
 
 
 def choose_blocks(q, k, kv_real, q_real, compressed_keys, compressed_real, *, scale: float,
@@ -97,33 +92,21 @@ def choose_blocks(q, k, kv_real, q_real, compressed_keys, compressed_real, *, sc
   importance (the forced blocks first); -1 for an empty slot and every slot of a padded query.
   k (the keys themselves) is unused: the choice reads only their compressions."""
   seq_len, group, _ = q.shape
-  num_blocks, num_compressed = seq_len // block, compressed_keys.shape[0]
-  slots = min(count, num_blocks)
-  ends = jnp.arange(num_compressed) * stride + length - 1                      # [N]
-  blocks = jnp.arange(num_blocks)
+  num_blocks = seq_len // block
   has_real = kv_real.reshape(num_blocks, block).any(-1)                        # [N_s]
 
-  def importance(args):   # one query block c: q_c [B, g, d] -> [B, slots]
-    c, q_c = args
-    position = c * block + jnp.arange(block)                                   # [B]
-    scores = jnp.einsum("qgd,jd->qgj", q_c.astype(jnp.float32),
-                        compressed_keys.astype(jnp.float32),
-                        precision=jax.lax.Precision.HIGHEST) * scale           # [B, g, N]
-    seen = compressed_real & ((ends <= position[:, None]) | (not causal))      # [B, N]
-    p = softmax.masked_softmax(scores, seen[:, None]).sum(1)   # [B, N]: the group's sum (10)
-    # (9): segment s is covered by compression blocks s - l/d + 1 .. s; block j has l'/d segments
-    per_compressed = length // stride
-    p = jnp.pad(p, [(0, 0), (per_compressed - 1, seq_len // stride - num_compressed)])
-    covered = sum(p[:, r:r + seq_len // stride] for r in range(per_compressed))  # [B, L/d]
-    weight = covered.reshape(block, num_blocks, block // stride).sum(-1)       # [B, N_s]
-    forced = (blocks == 0) | (blocks == c) | (blocks == c - 1)
-    candidate = has_real & ((blocks <= c) | (not causal))
-    weight = jnp.where(candidate, jnp.where(forced, jnp.inf, weight), -jnp.inf)
-    best, chosen = jax.lax.top_k(weight, slots)
-    return jnp.where(best > -jnp.inf, chosen, -1)
+  def choose(q_c, positions):   # one query block: q_c [B, g, d] -> [B, slots]
+    seen = compressed_seen(positions, compressed_real, length=length, stride=stride,
+                           causal=causal)                                     # [B, N]
+    p = group_probabilities(q_c, compressed_keys, seen, scale=scale)          # [B, N]
+    return importance_choice(p, positions, has_real, length=length, stride=stride, block=block,
+                             count=count, causal=causal)
 
-  chosen = jax.lax.map(importance, (blocks, q.reshape(num_blocks, block, group, -1)))
-  chosen = jnp.broadcast_to(chosen.reshape(seq_len, 1, slots), (seq_len, group, slots))
+  positions = jnp.arange(seq_len).reshape(num_blocks, block)
+  chosen = jax.lax.map(lambda args: choose(*args), (q.reshape(num_blocks, block, group, -1),
+                                                    positions))
+  chosen = chosen.reshape(seq_len, 1, -1)
+  chosen = jnp.broadcast_to(chosen, (seq_len, group, chosen.shape[-1]))
   return jnp.where(q_real[:, None, None], chosen, -1).astype(jnp.int32)
 
 
@@ -142,6 +125,7 @@ class BlockCompression(nnx.Module):
 
 
 @register("nsa", exact=False, supports_causal=True, supports_cross=False,
+          supports_context_parallel=True,
           complexity="O(n²/d + n·(n_sel·l' + w))",
           paper="Yuan et al. 2025, Native Sparse Attention: Hardware-Aligned and Natively "
                 "Trainable Sparse Attention (arXiv:2502.11089)")
@@ -175,7 +159,7 @@ class NativeSparseAttention(Attention):
   def compress(self, k, v, kv_mask):
     """-> compressed keys and values [b, N, kvh, d] (k's dtype), N = ⌈n/stride⌉, and which
     blocks hold a real key, bool [b, N]."""
-    blocks = functools.partial(compression_blocks, length=self.length, stride=self.stride)
+    blocks = functools.partial(sequence_compression_blocks, length=self.length, stride=self.stride)
     real = kv_mask[:, :, None, None]
     k_blocks, v_blocks = (blocks(jnp.where(real, x, 0)) for x in (k, v))      # [b, N, kvh, l, d]
     compressed_real = blocks(real)[:, :, 0, :, 0].any(-1)                      # [b, N]
@@ -191,19 +175,26 @@ class NativeSparseAttention(Attention):
     """The three branches' outputs, each [b, n, h, d] f32, in BRANCHES' order."""
     causal, length, stride, window = self.causal, self.length, self.stride, self.window
     k_cmp, v_cmp, cmp_real = self.compress(k, v, kv_mask)
-    ends_by = lambda b, h, t, i: (i * stride + length - 1 <= t) if causal else (i >= 0)
-    compressed = masked_attention(self, q, k_cmp, v_cmp, ends_by, kv_mask=cmp_real,
-                                  deterministic=deterministic, alibi_slopes=None)
+    if context_size() > 1:   # split over the mesh: ops/selection_ring.py (the window: the ring)
+      compressed, selected = nsa_ring(
+          q, k, v, k_cmp, v_cmp, cmp_real, q_mask=q_mask, kv_mask=kv_mask, length=length,
+          stride=stride, block=self.selection_block, count=self.selected_blocks, causal=causal,
+          scale=self.scale, dropout_rate=self.dropout_rate,
+          dropout_rng=self.dropout_rng(deterministic))
+    else:
+      ends_by = lambda b, h, t, i: (i * stride + length - 1 <= t) if causal else (i >= 0)
+      compressed = masked_attention(self, q, k_cmp, v_cmp, ends_by, kv_mask=cmp_real,
+                                    deterministic=deterministic, alibi_slopes=None)
 
-    rows = k.shape[0] * self.num_kv_heads
-    per_head = (jnp.moveaxis(k_cmp, 2, 1).reshape(rows, -1, k.shape[-1]),       # [b·kvh, N, d]
-                jnp.repeat(cmp_real, self.num_kv_heads, axis=0))                # [b·kvh, N]
-    choose = functools.partial(choose_blocks, scale=self.scale, length=length, stride=stride,
-                               block=self.selection_block, count=self.selected_blocks,
-                               causal=causal)
-    selected = attend_chosen_blocks(self, q, k, v, q_mask=q_mask, kv_mask=kv_mask,
-                                    deterministic=deterministic, block=self.selection_block,
-                                    choose=choose, per_head=per_head)
+      rows = k.shape[0] * self.num_kv_heads
+      per_head = (jnp.moveaxis(k_cmp, 2, 1).reshape(rows, -1, k.shape[-1]),       # [b·kvh, N, d]
+                  jnp.repeat(cmp_real, self.num_kv_heads, axis=0))                # [b·kvh, N]
+      choose = functools.partial(choose_blocks, scale=self.scale, length=length, stride=stride,
+                                 block=self.selection_block, count=self.selected_blocks,
+                                 causal=causal)
+      selected = attend_chosen_blocks(self, q, k, v, q_mask=q_mask, kv_mask=kv_mask,
+                                      deterministic=deterministic, block=self.selection_block,
+                                      choose=choose, per_head=per_head)
 
     near = softmax.window_allowed(window, q.shape[1], k.shape[1], causal)
     windowed = masked_attention(self, q, k, v, near, kv_mask=kv_mask,
