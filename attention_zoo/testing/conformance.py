@@ -51,6 +51,7 @@ import numpy as np
 from flax import nnx
 
 from attention_zoo import plugins, registry
+from attention_zoo.contract import normalise_mask
 from attention_zoo.layers import create_mixer
 from attention_zoo.ops import softmax
 from attention_zoo.ops.oracle import dense_attention
@@ -62,9 +63,11 @@ TOL = 1e-5
 
 def apply(attn, q, k, v, q_mask=None, kv_mask=None, deterministic=True, alibi_slopes=None):
   """One compiled call (compiling once beats op-by-op dispatch for blockwise variants). Absent
-  masks are passed as all-True ones, so the checks' calls at one shape share a program."""
-  q_mask = jnp.ones(q.shape[:2], bool) if q_mask is None else q_mask
-  kv_mask = jnp.ones(k.shape[:2], bool) if kv_mask is None else kv_mask
+  masks are made all-True here, as the contract's call makes them anyway, so the checks' calls
+  at one shape share a program."""
+  name = attn.spec.name
+  q_mask = normalise_mask(q_mask, q.shape[0], q.shape[1], "q_mask", name)
+  kv_mask = normalise_mask(kv_mask, k.shape[0], k.shape[1], "kv_mask", name)
   return _apply(attn, q, k, v, q_mask, kv_mask, deterministic, alibi_slopes)
 
 
@@ -393,7 +396,7 @@ def check_masked_rows(name):
 def check_determinism(name):
   q, k, v = inputs(13)
   a, b = build(name, seed=3), build(name, seed=3)
-  first = apply(a, q, k, v)   # eager calls: the jit check
+  first = apply(a, q, k, v)   # compiled: the jit check compares the eager call with it
   err = max(max_err(first, apply(b, q, k, v)), max_err(first, apply(a, q, k, v)))
   expect(err == 0.0, "same seed and inputs gave different outputs (deterministic=True)", err)
   train_a = apply(build(name, seed=4), q, k, v, deterministic=False)

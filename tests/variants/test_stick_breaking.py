@@ -50,7 +50,7 @@ def assert_matches_oracle(*, q_len=13, kv_len=None, num_kv_heads=2, padded=True,
   q_mask = kv_mask if q_len == kv_len else None      # padded query rows: zero output
   definition = {name: options[name] for name in ("attend_current", "remainder") if name in options}
   assert_attention_equals_float64(attn, lambda q, k, v: oracle(q, k, v, kv_mask, **definition),
-                                  q, k, v, cotangent, q_mask, kv_mask)
+                                  q, k, v, cotangent, q_mask, kv_mask, relative=False)
 
 
 @pytest.mark.parametrize("num_kv_heads, padded", [
